@@ -42,28 +42,27 @@ class GPTConfig:
 # On CPU, use FlexAttention for a no-grad forward once the dense bias would exceed
 # this many bytes; below it the dense mask is cheaper than compiling a kernel.
 FLEX_CPU_MIN_BIAS_BYTES = 256 * 2**20
-_flex_compiled = None
+_compiled = {}
 _block_masks = {}
 
 
-def _flex():
-    global _flex_compiled
-    if _flex_compiled is None:
-        from torch.nn.attention.flex_attention import flex_attention
-        _flex_compiled = torch.compile(flex_attention, dynamic=False)
-    return _flex_compiled
+def _flex(fn='flex_attention'):
+    """Compiled flex_attention / create_block_mask: eager FlexAttention materialises
+    the full score matrix (13 GiB and 24 s at T=8192 on CPU; compiled 0.6 GiB, 1.3 s)."""
+    if fn not in _compiled:
+        import torch.nn.attention.flex_attention as fa
+        _compiled[fn] = torch.compile(getattr(fa, fn), dynamic=False)
+    return _compiled[fn]
 
 
 def causal_block_mask(Tq, Tk, q0, k0, device):
     """Block mask for key position <= query position; built once per shape and reused."""
     key = (Tq, Tk, q0, k0, str(device))
     if key not in _block_masks:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         def causal(b, h, qi, ki):
             return ki + k0 <= qi + q0
-        _block_masks[key] = create_block_mask(causal, B=None, H=None, Q_LEN=Tq, KV_LEN=Tk,
-                                              device=device, _compile=True)
+        _block_masks[key] = _flex('create_block_mask')(causal, B=None, H=None, Q_LEN=Tq, KV_LEN=Tk,
+                                                       device=device)
     return _block_masks[key]
 
 
