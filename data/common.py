@@ -87,35 +87,35 @@ def get_encoding(name='gpt2'):
         enc = tiktoken.get_encoding(name)  # reads the cache; tiktoken checks each file's sha256
         print(f"tiktoken could not download the GPT-2 vocabulary ({type(e).__name__}); installed the "
               f"identical r50k_base file from PyPI ({sdist}: {WHISPER_ASSET}) and the gpt2 "
-              f"vocab.bpe/encoder.json derived from it into {cache_dir}; tiktoken verified their "
-              f"sha256 and loaded {name!r}.", file=sys.stderr)
+              f"vocab.bpe/encoder.json derived from it into {cache_dir}, each with the sha256 tiktoken "
+              f"expects; tiktoken loaded {name!r} from there.", file=sys.stderr)
         return enc
 
 
 def fetch_whisper_gpt2_vocab():
-    """The r50k_base vocabulary from the openai-whisper sdist on PyPI -> (bytes, sdist).
+    """The r50k_base vocabulary from the openai-whisper sdist on PyPI -> (bytes, sdist name).
     Only that one file is read out of the archive; its sha256 is checked here."""
-    want = GPT2_FILES['r50k_base.tiktoken'][1]
     errors = []
     with tempfile.TemporaryDirectory() as tmp:
-        for spec in WHISPER_SDISTS:
-            d = os.path.join(tmp, str(len(errors)))
+        for i, spec in enumerate(WHISPER_SDISTS):
+            d = os.path.join(tmp, str(i))
             r = subprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', '--no-binary', ':all:',
                                 '-q', '-d', d, spec], capture_output=True, text=True)
+            blob, sdist = None, None
             for path in glob.glob(os.path.join(d, '*.tar.gz')):
                 with tarfile.open(path) as tf:
-                    for m in tf:
-                        if m.name.endswith('/' + WHISPER_ASSET):
-                            blob = tf.extractfile(m).read()
-                            if hashlib.sha256(blob).hexdigest() == want:
-                                return blob, os.path.basename(path)
-                            errors.append(f"{spec}: {WHISPER_ASSET} has another sha256")
-                            break
-            if r.returncode != 0:
-                errors.append(f"{spec}: pip download failed: {r.stderr.strip()[-300:]}")
-            elif not errors or not errors[-1].startswith(spec):
-                errors.append(f"{spec}: no {WHISPER_ASSET} in the sdist")
-    raise RuntimeError("could not obtain the GPT-2 vocabulary from PyPI (" + '; '.join(errors) + ")")
+                    m = next((m for m in tf if m.name.endswith('/' + WHISPER_ASSET)), None)
+                    if m is not None:
+                        blob, sdist = tf.extractfile(m).read(), os.path.basename(path)
+            if blob is None:
+                errors.append(f"{spec}: " + (f"pip download failed: {r.stderr.strip()[-300:]}" if r.returncode
+                                             else f"no {WHISPER_ASSET} in the sdist"))
+            elif hashlib.sha256(blob).hexdigest() != GPT2_FILES['r50k_base.tiktoken'][1]:
+                errors.append(f"{spec}: its {WHISPER_ASSET} is not the r50k_base vocabulary (sha256 differs)")
+            else:
+                return blob, sdist
+    raise RuntimeError("could not obtain the GPT-2 vocabulary from PyPI (" + '; '.join(errors) + "). Fix: make "
+                       f"PyPI or {_BLOB} reachable, or copy r50k_base.tiktoken into tiktoken's cache yourself")
 
 
 def gpt2_release_files(tiktoken_bpe):

@@ -41,12 +41,13 @@ def prepare(texts, out_dir, val_docs=10_000, max_tokens=None, num_proc=None, tot
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--hf_path', default=HF_PATH, help='the Hub dataset (or a local copy with the same configs)')
     ap.add_argument('--name', default='sample-10BT', help='fineweb-edu config: sample-10BT, sample-100BT, ...')
     ap.add_argument('--val_docs', type=int, default=10_000, help='first N documents are the val split')
     ap.add_argument('--max_tokens', type=int, default=None, help='stop the train split after this many tokens')
     ap.add_argument('--num_proc', type=int, default=None, help='tokenizer processes (default: CPUs - 1)')
     ap.add_argument('--out_dir', default=HERE)
     args = ap.parse_args()
-    ds = load_hf_stream(HF_PATH, args.name, 'train')
+    ds = load_hf_stream(args.hf_path, args.name, 'train')
     prepare((row['text'] for row in ds), args.out_dir, args.val_docs, args.max_tokens, args.num_proc,
             total=num_examples(ds, 'train'))
