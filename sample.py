@@ -51,11 +51,13 @@ cfg = model.config
 print(f"scheme {cfg.pos_encoding}, trained at block_size={cfg.block_size} with "
       f"rope_scaling={ckpt['model_args'].get('rope_scaling')}; sampling with rope_scaling={cfg.rope_scaling}")
 
-# tokenizer: a char vocabulary from meta.pkl, else GPT-2 BPE
+# tokenizer: a char vocabulary from meta.pkl, else the tiktoken encoding it names (GPT-2 BPE by default)
 meta_path = os.path.join(ckpt['config']['data_dir'], 'meta.pkl')
+meta = {}
 if os.path.exists(meta_path):
     with open(meta_path, 'rb') as f:
         meta = pickle.load(f)
+if 'stoi' in meta:
     stoi, itos = meta['stoi'], meta['itos']
 
     def encode(s):
@@ -68,8 +70,8 @@ if os.path.exists(meta_path):
     def decode(ids):
         return ''.join(itos[i] for i in ids)
 else:
-    import tiktoken
-    enc = tiktoken.get_encoding('gpt2')
+    from data.common import get_encoding  # works offline (vocabulary from PyPI)
+    enc = get_encoding(meta.get('encoding', 'gpt2'))
     encode = lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})  # noqa: E731
     decode = enc.decode
 
