@@ -37,10 +37,10 @@ def run(args, torchrun=None, timeout=300):
     return subprocess.run(cmd(args, torchrun), cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
-def fork_run(args):
+def fork_start(args):
     """Run a script's real code path (`args` = [script, --key=value...]) in a forked child
-    of this process: the same as a subprocess for code that exits early, minus the 2 s
-    of importing torch again. Returns a CompletedProcess with its exit code and output."""
+    of this process: a subprocess minus the 2 s of importing torch again."""
+    import torch._dynamo  # noqa: F401  (torch.optim imports it lazily: once here, not in every child)
     out, err = tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')
     pid = os.fork()
     if pid == 0:
@@ -64,10 +64,20 @@ def fork_run(args):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    return pid, args, out, err
+
+
+def fork_wait(started):
+    """Wait for fork_start's child; a CompletedProcess with its exit code and output."""
+    pid, args, out, err = started
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     out.seek(0)
     err.seek(0)
     return subprocess.CompletedProcess(args, code, out.read(), err.read())
+
+
+def fork_run(args):
+    return fork_wait(fork_start(args))
 
 
 def metrics(out_dir):
@@ -83,17 +93,14 @@ def ckpt_iter(out_dir, name='ckpt.pt'):
     return torch.load(os.path.join(out_dir, name), weights_only=False)['iter_num']
 
 
-def start_and_wait(args, out_dir, torchrun=None, min_iter=3):
-    """Start a run in its own session; return once it has logged iteration min_iter."""
-    p = subprocess.Popen(cmd(args, torchrun), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=ENV, start_new_session=True)
+def wait_for_iter(out_dir, alive, it=3):
+    """Return once the run writing out_dir has logged iteration `it`."""
     deadline = time.time() + 120
-    while time.time() < deadline and p.poll() is None:
-        if os.path.exists(os.path.join(out_dir, 'metrics.jsonl')) and min_iter in losses(out_dir):
-            return p
+    while time.time() < deadline and alive():
+        if os.path.exists(os.path.join(out_dir, 'metrics.jsonl')) and it in losses(out_dir):
+            return
         time.sleep(0.01)
-    p.kill()
-    raise AssertionError(f"run did not reach iter {min_iter}: {p.communicate()[1][-2000:]}")
+    raise AssertionError(f"run did not reach iter {it}")
 
 
 def worker_pid(launcher, rank):
@@ -144,15 +151,16 @@ def test_sigint_saves_and_resume_is_exact(data, tmp_path):
     """Dropout on, so the torch RNG state must be restored; losses are compared exactly."""
     args = ['train.py', f'--data_dir={data}', f'--max_iters={N}', '--eval_interval=50', '--dropout=0.1'] + TINY
     ref, out = str(tmp_path / 'ref'), str(tmp_path / 'out')
-    r = run(args + [f'--out_dir={ref}'])
+    r = fork_run(args + [f'--out_dir={ref}'])
     assert r.returncode == 0, r.stderr[-3000:]
-    p = start_and_wait(args + [f'--out_dir={out}'], out)
-    p.send_signal(signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=120)
-    assert p.returncode == 0, stderr[-3000:]
-    stop = int(re.search(r'stopped by SIGINT at iter (\d+)', stdout).group(1))
-    assert 3 <= stop < N and ckpt_iter(out) == stop and 'Traceback' not in stderr
-    r = run(args + [f'--out_dir={out}', '--init_from=resume'])
+    child = fork_start(args + [f'--out_dir={out}'])
+    wait_for_iter(out, lambda: open(f'/proc/{child[0]}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z')
+    os.kill(child[0], signal.SIGINT)
+    r = fork_wait(child)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stop = int(re.search(r'stopped by SIGINT at iter (\d+)', r.stdout).group(1))
+    assert 3 <= stop < N and ckpt_iter(out) == stop and 'Traceback' not in r.stderr
+    r = fork_run(args + [f'--out_dir={out}', '--init_from=resume'])
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = losses(ref), losses(out)
     assert sorted(b) == list(range(1, N + 1))  # every step logged once, none twice
@@ -168,7 +176,9 @@ def test_sigterm_to_one_ddp_rank_stops_every_rank_then_resumes(data, trained, tm
     out = str(tmp_path / 'ddp')
     args = ['train.py', f'--data_dir={data}', f'--out_dir={out}', f'--max_iters={N}', '--eval_interval=40',
             '--gradient_accumulation_steps=2'] + TINY
-    p = start_and_wait(args, out, torchrun=2)
+    p = subprocess.Popen(cmd(args, torchrun=2), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=ENV)
+    wait_for_iter(out, lambda: p.poll() is None)
     os.kill(worker_pid(p.pid, 1), signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 0, stderr[-3000:]
