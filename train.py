@@ -374,8 +374,9 @@ if device_type == 'cuda':
 
 # -----------------------------------------------------------------------------
 # Runs that survive. SIGTERM/SIGINT only set a flag: the loop finishes its iteration, saves
-# ckpt.pt and exits 0. Under DDP the ranks OR their flags every iteration (one tiny
-# all-reduce on a CPU/gloo group, so no GPU sync), so all of them stop at the same step.
+# ckpt.pt and exits 0. Under DDP every rank must stop at the same iteration (else the next
+# collective hangs), so the ranks OR their flags each iteration with a tiny all-reduce on a
+# CPU (gloo) group of its own: no GPU sync, and it runs in the background (see stop_agreed).
 stop_signal = None
 
 
@@ -389,16 +390,33 @@ def request_stop(signum, frame):
 
 signal.signal(signal.SIGTERM, request_stop)
 signal.signal(signal.SIGINT, request_stop)
-ctrl_group = dist.new_group(backend='gloo') if ddp and dist.get_backend() != 'gloo' else None
+ctrl_group = dist.new_group(backend='gloo') if ddp else None
+stop_flag, stop_work = torch.zeros(1, dtype=torch.int32), None
 
 
-def any_rank(*flags):
-    """Each flag, OR-ed over the ranks."""
+def stop_agreed():
+    """Whether to stop now; the same answer on every rank. The all-reduce started by one
+    call is read by the next, so it overlaps a training step instead of adding a round
+    trip to it; the price is that a signal stops the run one iteration later."""
+    global stop_work
     if not ddp:
-        return flags
-    t = torch.tensor(flags, dtype=torch.int32)
+        return stop_signal is not None
+    stop = False
+    if stop_work is not None:
+        stop_work.wait()
+        stop = bool(stop_flag.item())
+    stop_flag.fill_(int(stop_signal is not None))
+    stop_work = None if stop else dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX, group=ctrl_group, async_op=True)
+    return stop
+
+
+def any_rank(flag):
+    """flag, OR-ed over the ranks (blocking; used at eval steps only)."""
+    if not ddp:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl_group)
-    return t.bool().tolist()
+    return bool(t.item())
 
 
 pending = []  # (iter, loss tensor) since the last check: read with one sync at log steps and before saves
@@ -449,8 +467,8 @@ while True:
                   + f"  ({time.time() - te:.1f}s)")
             log_metrics({'iter': iter_num, 'lr': lr, **res})
             val_loss = res['val/loss@1L']
-            if not all(math.isfinite(v) for v in res.values()):
-                bad = f"val loss is not finite at iter {iter_num}: {res}"
+            if not math.isfinite(val_loss):  # (past L a scheme may blow up; that is a result, not a failure)
+                bad = f"val loss is {val_loss} at iter {iter_num}"
             elif iter_num > 0 and not eval_only and (val_loss < best_val_loss or always_save_checkpoint):
                 improved = val_loss < best_val_loss
                 best_val_loss = min(best_val_loss, val_loss)
@@ -458,20 +476,20 @@ while True:
                 if bad is None:
                     last_saved = iter_num
                     print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and ckpt_best.pt" if improved else ''))
+        if any_rank(bad is not None):
+            failure = bad or "non-finite loss or weights on rank 0"
+            break
         t0 = time.time()
-    stop, bad_anywhere = any_rank(stop_signal is not None, bad is not None)
-    if bad_anywhere:
-        failure = bad or "non-finite loss on rank 0"
-        break
     if eval_only or iter_num >= max_iters:
         break
-    if stop:
+    if stop_agreed():
         _, failure = check_losses()
         if failure is None and master:
-            failure = save_checkpoint()
+            if last_saved != iter_num:  # (else ckpt.pt already holds this state)
+                failure = save_checkpoint()
             if failure is None:
-                name = signal.Signals(stop_signal).name if stop_signal else 'a signal to another rank'
-                print(f"stopped by {name} at iter {iter_num}: saved {out_dir}/ckpt.pt; continue the run with "
+                why = signal.Signals(stop_signal).name if stop_signal else 'a signal to another rank'
+                print(f"stopped by {why} at iter {iter_num}: saved {out_dir}/ckpt.pt; continue the run with "
                       f"--init_from=resume", flush=True)
         break
 
@@ -508,6 +526,8 @@ while True:
             log_metrics({'iter': iter_num, 'train/loss': vals[-1], 'lr': lr, 'ms_per_iter': dt * 1000,
                          'tokens_per_s': tps, **({'mfu': mfu} if mfu else {})})
 
+if stop_work is not None:  # every rank started the same all-reduces: let the last one finish
+    stop_work.wait()
 if wandb_run is not None:
     wandb_run.finish()
 if ddp:
@@ -517,7 +537,7 @@ if ddp:
     gc.collect()
     dist.destroy_process_group()
 if failure:  # every rank exits 1; rank 0 says why
-    sys.exit(f"stopping: {failure}. Nothing was saved after it: "
-             + (f"{out_dir}/ckpt.pt (iter {last_saved}) is the last good checkpoint. " if last_saved else '')
-             + "Fix: lower learning_rate, raise warmup_iters, keep grad_clip > 0, or train in bfloat16/float32 "
+    sys.exit(f"stopping: {failure}. Nothing was saved after it"
+             + (f": {out_dir}/ckpt.pt (iter {last_saved}) is the last good checkpoint" if last_saved is not None else '')
+             + ". Fix: lower learning_rate, raise warmup_iters, keep grad_clip > 0, or train in bfloat16/float32 "
                "rather than float16; then --init_from=resume" if master else 1)

@@ -1,6 +1,7 @@
 """Runs that survive: exact resume, atomic checkpoints, signals (single process and
 2-rank DDP), non-finite losses, and a clear error for each kind of bad input.
-train.py and sample.py run as subprocesses with tiny settings."""
+train.py and sample.py run with tiny settings as subprocesses, or as forked children of
+this process where that is the same thing but cheaper (no second torch import)."""
 import json
 import os
 import random
@@ -190,7 +191,7 @@ def test_sigterm_to_one_ddp_rank_stops_every_rank_then_resumes(data, trained, tm
     a, b = losses(trained), losses(out)
     assert sorted(b) == list(range(1, N + 1))
     # DDP vs one process on the same global batch: equal up to float summation order
-    assert max(abs(a[k] - b[k]) for k in a) < 1e-4
+    assert max(abs(a[k] - b[k]) for k in a) < 1e-5
 
 
 # --- atomic checkpoints -------------------------------------------------------------------
@@ -201,7 +202,9 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path):
     from eval import atomic_save, read_checkpoint
     path = str(tmp_path / 'ckpt.pt')
     big = torch.arange(8 * 2**20, dtype=torch.float32)
+    t = time.time()
     atomic_save({'model': big, 'model_args': {}, 'version': 0}, path)
+    t_save = time.time() - t  # kill within ~2.5 saves: mostly mid-save, some after a finished one
     rng, mid_save, versions = random.Random(0), 0, set()
     for _ in range(8):
         pid = os.fork()
@@ -211,7 +214,7 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path):
                     atomic_save({'model': big, 'model_args': {}, 'version': v}, path)
             finally:
                 os._exit(0)
-        time.sleep(rng.uniform(0.02, 0.3))
+        time.sleep(rng.uniform(0.1, 2.5) * t_save)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         mid_save += os.path.exists(path + '.tmp')  # killed while a new file was being written
@@ -235,7 +238,7 @@ def test_latest_and_best_checkpoints(trained):
 def test_resume_refuses_explicitly_different_model(trained, tmp_path):
     out = copy_run(trained, tmp_path)
     r = fork_run(['train.py', 'config/alibi.py', f'--out_dir={out}', '--init_from=resume', '--n_layer=2',
-             '--n_head=2', '--wandb_log=False'])
+                  '--n_head=2', '--wandb_log=False'])
     assert r.returncode != 0 and 'Traceback' not in r.stderr
     trained_with, asked = r.stderr.split('but this run asks for')
     assert "n_layer=1, pos_encoding='rope'" in trained_with and "n_layer=2, pos_encoding='alibi'" in asked
@@ -258,8 +261,8 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(trained, tmp_path, 
     """A real divergence: resume with learning_rate=1e6. eval_interval=1: saves every step
     until the val loss goes non-finite; 1000: caught by the train loss at a log step."""
     out = copy_run(trained, tmp_path)
-    r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume', '--learning_rate=1e6', f'--max_iters={N + 30}',
-             f'--eval_interval={eval_interval}', '--log_interval=1', '--wandb_log=False'])
+    r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume', '--learning_rate=1e6',
+                  f'--max_iters={N + 30}', f'--eval_interval={eval_interval}', '--wandb_log=False'])
     assert r.returncode != 0 and 'Traceback' not in r.stderr
     m = re.search(r'stopping: (val|train) loss is (nan|inf|-inf|not finite) at iter (\d+)', r.stderr)
     assert m, r.stderr[-2000:]
