@@ -383,8 +383,8 @@ stop_signal = None
 def request_stop(signum, frame):
     global stop_signal
     if stop_signal is None:
-        print(f"[rank {rank}] got {signal.Signals(signum).name}: saving a checkpoint after this iteration, "
-              f"then exiting (kill -9 aborts without saving)", flush=True)
+        print(f"[rank {rank}] got {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+              f"and exiting (kill -9 aborts without saving)", flush=True)
     stop_signal = signum  # idempotent: torchrun forwards the signal it got on top of the terminal's
 
 
