@@ -55,9 +55,36 @@ def eval_lengths(model, data, L, mults=(1, 2, 4, 8), **kw):
     return out
 
 
+def atomic_save(obj, path):
+    """torch.save to path.tmp, fsync, then rename over path. A kill (or a node crash)
+    mid-save leaves the previous file whole: rename is atomic, and the fsync makes
+    sure the new bytes are on disk before the name points at them."""
+    tmp = path + '.tmp'
+    with open(tmp, 'wb') as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path, device='cpu'):
+    """torch.load with a clear error for a missing, truncated or foreign file."""
+    if not os.path.exists(path):
+        sys.exit(f"no checkpoint at {path}: train first (python train.py config/rope.py), or fix out_dir")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:
+        sys.exit(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:200]}). It is corrupt or "
+                 f"truncated (train.py's own saves are atomic, so it was damaged or written elsewhere): "
+                 f"use {os.path.join(os.path.dirname(path), 'ckpt_best.pt')} or a backup, or retrain")
+    if not isinstance(ckpt, dict) or not {'model', 'model_args'} <= ckpt.keys():
+        sys.exit(f"{path} is not a nanoPE checkpoint (no 'model'/'model_args'); pass a ckpt.pt written by train.py")
+    return ckpt
+
+
 def load_checkpoint(path, device='cpu', **overrides):
     from model import GPT, GPTConfig
-    ckpt = torch.load(path, map_location=device, weights_only=False)
+    ckpt = read_checkpoint(path, device)
     args = dict(ckpt['model_args'])
     args.update({k: v for k, v in overrides.items() if v is not None})
     model = GPT(GPTConfig(**args))

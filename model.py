@@ -112,7 +112,6 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, pe):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -166,6 +165,11 @@ class GPT(nn.Module):
 
     def __init__(self, config):
         super().__init__()
+        if config.n_embd % config.n_head:  # before the scheme, whose head_dim would be wrong
+            ok = [h for h in range(1, min(config.n_embd, 64) + 1) if config.n_embd % h == 0]
+            raise ValueError(f"n_embd={config.n_embd} is not divisible by n_head={config.n_head}: every head "
+                             f"gets n_embd/n_head dims. Use an n_head that divides {config.n_embd} "
+                             f"({', '.join(map(str, ok))}) or an n_embd that is a multiple of {config.n_head}")
         self.config = config
         self.pe = positional.build(config)  # shared by all layers
         self.transformer = nn.ModuleDict(dict(

@@ -11,6 +11,9 @@ import gc
 import json
 import math
 import os
+import random
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import GPT, GPTConfig
-from eval import eval_lengths
+from eval import atomic_save, eval_lengths, read_checkpoint
 
 # -----------------------------------------------------------------------------
 # defaults: the small CPU model; config/*.py files only change the scheme
@@ -78,7 +81,10 @@ config_keys = [k for k, v in globals().items() if not k.startswith('_') and isin
 def apply_overrides(argv, g, keys):
     """nanoGPT-style configurator with checks: config files are exec'd, --key=value
     literals are parsed; a key that is not a global above, or a value of another
-    type than its default, is an error that names the valid keys."""
+    type than its default, is an error that names the valid keys. Returns the keys
+    that were set explicitly (resume checks them against the checkpoint)."""
+    explicit = set()
+
     def check(k, v):
         if k not in keys:
             import difflib
@@ -89,9 +95,10 @@ def apply_overrides(argv, g, keys):
         if old is not None and v is not None and type(v) is not type(old):
             if not (isinstance(old, float) and type(v) is int):
                 sys.exit(f"config key {k!r} expects {type(old).__name__} (default {old!r}), got {v!r} "
-                         f"({type(v).__name__})")
+                         f"({type(v).__name__}); write it like the default, e.g. --{k}={old!r}")
             v = float(v)
         g[k] = v
+        explicit.add(k)
     for arg in argv:
         if not arg.startswith('--'):
             if not os.path.exists(arg):
@@ -110,10 +117,44 @@ def apply_overrides(argv, g, keys):
             except (ValueError, SyntaxError):
                 v = val  # a bare string
             check(k, v)
+    return explicit
 
 
-apply_overrides(sys.argv[1:], globals(), config_keys)
+explicit_keys = apply_overrides(sys.argv[1:], globals(), config_keys)
 config = {k: globals()[k] for k in config_keys}
+# -----------------------------------------------------------------------------
+# init_from: 'resume' continues the run in out_dir; a path to a .pt fine-tunes its weights
+ckpt = None
+if init_from not in ('scratch', 'resume') and not init_from.endswith('.pt'):
+    sys.exit(f"init_from={init_from!r}: use 'scratch', 'resume' (continue the run in out_dir) or a path to a .pt")
+if init_from != 'resume' and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
+    # never overwrite a run by accident: its checkpoint would be replaced at the first eval
+    sys.exit(f"{out_dir}/ckpt.pt exists: --init_from=resume continues that run; to start a new one use "
+             f"another --out_dir or delete {out_dir}/")
+if init_from != 'scratch':
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from
+    if not os.path.exists(ckpt_path):
+        sys.exit(f"init_from={init_from!r}: no checkpoint at {ckpt_path}")
+    ckpt = read_checkpoint(ckpt_path, 'cpu')
+if init_from == 'resume':
+    # The rule: a resumed run continues as it was. Every key not set explicitly (config file
+    # or --key=value) comes from the checkpoint; explicit keys change the run (listed below),
+    # except model keys, which must match the checkpoint: we refuse rather than silently
+    # train something else (dropout and attn_backend may change).
+    ck, free = ckpt['model_args'], ('dropout', 'attn_backend')
+    differ = [k for k in ck if k in config and k in explicit_keys and k not in free and config[k] != ck[k]]
+    if differ:
+        sys.exit(f"cannot resume {ckpt_path}: it was trained with " + ', '.join(f"{k}={ck[k]!r}" for k in differ)
+                 + " but this run asks for " + ', '.join(f"{k}={config[k]!r}" for k in differ) + ". Drop those "
+                 "settings to resume it, or start a new run in another out_dir (init_from=PATH.pt fine-tunes it).")
+    inherit = {k: v for k, v in {**ckpt['config'], **ck}.items()
+               if k in config and k not in explicit_keys and k not in ('init_from', 'out_dir', 'eval_only')}
+    globals().update(inherit)
+    config.update(inherit)
+    changed = [k for k in config if k not in ('init_from', 'out_dir') and config[k] != ckpt['config'].get(k, config[k])]
+    if changed and int(os.environ.get('RANK', 0)) == 0:
+        print("resuming with changed settings: " + ', '.join(f"{k} {ckpt['config'][k]!r} -> {config[k]!r}"
+                                                             for k in changed))
 # -----------------------------------------------------------------------------
 
 # DDP setup: torchrun sets RANK/WORLD_SIZE
@@ -149,13 +190,18 @@ if master:
           f"{batch_size} x {block_size})")
 
 # data: the default corpus is prepared on first use
-data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
+default_data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
+data_dir = data_dir or default_data_dir
 config['data_dir'] = data_dir
-if not os.path.exists(os.path.join(data_dir, 'train.bin')):
-    prep = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset, 'prepare.py')
-    if not os.path.exists(prep):
-        sys.exit(f"no {data_dir}/train.bin and no prepare script {prep}; prepare your data first "
-                 f"(e.g. python data/shakespeare_char/prepare.py --input FILE --out_dir {data_dir})")
+missing = [f for f in ('train.bin', 'val.bin') if not os.path.exists(os.path.join(data_dir, f))]
+if missing:
+    prep = os.path.join(default_data_dir, 'prepare.py')
+    # auto-prepare only where the script writes (its own folder), never into a user's data_dir
+    if not os.path.exists(prep) or os.path.abspath(data_dir) != default_data_dir:
+        sys.exit(f"no {' or '.join(missing)} in {data_dir}; prepare the data first"
+                 + (f": python {os.path.relpath(prep)} (writes {os.path.relpath(default_data_dir)}), or"
+                    if os.path.exists(prep) else ';')
+                 + f" for your own text: python data/shakespeare_char/prepare.py --input FILE --out_dir {data_dir}")
     if master:
         print(f"{data_dir}/train.bin missing: running {prep}")
         subprocess.run([sys.executable, prep], check=True)
@@ -167,6 +213,10 @@ if os.path.exists(meta_path):
     import pickle
     with open(meta_path, 'rb') as f:
         vocab_size = pickle.load(f)['vocab_size']
+for f in ('train.bin', 'val.bin'):  # np.memmap cannot map an empty file; say what is wrong
+    if os.path.getsize(os.path.join(data_dir, f)) == 0:
+        sys.exit(f"{data_dir}/{f} is empty: the corpus was empty or its preparation failed; re-run the "
+                 f"prepare script on a non-empty text (python data/shakespeare_char/prepare.py --input FILE)")
 train_data = np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r')
 val_data = np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r')
 
@@ -189,23 +239,36 @@ def get_batch(it):
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size or 50304, dropout=dropout, pos_encoding=pos_encoding,
                   pos_options=pos_options, rope_scaling=rope_scaling, attn_backend=attn_backend)
-iter_num, best_val_loss, ckpt = 0, 1e9, None
-if init_from == 'resume' or init_from.endswith('.pt'):
-    path = os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from
-    if not os.path.exists(path):
-        sys.exit(f"init_from={init_from!r}: no checkpoint at {path}")
-    ckpt = torch.load(path, map_location=device, weights_only=False)
-    if init_from == 'resume':   # same run: the architecture comes from the checkpoint
-        model_args.update(ckpt['model_args'])
+iter_num, best_val_loss, resume_state = 0, 1e9, {}
+if ckpt is not None:
+    if init_from == 'resume':
+        if vocab_size and vocab_size != ckpt['model_args']['vocab_size']:
+            sys.exit(f"cannot resume {ckpt_path}: it was trained with vocab_size={ckpt['model_args']['vocab_size']}, "
+                     f"but {data_dir} has {vocab_size}; resume on the run's own data (drop --data_dir/--dataset)")
+        model_args['vocab_size'] = ckpt['model_args']['vocab_size']
         iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
+        resume_state = {k: ckpt.get(k) for k in ('rng', 'scaler', 'wandb_id')}
     else:                       # fine-tune: same weights, this config's length/scaling
         keep = ('block_size', 'rope_scaling', 'attn_backend', 'dropout')
         model_args.update({k: v for k, v in ckpt['model_args'].items() if k not in keep})
         if master:
-            print(f"fine-tuning from {path} (trained with block_size={ckpt['model_args']['block_size']}, "
+            print(f"fine-tuning from {ckpt_path} (trained with block_size={ckpt['model_args']['block_size']}, "
                   f"rope_scaling={ckpt['model_args'].get('rope_scaling')}) at block_size={block_size}, "
                   f"rope_scaling={rope_scaling}")
-model = GPT(GPTConfig(**model_args))
+try:
+    model = GPT(GPTConfig(**model_args))
+except ValueError as e:  # bad scheme name, options, n_embd/n_head, rotary dim: the message says how to fix it
+    sys.exit(f"bad model config: {e}")
+max_len = model.pe.max_len
+if max_len is not None and max_len < block_size:
+    sys.exit(f"{pos_encoding} addresses {max_len} positions, fewer than block_size={block_size}: lower "
+             f"block_size or enlarge its table in pos_options (see its docstring in positional.py)")
+eval_T = max([m * block_size for m in eval_mults if max_len is None or m * block_size <= max_len] or [block_size])
+for name, data, need in (('train', train_data, block_size + 2), ('val', val_data, eval_T + 1)):
+    if len(data) < need:  # too short to draw one window (train) or to evaluate at the longest length (val)
+        sys.exit(f"{data_dir}/{name}.bin has {len(data)} tokens, fewer than the {need} needed for block_size="
+                 f"{block_size}" + (f" and evaluation at {eval_T} tokens" if name == 'val' else '')
+                 + ": use a longer corpus or a smaller block_size" + (" or eval_mults" if name == 'val' else ''))
 if ckpt is not None:
     model.load_state_dict(ckpt['model'])
 model.to(device)
@@ -213,8 +276,12 @@ if master:
     print(f"scheme {pos_encoding}: {model.get_num_params() / 1e6:.2f}M parameters, "
           f"rope_scaling={model_args['rope_scaling']}")
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+# float16 needs loss scaling against gradient underflow; a no-op for float32/bfloat16
+scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
 if init_from == 'resume':
     optimizer.load_state_dict(ckpt['optimizer'])
+    if resume_state['scaler']:
+        scaler.load_state_dict(resume_state['scaler'])
 ckpt = None
 raw_model = model
 if compile:
@@ -234,13 +301,31 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
 
 
-def save_checkpoint(path):
-    """Atomic: write a temp file, then rename over the old one."""
-    ckpt = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'model_args': model_args,
-            'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config}
-    tmp = path + '.tmp'
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)
+def save_checkpoint(best=False):
+    """Write out_dir/ckpt.pt atomically with everything an exact resume needs; with best=True
+    point ckpt_best.pt at it too (a hard link, so no second write; a copy where links fail).
+    Refuses non-finite weights, so a diverged run never replaces the last good checkpoint.
+    Returns None, or why it did not save."""
+    if not all(torch.isfinite(p).all() for p in raw_model.parameters()):
+        return f"non-finite weights at iter {iter_num}"
+    ckpt = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'scaler': scaler.state_dict(),
+            'model_args': model_args, 'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config,
+            # every rank seeds alike and draws alike, so rank 0's RNG states are every rank's
+            'rng': {'torch': torch.get_rng_state(), 'numpy': np.random.get_state(), 'python': random.getstate(),
+                    'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
+            'wandb_id': wandb_run.id if wandb_run is not None else None}
+    path = os.path.join(out_dir, 'ckpt.pt')
+    atomic_save(ckpt, path)
+    if best:
+        tmp = os.path.join(out_dir, 'ckpt_best.pt.tmp')
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        try:
+            os.link(path, tmp)  # the next save of ckpt.pt writes a new file; this one stays
+        except OSError:
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, os.path.join(out_dir, 'ckpt_best.pt'))
+    return None
 
 
 def setup_wandb():
@@ -251,13 +336,15 @@ def setup_wandb():
         netrc = os.path.expanduser('~/.netrc')
         logged_in = logged_in or (os.path.exists(netrc) and 'api.wandb.ai' in open(netrc).read())
         mode = 'online' if logged_in else 'offline'
+    # a resumed run continues its wandb run (the id is in the checkpoint)
+    resume = dict(id=resume_state['wandb_id'], resume='allow') if resume_state.get('wandb_id') else {}
     try:
         run = wandb.init(project=wandb_project, name=wandb_run_name or pos_encoding, config=config,
-                         mode=mode, dir=out_dir)
+                         mode=mode, dir=out_dir, **resume)
     except Exception as e:  # no network: keep the run, log offline
         print(f"wandb online init failed ({e}); logging offline")
         run = wandb.init(project=wandb_project, name=wandb_run_name or pos_encoding, config=config,
-                         mode='offline', dir=out_dir)
+                         mode='offline', dir=out_dir, **resume)
     print(f"wandb: {mode} mode" + (f" (sync later with `wandb sync {out_dir}/wandb/latest-run`)" if mode == 'offline' else ''))
     return run
 
@@ -269,6 +356,15 @@ def log_metrics(d):
         wandb_run.log(d, step=d['iter'])
 
 
+metrics_path = os.path.join(out_dir, 'metrics.jsonl')
+if master and os.path.exists(metrics_path):
+    # a new run starts a fresh file; a resumed one drops what was logged after its checkpoint
+    # (a hard kill loses those iterations, and the resumed run logs them again)
+    with open(metrics_path) as f:  # (a line cut by a kill is dropped too)
+        keep = [l for l in f if init_from == 'resume' and l.endswith('\n') and json.loads(l).get('iter', 0) <= iter_num]
+    with open(metrics_path + '.tmp', 'w') as f:
+        f.writelines(keep)
+    os.replace(metrics_path + '.tmp', metrics_path)
 wandb_run = setup_wandb() if (wandb_log and master) else None
 PEAK_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12}  # dense bf16
 peak_flops = None
@@ -277,6 +373,79 @@ if device_type == 'cuda':
     peak_flops = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 # -----------------------------------------------------------------------------
+# Runs that survive. SIGTERM/SIGINT only set a flag: the loop finishes its iteration, saves
+# ckpt.pt and exits 0. Under DDP every rank must stop at the same iteration (else the next
+# collective hangs), so the ranks OR their flags each iteration with a tiny all-reduce on a
+# CPU (gloo) group of its own: no GPU sync, and it runs in the background (see stop_agreed).
+stop_signal = None
+
+
+def request_stop(signum, frame):
+    global stop_signal
+    if stop_signal is None:
+        print(f"[rank {rank}] got {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+              f"and exiting (kill -9 aborts without saving)", flush=True)
+    stop_signal = signum  # idempotent: torchrun forwards the signal it got on top of the terminal's
+
+
+signal.signal(signal.SIGTERM, request_stop)
+signal.signal(signal.SIGINT, request_stop)
+ctrl_group = dist.new_group(backend='gloo') if ddp else None
+stop_flag, stop_work = torch.zeros(1, dtype=torch.int32), None
+
+
+def stop_agreed():
+    """Whether to stop now; the same answer on every rank. The all-reduce started by one
+    call is read by the next, so it overlaps a training step instead of adding a round
+    trip to it; the price is that a signal stops the run one iteration later."""
+    global stop_work
+    if not ddp:
+        return stop_signal is not None
+    stop = False
+    if stop_work is not None:
+        stop_work.wait()
+        stop = bool(stop_flag.item())
+    stop_flag.fill_(int(stop_signal is not None))
+    stop_work = None if stop else dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX, group=ctrl_group, async_op=True)
+    return stop
+
+
+def any_rank(flag):
+    """flag, OR-ed over the ranks (blocking; used at eval steps only)."""
+    if not ddp:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl_group)
+    return bool(t.item())
+
+
+pending = []  # (iter, loss tensor) since the last check: read with one sync at log steps and before saves
+
+
+def check_losses():
+    """Global mean loss of each pending iteration (all-reduced, so every rank reaches the
+    same verdict), and a message naming the first non-finite one, or None."""
+    if not pending:
+        return [], None
+    its = [i for i, _ in pending]
+    vals = torch.stack([l for _, l in pending])
+    pending.clear()
+    if ddp:  # the global mean loss, identical to a single process on the same batch
+        dist.all_reduce(vals, op=dist.ReduceOp.AVG)
+    vals = vals.tolist()
+    bad = [(i, v) for i, v in zip(its, vals) if not math.isfinite(v)]
+    return vals, (f"train loss is {bad[0][1]} at iter {bad[0][0]}" if bad else None)
+
+
+if resume_state.get('rng'):  # restored last: building the model above drew from the RNG
+    rng = resume_state['rng']
+    torch.set_rng_state(rng['torch'].cpu())
+    if rng['cuda'] is not None and device_type == 'cuda':
+        torch.cuda.set_rng_state(rng['cuda'].cpu())
+    np.random.set_state(rng['numpy'])
+    random.setstate(rng['python'])
+last_saved = resumed_at = iter_num if init_from == 'resume' else None
+failure = None
 t0 = time.time()
 running_tps = -1.0
 while True:
@@ -284,8 +453,11 @@ while True:
     for group in optimizer.param_groups:
         group['lr'] = lr
 
-    if iter_num % eval_interval == 0 or iter_num == max_iters or eval_only:
-        if master:
+    bad = None
+    # a resumed run skips the eval at its first step: it ran before that checkpoint was saved
+    if (iter_num % eval_interval == 0 or iter_num == max_iters or eval_only) and (iter_num != resumed_at or eval_only):
+        _, bad = check_losses()
+        if master and bad is None:
             raw_model.eval()
             te = time.time()
             res = eval_lengths(raw_model, val_data, block_size, tuple(eval_mults), tokens=eval_tokens,
@@ -295,13 +467,31 @@ while True:
                   + f"  ({time.time() - te:.1f}s)")
             log_metrics({'iter': iter_num, 'lr': lr, **res})
             val_loss = res['val/loss@1L']
-            if iter_num > 0 and (val_loss < best_val_loss or always_save_checkpoint):
+            if not math.isfinite(val_loss):  # (past L a scheme may blow up; that is a result, not a failure)
+                bad = f"val loss is {val_loss} at iter {iter_num}"
+            elif iter_num > 0 and not eval_only and (val_loss < best_val_loss or always_save_checkpoint):
+                improved = val_loss < best_val_loss
                 best_val_loss = min(best_val_loss, val_loss)
-                save_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
-                print(f"saved checkpoint to {out_dir}/ckpt.pt")
-        if eval_only or iter_num >= max_iters:
+                bad = save_checkpoint(best=improved)
+                if bad is None:
+                    last_saved = iter_num
+                    print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and ckpt_best.pt" if improved else ''))
+        if any_rank(bad is not None):
+            failure = bad or "non-finite loss or weights on rank 0"
             break
         t0 = time.time()
+    if eval_only or iter_num >= max_iters:
+        break
+    if stop_agreed():
+        _, failure = check_losses()
+        if failure is None and master:
+            if last_saved != iter_num:  # (else ckpt.pt already holds this state)
+                failure = save_checkpoint()
+            if failure is None:
+                why = signal.Signals(stop_signal).name if stop_signal else 'a signal to another rank'
+                print(f"stopped by {why} at iter {iter_num}: saved {out_dir}/ckpt.pt; continue the run with "
+                      f"--init_from=resume", flush=True)
+        break
 
     loss_sum = torch.zeros((), device=device)
     for micro_step, (X, Y) in enumerate(get_batch(iter_num)):
@@ -310,28 +500,34 @@ while True:
         with autocast:
             _, loss = model(X, Y)
             loss = loss / accum
-        loss.backward()
+        scaler.scale(loss).backward()
         loss_sum += loss.detach()
     if grad_clip != 0.0:
+        scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
+    scaler.step(optimizer)
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
 
     iter_num += 1
+    pending.append((iter_num, loss_sum))
     if iter_num % log_interval == 0:
-        if ddp:  # the global mean loss, identical to a single process on the same batch
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+        vals, failure = check_losses()
+        if failure:
+            break
         t1 = time.time()
         dt = (t1 - t0) / log_interval
         t0 = t1
         if master:
             tps = tokens_per_iter / dt
             mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, peak_flops) if peak_flops else None
-            print(f"iter {iter_num}: loss {loss_sum.item():.4f}, {dt * 1000:.1f} ms/iter, {tps:,.0f} tok/s"
+            print(f"iter {iter_num}: loss {vals[-1]:.4f}, {dt * 1000:.1f} ms/iter, {tps:,.0f} tok/s"
                   + (f", mfu {mfu * 100:.1f}%" if mfu else ''))
-            log_metrics({'iter': iter_num, 'train/loss': loss_sum.item(), 'lr': lr, 'ms_per_iter': dt * 1000,
+            log_metrics({'iter': iter_num, 'train/loss': vals[-1], 'lr': lr, 'ms_per_iter': dt * 1000,
                          'tokens_per_s': tps, **({'mfu': mfu} if mfu else {})})
 
+if stop_work is not None:  # every rank started the same all-reduces: let the last one finish
+    stop_work.wait()
 if wandb_run is not None:
     wandb_run.finish()
 if ddp:
@@ -340,3 +536,8 @@ if ddp:
     del model, raw_model, optimizer
     gc.collect()
     dist.destroy_process_group()
+if failure:  # every rank exits 1; rank 0 says why
+    sys.exit(f"stopping: {failure}. Nothing was saved after it"
+             + (f": {out_dir}/ckpt.pt (iter {last_saved}) is the last good checkpoint" if last_saved is not None else '')
+             + ". Fix: lower learning_rate, raise warmup_iters, keep grad_clip > 0, or train in bfloat16/float32 "
+               "rather than float16; then --init_from=resume" if master else 1)

@@ -1,0 +1,359 @@
+"""Runs that survive: exact resume, atomic checkpoints, signals (single process and
+2-rank DDP), non-finite losses, and a clear error for each kind of bad input.
+train.py and sample.py run with tiny settings as subprocesses, or as forked children of
+this process where that is the same thing but cheaper (no second torch import)."""
+import json
+import os
+import random
+import re
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, SCHEMES
+
+TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=16', '--batch_size=4', '--compile=False',
+        '--wandb_log=False', '--eval_tokens=256', '--log_interval=1', '--warmup_iters=5']
+N = 120  # iterations of the reference runs
+
+
+def cmd(args, torchrun=None):
+    return [sys.executable] + (['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}']
+                               if torchrun else []) + args
+
+
+ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+
+
+def run(args, torchrun=None, timeout=300):
+    return subprocess.run(cmd(args, torchrun), cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def fork_start(args):
+    """Run a script's real code path (`args` = [script, --key=value...]) in a forked child
+    of this process: a subprocess minus the 2 s of importing torch again."""
+    import torch._dynamo  # noqa: F401  (torch.optim imports it lazily: once here, not in every child)
+    out, err = tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            torch.set_num_threads(1)  # no OpenMP pool in a forked child
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout, sys.stderr = open(1, 'w', closefd=False), open(2, 'w', closefd=False)  # not pytest's
+            os.chdir(ROOT)
+            sys.argv = list(args)
+            runpy.run_path(args[0], run_name='__main__')
+            code = 0
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return pid, args, out, err
+
+
+def fork_wait(started):
+    """Wait for fork_start's child; a CompletedProcess with its exit code and output."""
+    pid, args, out, err = started
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    out.seek(0)
+    err.seek(0)
+    return subprocess.CompletedProcess(args, code, out.read(), err.read())
+
+
+def fork_run(args):
+    return fork_wait(fork_start(args))
+
+
+def metrics(out_dir):
+    with open(os.path.join(out_dir, 'metrics.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def losses(out_dir):
+    return {r['iter']: r['train/loss'] for r in metrics(out_dir) if 'train/loss' in r}
+
+
+def ckpt_iter(out_dir, name='ckpt.pt'):
+    return torch.load(os.path.join(out_dir, name), weights_only=False)['iter_num']
+
+
+def wait_for_iter(out_dir, alive, it=3):
+    """Return once the run writing out_dir has logged iteration `it`."""
+    deadline = time.time() + 120
+    while time.time() < deadline and alive():
+        if os.path.exists(os.path.join(out_dir, 'metrics.jsonl')) and it in losses(out_dir):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"run did not reach iter {it}")
+
+
+def worker_pid(launcher, rank):
+    """pid of the torchrun worker with RANK=rank."""
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            ppid = int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])
+            env = open(f'/proc/{pid}/environ', 'rb').read().split(b'\0')
+        except OSError:
+            continue
+        if ppid == launcher and f'RANK={rank}'.encode() in env:
+            return int(pid)
+    raise AssertionError(f"no worker with RANK={rank} under pid {launcher}")
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    """The char corpus of conftest's char_data fixture, once for this module."""
+    sys.path.insert(0, os.path.join(ROOT, 'data', 'shakespeare_char'))
+    from prepare import prepare
+    rng = np.random.default_rng(0)
+    words = ['to', 'be', 'or', 'not', 'that', 'is', 'the', 'question', 'whether', 'tis', 'nobler']
+    d = str(tmp_path_factory.mktemp('robust') / 'data')
+    prepare(' '.join(rng.choice(words, size=20000)) + '\n', d)
+    return d
+
+
+@pytest.fixture(scope='module')
+def trained(data, tmp_path_factory):
+    """An uninterrupted single-process run of N iterations (2 micro-steps, no dropout):
+    the reference for the DDP test and a source checkpoint for the others."""
+    out = str(tmp_path_factory.mktemp('robust') / 'ref')
+    r = run(['train.py', f'--data_dir={data}', f'--out_dir={out}', f'--max_iters={N}', '--eval_interval=40',
+             '--gradient_accumulation_steps=2'] + TINY)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def copy_run(src, tmp_path):
+    dst = str(tmp_path / 'run')
+    shutil.copytree(src, dst)
+    return dst
+
+
+# --- exact resume and signals -------------------------------------------------------------
+
+def test_sigint_saves_and_resume_is_exact(data, tmp_path):
+    """Dropout on, so the torch RNG state must be restored; losses are compared exactly."""
+    args = ['train.py', f'--data_dir={data}', f'--max_iters={N}', '--eval_interval=50', '--dropout=0.1'] + TINY
+    ref, out = str(tmp_path / 'ref'), str(tmp_path / 'out')
+    r = fork_run(args + [f'--out_dir={ref}'])
+    assert r.returncode == 0, r.stderr[-3000:]
+    child = fork_start(args + [f'--out_dir={out}'])
+    wait_for_iter(out, lambda: open(f'/proc/{child[0]}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z')
+    os.kill(child[0], signal.SIGINT)
+    r = fork_wait(child)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stop = int(re.search(r'stopped by SIGINT at iter (\d+)', r.stdout).group(1))
+    assert 3 <= stop < N and ckpt_iter(out) == stop and 'Traceback' not in r.stderr
+    r = fork_run(args + [f'--out_dir={out}', '--init_from=resume'])
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = losses(ref), losses(out)
+    assert sorted(b) == list(range(1, N + 1))  # every step logged once, none twice
+    assert a == b  # bit-identical per-step losses
+    final = lambda d: [m['val/loss@1L'] for m in metrics(d) if m['iter'] == N and 'val/loss@1L' in m]  # noqa: E731
+    assert final(ref) == final(out) and len(final(out)) == 1
+
+
+def test_sigterm_to_one_ddp_rank_stops_every_rank_then_resumes(data, trained, tmp_path):
+    """SIGTERM to rank 1 only: both ranks must stop at the same iteration (else the next
+    collective hangs), rank 0 saves, both exit 0 (torchrun's exit code is 0 only then).
+    The resumed 2-rank run continues the same losses as the single-process reference."""
+    out = str(tmp_path / 'ddp')
+    args = ['train.py', f'--data_dir={data}', f'--out_dir={out}', f'--max_iters={N}', '--eval_interval=40',
+            '--gradient_accumulation_steps=2'] + TINY
+    p = subprocess.Popen(cmd(args, torchrun=2), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=ENV)
+    wait_for_iter(out, lambda: p.poll() is None)
+    os.kill(worker_pid(p.pid, 1), signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 0, stderr[-3000:]
+    assert '[rank 1] got SIGTERM' in stdout and '[rank 0] got' not in stdout
+    stop = int(re.search(r'stopped by a signal to another rank at iter (\d+)', stdout).group(1))
+    assert stop < N and ckpt_iter(out) == stop
+    r = run(args + ['--init_from=resume'], torchrun=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = losses(trained), losses(out)
+    assert sorted(b) == list(range(1, N + 1))
+    # DDP vs one process on the same global batch: equal up to float summation order
+    assert max(abs(a[k] - b[k]) for k in a) < 1e-5
+
+
+# --- atomic checkpoints -------------------------------------------------------------------
+
+def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path):
+    """A child process saves a 32 MB checkpoint in a loop with eval.atomic_save (the one
+    train.py uses); we SIGKILL it at random moments, then the file must load whole."""
+    from eval import atomic_save, read_checkpoint
+    path = str(tmp_path / 'ckpt.pt')
+    big = torch.arange(8 * 2**20, dtype=torch.float32)
+    t = time.time()
+    atomic_save({'model': big, 'model_args': {}, 'version': 0}, path)
+    t_save = time.time() - t  # kill within ~2.5 saves: mostly mid-save, some after a finished one
+    rng, mid_save, versions = random.Random(0), 0, set()
+    for _ in range(8):
+        pid = os.fork()
+        if pid == 0:  # child: only torch.save/rename here (no tensor math after fork)
+            try:
+                for v in range(1, 10**6):
+                    atomic_save({'model': big, 'model_args': {}, 'version': v}, path)
+            finally:
+                os._exit(0)
+        time.sleep(rng.uniform(0.1, 2.5) * t_save)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        mid_save += os.path.exists(path + '.tmp')  # killed while a new file was being written
+        ck = read_checkpoint(path)
+        assert torch.equal(ck['model'], big)
+        versions.add(ck['version'])
+    assert mid_save >= 4  # the kills did land mid-save
+    assert len(versions) > 1  # and saves did complete between them
+
+
+def test_latest_and_best_checkpoints(trained):
+    ref = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=False)
+    best = torch.load(os.path.join(trained, 'ckpt_best.pt'), weights_only=False)
+    vals = {m['iter']: m['val/loss@1L'] for m in metrics(trained) if 'val/loss@1L' in m and m['iter'] > 0}
+    assert ref['iter_num'] == N and ref['best_val_loss'] == min(vals.values())
+    assert best['iter_num'] == min(vals, key=vals.get)
+    for k in ('model', 'optimizer', 'rng', 'scaler', 'config'):  # what an exact resume restores
+        assert k in ref
+
+
+def test_resume_refuses_explicitly_different_model(trained, tmp_path):
+    out = copy_run(trained, tmp_path)
+    r = fork_run(['train.py', 'config/alibi.py', f'--out_dir={out}', '--init_from=resume', '--n_layer=2',
+                  '--n_head=2', '--wandb_log=False'])
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    trained_with, asked = r.stderr.split('but this run asks for')
+    assert "n_layer=1, pos_encoding='rope'" in trained_with and "n_layer=2, pos_encoding='alibi'" in asked
+    assert 'n_head' not in r.stderr  # equal keys are not reported
+    assert ckpt_iter(out) == N
+
+
+def test_new_run_refuses_to_overwrite_a_run(trained, tmp_path):
+    out = copy_run(trained, tmp_path)
+    before = os.path.getmtime(os.path.join(out, 'ckpt.pt'))
+    r = fork_run(['train.py', f'--out_dir={out}', '--wandb_log=False'])
+    assert r.returncode != 0 and 'ckpt.pt exists' in r.stderr and '--init_from=resume' in r.stderr
+    assert os.path.getmtime(os.path.join(out, 'ckpt.pt')) == before
+
+
+# --- non-finite loss ------------------------------------------------------------------------
+
+@pytest.mark.parametrize('eval_interval', [1, 1000])
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(trained, tmp_path, eval_interval):
+    """A real divergence: resume with learning_rate=1e6. eval_interval=1: saves every step
+    until the val loss goes non-finite; 1000: caught by the train loss at a log step."""
+    out = copy_run(trained, tmp_path)
+    r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume', '--learning_rate=1e6',
+                  f'--max_iters={N + 30}', f'--eval_interval={eval_interval}', '--wandb_log=False'])
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    m = re.search(r'stopping: (val|train) loss is (nan|inf|-inf|not finite) at iter (\d+)', r.stderr)
+    assert m, r.stderr[-2000:]
+    bad = int(m.group(3))
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=False)
+    assert N <= ck['iter_num'] < bad and f"ckpt.pt (iter {ck['iter_num']}) is the last good" in r.stderr
+    assert all(torch.isfinite(v).all() for v in ck['model'].values())
+    if eval_interval == 1000:  # nothing was saved during the run: the checkpoint is the original
+        assert ck['iter_num'] == N and m.group(1) == 'train'
+    else:
+        assert ck['iter_num'] > N  # it did save while the loss was finite
+
+
+# --- bad input: a clear error naming the problem and the fix ---------------------------------
+
+def test_model_config_errors_in_process():
+    from model import GPT, GPTConfig
+    with pytest.raises(ValueError, match=r'n_embd=30 is not divisible by n_head=4.*1, 2, 3, 5, 6'):
+        GPT(GPTConfig(n_embd=30, n_head=4, vocab_size=10))
+    with pytest.raises(ValueError, match=r'rotary dimension .* must be a positive even integer; change rotary_pct'):
+        GPT(GPTConfig(n_embd=24, n_head=4, vocab_size=10, pos_options={'rotary_pct': 0.5}))  # 6 * 0.5 = 3
+    with pytest.raises(ValueError, match=r"unknown pos_encoding 'rop'; valid schemes: " + ', '.join(SCHEMES)):
+        GPT(GPTConfig(pos_encoding='rop', vocab_size=10))
+    m = GPT(GPTConfig(pos_encoding='learned', block_size=8, n_embd=16, n_head=2, n_layer=1, vocab_size=10))
+    with pytest.raises(ValueError, match=r'learned position embeddings have 8 positions, but position 8 was '
+                                         r'requested.*sliding window'):
+        m(torch.zeros(1, 9, dtype=torch.long))
+
+
+def write_corpus(d, n_train, n_val):
+    os.makedirs(d, exist_ok=True)
+    np.zeros(n_train, dtype=np.uint16).tofile(os.path.join(d, 'train.bin'))
+    np.zeros(n_val, dtype=np.uint16).tofile(os.path.join(d, 'val.bin'))
+    return d
+
+
+BAD_TRAIN = {  # name: (extra args, fragments the error must contain)
+    'unknown key': (['--n_layers=2'], ["unknown config key 'n_layers'", 'did you mean n_layer']),
+    'wrong type': (['--n_layer=2.5'], ["'n_layer' expects int (default 1), got 2.5 (float)", '--n_layer=1']),
+    'unknown scheme': (['--pos_encoding=rop'], ["unknown pos_encoding 'rop'; valid schemes: " + ', '.join(SCHEMES)]),
+    'n_embd % n_head': (['--n_embd=30', '--n_head=4'], ['n_embd=30 is not divisible by n_head=4', 'Use an n_head']),
+    'odd rotary dim': (['--n_embd=24', '--n_head=4', "--pos_options={'rotary_pct': 0.5}"],
+                       ['rotary dimension', 'change rotary_pct or n_embd/n_head']),
+    'learned table': (['--pos_encoding=learned', "--pos_options={'max_len': 8}"],
+                      ['learned addresses 8 positions, fewer than block_size=16', 'lower block_size']),
+    'init_from typo': (['--init_from=resme'], ["init_from='resme': use 'scratch', 'resume'"]),
+}
+
+
+@pytest.mark.parametrize('case', sorted(BAD_TRAIN))
+def test_train_bad_input(case, data, tmp_path):
+    extra, fragments = BAD_TRAIN[case]
+    r = fork_run(['train.py', f'--data_dir={data}', f'--out_dir={tmp_path}/out', '--max_iters=2'] + TINY + extra)
+    assert r.returncode != 0 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+    for f in fragments:
+        assert f in r.stderr, (f, r.stderr[-2000:])
+    assert not os.path.exists(f'{tmp_path}/out/ckpt.pt')
+
+
+def test_train_bad_data(tmp_path):
+    base = ['train.py', f'--out_dir={tmp_path}/out', '--max_iters=2', '--eval_mults=[1, 8]'] + TINY
+    r = run(base + [f'--data_dir={tmp_path}/nope'])
+    assert r.returncode != 0 and 'no train.bin or val.bin in' in r.stderr
+    assert 'data/shakespeare_char/prepare.py --input FILE' in r.stderr and 'Traceback' not in r.stderr
+    r = fork_run(base + [f'--data_dir={write_corpus(str(tmp_path / "empty"), 0, 0)}'])
+    assert r.returncode != 0 and 'train.bin is empty' in r.stderr and 'prepare.py' in r.stderr
+    # one training window of 16 needs 18 tokens: input, shifted target, and a choice of start
+    r = fork_run(base + [f'--data_dir={write_corpus(str(tmp_path / "short"), 17, 1000)}'])
+    assert r.returncode != 0 and 'train.bin has 17 tokens, fewer than the 18 needed for block_size=16' in r.stderr
+    # evaluating at 8L = 128 needs 129 val tokens
+    r = fork_run(base + [f'--data_dir={write_corpus(str(tmp_path / "shortval"), 1000, 100)}'])
+    assert r.returncode != 0 and 'val.bin has 100 tokens, fewer than the 129 needed' in r.stderr
+    assert 'evaluation at 128 tokens' in r.stderr and 'smaller block_size or eval_mults' in r.stderr
+    assert 'Traceback' not in r.stderr
+
+
+def test_corrupt_checkpoint(trained, tmp_path):
+    out = copy_run(trained, tmp_path)
+    path = os.path.join(out, 'ckpt.pt')
+    blob = open(path, 'rb').read()
+    os.remove(path)  # (a hard link to ckpt_best.pt: write a new file, not through the link)
+    open(path, 'wb').write(blob[:len(blob) // 2])  # what a non-atomic save cut by a kill leaves
+    r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume', '--wandb_log=False'])
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    assert f'checkpoint {path} is unreadable' in r.stderr and 'ckpt_best.pt' in r.stderr
+    r = fork_run(['sample.py', f'--out_dir={out}', '--max_new_tokens=5'])
+    assert r.returncode != 0 and f'checkpoint {path} is unreadable' in r.stderr and 'Traceback' not in r.stderr
+
+
+def test_sample_prompt_outside_char_vocab(trained):
+    r = fork_run(['sample.py', f'--out_dir={trained}', '--max_new_tokens=5', '--start=to be, XZ'])
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    assert "prompt has characters outside the model's vocabulary: [',', 'X', 'Z']" in r.stderr
+    assert 'use only these' in r.stderr
