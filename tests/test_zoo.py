@@ -309,7 +309,7 @@ def test_xpos_blockwise_attention():
         a, b = plain(x)[0], bca(x)[0]
         assert torch.allclose(a[:, :16], b[:, :16], atol=1e-6) and not torch.allclose(a[:, 16:], b[:, 16:])
         cache = bca.new_cache()
-        steps = [bca(x[:, :10], cache=cache)[0]] + [bca(x[:, t:t + 1], cache=cache)[0] for t in range(10, 40)]
+        steps = [bca(x[:, :28], cache=cache)[0]] + [bca(x[:, t:t + 1], cache=cache)[0] for t in range(28, 40)]
         assert torch.allclose(torch.cat(steps, 1), b, atol=1e-5)
     bca.train()
     assert bca.pe.score_mod(None, None, None) is None  # training uses plain causal attention
