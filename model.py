@@ -9,6 +9,10 @@ Attention paths (chosen per call, same logits on all of them):
     no FlexAttention backward on CPU). Never builds a TxT bias.
   - score bias, dense        -> the same score_mod evaluated on broadcast index
     tensors into a [B|1, H, Tq, Tk] additive mask for SDPA.
+  - value term (Shaw)        -> the scheme adds a term to the output that needs each
+    row's logsumexp: FlexAttention returns it (AuxRequest(lse=True), CUDA only: compiled
+    flex on CPU does not support it in torch 2.13); the dense path then computes
+    the softmax explicitly instead of calling SDPA.
 """
 
 import inspect
@@ -42,6 +46,9 @@ class GPTConfig:
 # On CPU, use FlexAttention for a no-grad forward once the dense bias would exceed
 # this many bytes; below it the dense mask is cheaper than compiling a kernel.
 FLEX_CPU_MIN_BIAS_BYTES = 256 * 2**20
+# Compiled FlexAttention on CPU cannot return the logsumexp (torch 2.13: "return_lse is
+# not supported yet"), so a scheme with a value term (Shaw) runs dense on CPU.
+FLEX_LSE_ON_CPU = False
 _compiled = {}
 _block_masks = {}
 
@@ -88,22 +95,38 @@ def dense_bias(mod, ctx, B, H, device, dtype):
     return bias.to(dtype)
 
 
-def attend(q, k, v, mod, ctx, backend='auto', dropout_p=0.0):
+def attend(q, k, v, mod, ctx, backend='auto', dropout_p=0.0, vmod=None):
+    """Causal attention with an optional score bias `mod` and an optional value term
+    `vmod(lse) -> [B, H, Tq, Dv]` added to the output (lse = each row's logsumexp)."""
     Tq, Tk = q.size(2), k.size(2)
-    if mod is None:
+    if mod is None and vmod is None:
         if Tq == Tk:  # no cache: plain causal
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         mask = ctx.k_pos[None, :] <= ctx.q_pos[:, None]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    if use_flex(q, k, backend):
+    if use_flex(q, k, backend) and (vmod is None or q.device.type != 'cpu' or FLEX_LSE_ON_CPU):
         q0, k0 = int(ctx.q_pos[0]), int(ctx.k_pos[0])  # positions are contiguous ranges
 
         def score_mod(score, b, h, qi, ki):
             return mod(score, b, h, qi + q0, ki + k0)
         bm = causal_block_mask(Tq, Tk, q0, k0, q.device)
-        return _flex()(q, k, v, score_mod=score_mod, block_mask=bm)
-    bias = dense_bias(mod, ctx, q.size(0), q.size(1), q.device, q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+        if vmod is None:
+            return _flex()(q, k, v, score_mod=score_mod if mod is not None else None, block_mask=bm)
+        from torch.nn.attention.flex_attention import AuxRequest
+        y, aux = _flex()(q, k, v, score_mod=score_mod if mod is not None else None, block_mask=bm,
+                         return_aux=AuxRequest(lse=True))  # natural-log lse, differentiable
+        return y + vmod(aux.lse).to(y.dtype)
+    if mod is not None:
+        bias = dense_bias(mod, ctx, q.size(0), q.size(1), q.device, q.dtype)
+    else:
+        bias = torch.zeros((), device=q.device).masked_fill(ctx.k_pos[None, :] > ctx.q_pos[:, None], float('-inf'))
+    if vmod is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+    # value term: SDPA does not return the logsumexp, so do the softmax by hand here
+    att = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.size(-1)) + bias.float()
+    lse = att.logsumexp(-1)
+    p = F.dropout((att - lse.unsqueeze(-1)).exp(), dropout_p)
+    return (p.to(v.dtype) @ v) + vmod(lse).to(v.dtype)
 
 
 # --- the model ------------------------------------------------------------------
@@ -124,13 +147,17 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        q, k = pe.transform_qk(q, k, ctx, self.pe_layer)  # new keys get their positions here
+        if not pe.transform_after_cache:
+            q, k = pe.transform_qk(q, k, ctx, self.pe_layer)  # new keys get their positions here
         if cache is not None:  # cached keys were transformed when they were new
             if cache[0] is not None:
                 k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
             cache[0], cache[1] = k, v
+        if pe.transform_after_cache:  # the cache holds raw keys; all keys are transformed each forward
+            q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
         mod = pe.score_mod(q, ctx, self.pe_layer)
-        y = attend(q, k, v, mod, ctx, self.backend, self.dropout if self.training else 0.0)
+        vmod = pe.value_mod(q, k, ctx, self.pe_layer)
+        y = attend(q, k, v, mod, ctx, self.backend, self.dropout if self.training else 0.0, vmod)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

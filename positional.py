@@ -17,6 +17,13 @@ to build a dense additive mask for SDPA. One definition, both paths, same logits
 
 Per-layer parameters (if a scheme has any) live in the module returned by
 `new_layer()`, which each attention layer owns and passes back as `lyr`.
+
+Two rarer hooks, both off by default:
+  value_mod(q, k, ctx, lyr)    -> g | None  g(lse) is added to the attention output;
+                                            lse [B, H, Tq] is each row's logsumexp (Shaw's values)
+  transform_after_cache = True              the KV cache keeps raw keys and transform_qk sees
+                                            all keys (positions ctx.k_pos) every forward (xPos)
+
 Shapes: q, k are [B, n_head, T, head_dim]; positions are int64 tensors.
 
 Adding a scheme = write a subclass here, decorate it with @register('name'),
@@ -160,6 +167,11 @@ class PositionalEncoding(nn.Module):
     def score_mod(self, q, ctx, layer):
         return None
 
+    def value_mod(self, q, k, ctx, layer):
+        return None
+
+    transform_after_cache = False
+
     def extra_repr(self):
         return f"name={self.name}"
 
@@ -263,3 +275,454 @@ class ALiBi(PositionalEncoding):
         def mod(score, b, h, qp, kp):
             return score + slopes[h] * (kp - qp)
         return mod
+
+
+# =============================================================================
+# the zoo: learned and fixed relative biases, relative keys/values, rotary variants.
+# Every bias is a function of absolute (query, key) positions evaluated inside
+# score_mod, so FlexAttention never builds a TxT tensor. Relative distance
+# conventions follow each paper (see positional-facts: T5/Shaw use key - query).
+
+def t5_bucket(relative_position, num_buckets=32, max_distance=128, bidirectional=False):
+    """T5's relative-position bucket (Raffel et al., arXiv 1910.10683, as in Mesh TF).
+    relative_position = key_pos - query_pos (<= 0 for the causal past).
+    Causal: n = max(-rel, 0) and all buckets describe the past. Bidirectional: half the
+    buckets per side, keys in the future get +num_buckets/2, n = |rel|.
+    With nb buckets per side and max_exact = nb // 2: n < max_exact is its own bucket;
+    larger n share log-spaced buckets max_exact + floor(log(n/max_exact) /
+    log(max_distance/max_exact) * (nb - max_exact)), capped at nb - 1. Defaults: the
+    top causal bucket (31) starts at distance 113 and holds everything beyond."""
+    nb = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = nb // 2
+    if max_exact < 1 or max_distance <= max_exact:
+        raise ValueError(f"t5_bucket needs num_buckets >= {4 if bidirectional else 2} and max_distance > "
+                         f"{max_exact} (half the buckets of a side), got num_buckets={num_buckets}, "
+                         f"max_distance={max_distance}")
+    rel = torch.as_tensor(relative_position)
+    if bidirectional:
+        offset = (rel > 0).long() * nb
+        n = rel.abs()
+    else:
+        offset = 0
+        n = (-rel).clamp(min=0)
+    # clamp inside the log: n < max_exact takes the exact branch anyway, and log(0) would be -inf
+    log_ratio = torch.log(n.clamp(min=max_exact).float() / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (nb - max_exact)).long()).clamp(max=nb - 1)
+    return offset + torch.where(n < max_exact, n, large)
+
+
+@register('t5')
+class T5Bias(PositionalEncoding):
+    """T5 relative attention bias (Raffel et al., arXiv 1910.10683, section 2.1):
+    logit_ij += B[t5_bucket(j - i), h], one learned table B [num_buckets, n_head]
+    shared by all layers (T5 computes it in the first layer and reuses it).
+    Causal buckets. Defaults num_buckets=32, max_distance=128; past 128 every key
+    shares the last bucket. T5 itself drops the 1/sqrt(d) scaling; here the bias is
+    added to the usual scaled logit like every other scheme. Init N(0, n_embd^-0.5)
+    (HF T5's initialiser). Options: num_buckets, max_distance."""
+
+    def __init__(self, config, num_buckets=32, max_distance=128):
+        super().__init__(config)
+        t5_bucket(torch.zeros(1, dtype=torch.long), num_buckets, max_distance)  # validate early
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.table = nn.Parameter(torch.randn(num_buckets, config.n_head) * config.n_embd ** -0.5)
+
+    def score_mod(self, q, ctx, layer):
+        table, nb, md = self.table, self.num_buckets, self.max_distance
+
+        def mod(score, b, h, qp, kp):
+            return score + table[t5_bucket(kp - qp, nb, md), h]
+        return mod
+
+
+class _ShawLayer(nn.Module):
+    def __init__(self, n, head_dim):
+        super().__init__()
+        self.rel_k = nn.Parameter(torch.randn(n, head_dim) * 0.02)  # a^K_r, r = distance 0..k
+        self.rel_v = nn.Parameter(torch.randn(n, head_dim) * 0.02)  # a^V_r
+
+
+@register('shaw')
+class Shaw(PositionalEncoding):
+    """Relative position representations (Shaw et al., arXiv 1803.02155):
+    e_ij = q_i . (k_j + aK[r]) / sqrt(d),   z_i = sum_j a_ij (v_j + aV[r]),
+    r = min(i - j, k) the distance clipped at k (option max_distance, default 16;
+    the paper found k >= 2 enough for translation). Learned per layer, shared by
+    heads, as in the paper. The paper has 2k+1 vectors for j - i in [-k, k]; a
+    causal decoder only ever sees j <= i, so only the k+1 past ones exist here.
+    Key term: q.aK is precomputed for the k+1 distances ([B, H, T, k+1]) and indexed
+    in score_mod. Value term: sum_j a_ij aV[r] needs only the attention weights of
+    the k nearest keys (the rest share aV[k] with weight 1 - their sum), which come
+    from each row's logsumexp: a_ij = exp(e_ij - lse_i) (the value_mod hook), so
+    FlexAttention can run this scheme too. Attention dropout is not applied to the
+    value term."""
+
+    def __init__(self, config, max_distance=16):
+        super().__init__(config)
+        if int(max_distance) != max_distance or max_distance < 1:
+            raise ValueError(f"shaw max_distance (the clip distance k) must be a positive integer, got {max_distance!r}")
+        self.k = int(max_distance)
+
+    def new_layer(self):
+        return _ShawLayer(self.k + 1, self.head_dim)
+
+    def score_mod(self, q, ctx, layer):
+        qa = (q.float() @ layer.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
+        q0, kmax = ctx.q_pos[0], self.k
+
+        def mod(score, b, h, qp, kp):
+            return score + qa[b, h, qp - q0, (qp - kp).clamp(0, kmax)]
+        return mod
+
+    def value_mod(self, q, k, ctx, layer):
+        d, K = self.head_dim, self.k
+        qi = ctx.q_pos - ctx.k_pos[0]  # index of each query's own key in k
+        e = []  # logits of the keys at distance r = 0..K-1 (the ones with their own aV[r])
+        for r in range(K):
+            kr = k[:, :, (qi - r).clamp(min=0)].float() + layer.rel_k[r]
+            e.append((q.float() * kr).sum(-1) / math.sqrt(d))
+        e = torch.stack(e, -1).masked_fill((qi[:, None] - torch.arange(K, device=q.device)) < 0, float('-inf'))
+
+        def g(lse):
+            p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
+            p = torch.cat((p, 1 - p.sum(-1, keepdim=True)), -1)  # every farther key shares aV[K]
+            return p @ layer.rel_v
+        return g
+
+
+@register('xl')
+class TransformerXL(PositionalEncoding):
+    """Transformer-XL relative attention (Dai et al., arXiv 1901.02860, section 3.3):
+    score_ij = [(q_i + u).k_j + (q_i + v).W_R R_{i-j}] / sqrt(d_head),
+    R_r = [sin(r w) | cos(r w)], w_f = 10000^(-2f/r_dim) (r_dim = n_embd as in the
+    paper), u, v [n_head, d_head] learned and shared by all layers, W_R [n_embd, r_dim]
+    per layer. No segment recurrence (memory): this is the position scheme only.
+    Exact rewrite, no TxT tensor: with a = W_R^T (q_i + v) split as [a_s | a_c],
+    a.R_{i-j} = sum_f c_f(i) cos(j w_f) + s_f(i) sin(j w_f) where
+    c = a_s sin(i w) + a_c cos(i w), s = a_c sin(i w) - a_s cos(i w). So the
+    positional term is a dot product of a per-query vector with the fixed key
+    vector [cos(j w) | sin(j w)]: transform_qk appends them to q and k (head dim
+    d_head + r_dim) and plain causal SDPA does the rest. q is multiplied by
+    sqrt((d_head + r_dim)/d_head) so SDPA's 1/sqrt(dim) is XL's 1/sqrt(d_head).
+    Options: r_dim (default n_embd). Init N(0, 0.02) for u, v and W_R (XL's)."""
+
+    def __init__(self, config, r_dim=None):
+        super().__init__(config)
+        self.r_dim = int(r_dim or config.n_embd)
+        if self.r_dim % 2 or self.r_dim <= 0:
+            raise ValueError(f"xl r_dim (dimension of the sinusoid R) must be a positive even integer, got {r_dim!r}")
+        self.u = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
+        self.v = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
+        inv = 10000.0 ** (-torch.arange(0, self.r_dim, 2, dtype=torch.float64) / self.r_dim)
+        self.register_buffer('inv_freq', inv.float(), persistent=False)
+
+    def new_layer(self):
+        w_r = nn.Linear(self.r_dim, self.n_embd, bias=False)  # W_R: R -> all heads
+        nn.init.normal_(w_r.weight, std=0.02)
+        return w_r
+
+    def context(self, q_pos, k_pos):
+        ang = q_pos.float()[:, None] * self.inv_freq[None, :]  # [T, r_dim/2], float32
+        return Context(q_pos, k_pos, {'cos': ang.cos(), 'sin': ang.sin()})
+
+    def transform_qk(self, q, k, ctx, layer):
+        B, H, T, d = q.shape
+        cos, sin = ctx.extra['cos'], ctx.extra['sin']
+        w = layer.weight.view(H, d, self.r_dim)  # W_R^h
+        a = torch.einsum('bhtd,hdr->bhtr', (q + self.v[:, None]).float(), w.float())
+        a_s, a_c = a.chunk(2, dim=-1)  # coefficients of sin(r w) and cos(r w) in R_r
+        q_r = torch.cat((a_s * sin + a_c * cos, a_c * sin - a_s * cos), -1)
+        k_r = torch.cat((cos, sin), -1).expand(B, H, -1, -1)  # new keys sit at ctx.q_pos too
+        c = math.sqrt((d + self.r_dim) / d)
+        q = torch.cat((q + self.u[:, None], q_r.to(q.dtype)), -1) * c
+        k = torch.cat((k, k_r.to(k.dtype)), -1)
+        return q, k
+
+
+class _KerpleLayer(nn.Module):
+    def __init__(self, n_head):
+        super().__init__()
+        self.p = nn.Parameter(torch.rand(n_head) * 2)  # p ~ U(0, 2), the paper's init
+        self.a = nn.Parameter(torch.rand(n_head))      # a ~ U(0, 1)
+
+
+class _Kerple(PositionalEncoding):
+    """KERPLE (Chi et al., arXiv 2205.09921): a conditionally positive definite
+    kernel of the distance r = i - j >= 0 as a logit bias, added after 1/sqrt(d).
+    p_h, a_h learned per head and per layer, init p ~ U(0, 2), a ~ U(0, 1), and
+    clamped in place before every use as in the paper's code: both >= 1e-2, and
+    for the power kernel p <= 2 (beyond 2 the kernel is not CPD)."""
+    eps, p_max = 1e-2, None
+
+    def new_layer(self):
+        return _KerpleLayer(self.n_head)
+
+    def score_mod(self, q, ctx, layer):
+        with torch.no_grad():  # clamp the parameters themselves, so gradients still flow at the boundary
+            layer.p.clamp_(min=self.eps, max=self.p_max)
+            layer.a.clamp_(min=self.eps)
+        p, a, kernel = layer.p, layer.a, self.kernel
+
+        def mod(score, b, h, qp, kp):
+            r = (qp - kp).clamp(min=0).float()  # future keys are masked anyway
+            return score - kernel(r, p[h], a[h])
+        return mod
+
+
+@register('kerple_log')
+class KerpleLog(_Kerple):
+    __doc__ = _Kerple.__doc__ + """
+    Logarithmic variant: bias = -p_h * log(1 + a_h * r)."""
+
+    @staticmethod
+    def kernel(r, p, a):
+        return p * torch.log1p(a * r)
+
+
+@register('kerple_power')
+class KerplePower(_Kerple):
+    __doc__ = _Kerple.__doc__ + """
+    Power variant: bias = -a_h * r^p_h, 0 < p_h <= 2."""
+    p_max = 2.0
+
+    @staticmethod
+    def kernel(r, p, a):
+        # r^p as max(r,1)^p masked at r = 0: same value, and no 0 * log(0) in d/dp
+        return a * r.clamp(min=1) ** p * (r > 0)
+
+
+class _FireLayer(nn.Module):
+    def __init__(self, n_head, width, init_c, init_L):
+        super().__init__()
+        self.fc1 = nn.Linear(1, width)
+        self.fc2 = nn.Linear(width, n_head)
+        self.c = nn.Parameter(torch.tensor(float(init_c)))  # log-transform sharpness
+        self.L_mult = nn.Parameter(torch.tensor(1.0))  # learned threshold = |L_mult * init_L|
+        self.register_buffer('init_L', torch.tensor(float(init_L)), persistent=False)
+
+
+@register('fire')
+class FIRE(PositionalEncoding):
+    """FIRE, functional interpolation for relative positions (Li et al., arXiv 2310.04418):
+    bias_h(i, j) = f_h( psi(i - j) / psi(max(i, L_thr)) ),  psi(x) = log(c x + 1),
+    f: an MLP 1 -> width -> n_head with ReLU (width 32), c learned (init 0.1),
+    L_thr = |m * L0| learned through m (init 1, L0 = 512): distances are normalised by
+    the query position ("progressive interpolation") but never by less than L_thr,
+    so the MLP input stays in [0, 1] at any length. psi of the normaliser gets +1e-6.
+    One FIRE module per layer, as in the paper's default. The MLP runs inside
+    score_mod as `width` scalar ReLU units (FlexAttention needs pointwise code).
+    Note: with the default L0 = 512 and a training length below 512, training
+    never reaches the interpolating regime; set init_L (e.g. block_size / 4 as
+    the paper's 512 / 2048) to study it. Options: width, init_c, init_L."""
+
+    def __init__(self, config, width=32, init_c=0.1, init_L=512.0):
+        super().__init__(config)
+        self.width, self.init_c, self.init_L = int(width), init_c, init_L
+
+    def new_layer(self):
+        return _FireLayer(self.n_head, self.width, self.init_c, self.init_L)
+
+    def score_mod(self, q, ctx, layer):
+        w1, b1 = layer.fc1.weight[:, 0], layer.fc1.bias
+        w2, b2 = layer.fc2.weight, layer.fc2.bias
+        c, thr = layer.c, (layer.L_mult * layer.init_L).abs()
+
+        def mod(score, b, h, qp, kp):
+            rel = torch.log(torch.abs(c * (qp - kp).clamp(min=0).float()) + 1)
+            norm = torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6
+            x = rel / norm
+            out = b2[h]
+            for u in range(w1.size(0)):  # the MLP, one hidden unit at a time
+                out = out + w2[h, u] * torch.relu(w1[u] * x + b1[u])
+            return score + out
+        return mod
+
+
+@register('sandwich')
+class Sandwich(PositionalEncoding):
+    """Sandwich (Chi et al., arXiv 2212.10356): the inner product of sinusoidal
+    position embeddings as a parameter-free logit bias,
+    bias_h(i, j) = (sum_{k=1}^{d/2} cos((i - j) * 10000^(-2k/d)) - d/2) / (8h/H),
+    h = 1..H, d = n_embd by default (option dim). It is 0 at distance 0 and <= 0
+    elsewhere; the 8h/H divisor mirrors ALiBi's head slopes. Since the bias depends
+    only on the distance, context() tabulates it once per forward for distances
+    0..Tk-1 (O(T) memory) and score_mod indexes the table."""
+
+    def __init__(self, config, dim=None):
+        super().__init__(config)
+        self.dim = int(dim or config.n_embd)
+        if self.dim % 2 or self.dim <= 0:
+            raise ValueError(f"sandwich dim must be a positive even integer, got {dim!r}")
+        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64)
+        self.register_buffer('inv_freq', 10000.0 ** (-2 * k / self.dim), persistent=False)
+        h = torch.arange(1, config.n_head + 1, dtype=torch.float32)
+        self.register_buffer('head_div', 8 * h / config.n_head, persistent=False)
+
+    def context(self, q_pos, k_pos):
+        r = torch.arange(k_pos.numel(), device=k_pos.device, dtype=torch.float64)
+        table = torch.cos(r[:, None] * self.inv_freq[None, :]).sum(-1) - self.dim / 2  # float64: sums of d/2 cosines
+        return Context(q_pos, k_pos, {'table': table.float()})
+
+    def score_mod(self, q, ctx, layer):
+        table, div = ctx.extra['table'], self.head_div
+
+        def mod(score, b, h, qp, kp):
+            return score + table[(qp - kp).clamp(min=0)] / div[h]
+        return mod
+
+
+def _rope_freqs(scheme, dim, k_pos):
+    """(inv_freq, attention factor) of a rotary scheme: its buffer, or, with
+    config.rope_scaling set, rope_frequencies() at the current length (which the
+    dynamic methods need)."""
+    if scheme.scaling is None:
+        return scheme.inv_freq, scheme.attention_factor
+    inv, factor = rope_frequencies(dim, scheme.base, scheme.scaling, seq_len=int(k_pos[-1]) + 1)
+    return inv.to(k_pos.device), factor
+
+
+@register('xpos')
+class XPos(PositionalEncoding):
+    """xPos (Sun et al., arXiv 2212.10554): RoPE (half-split, full head dim) plus a
+    per-pair exponential decay. With zeta_i = (2i + 0.4d) / (1.4d), i = 0..d/2-1
+    (same zeta for both dims of a pair), gamma = 512:
+      q_n -> RoPE(q_n) * zeta^(n/gamma),   k_m -> RoPE(k_m) * zeta^(-m/gamma),
+    so q.k carries zeta^((n-m)/gamma) < 1, decaying with distance.
+    Centring: both exponents use n - c, m - c with c the midpoint of the key
+    positions of this forward; products are unchanged, and |exponent| stays below
+    T/(2 gamma), so float32 holds up to ~70k positions instead of ~35k. Because c
+    moves as the cache grows, the KV cache keeps raw keys (transform_after_cache)
+    and all keys are rotated and scaled each forward (as the paper's torchscale code).
+    Blockwise causal attention (option blockwise=True, evaluation only, as in the
+    paper): each query sees only its own block and the previous one, blocks of
+    bca_block = block_size // 2 by default, so no attended distance exceeds the
+    training length; it changes nothing up to block_size. Options: base (10000),
+    gamma (512), blockwise (False), bca_block. config.rope_scaling applies to the
+    rotation through rope_frequencies()."""
+    transform_after_cache = True
+
+    def __init__(self, config, base=10000.0, gamma=512.0, blockwise=False, bca_block=None):
+        super().__init__(config)
+        self.base, self.gamma, self.blockwise = float(base), float(gamma), bool(blockwise)
+        self.bca_block = int(bca_block or max(1, config.block_size // 2))
+        self.scaling = getattr(config, 'rope_scaling', None)
+        d = self.head_dim
+        inv_freq, self.attention_factor = rope_frequencies(d, self.base, self.scaling)
+        self.register_buffer('inv_freq', inv_freq, persistent=False)
+        zeta = (torch.arange(0, d, 2, dtype=torch.float32) + 0.4 * d) / (1.4 * d)
+        self.register_buffer('zeta', zeta, persistent=False)
+
+    def context(self, q_pos, k_pos):
+        inv_freq, factor = _rope_freqs(self, self.head_dim, k_pos)
+        centre = (k_pos[0] + k_pos[-1]) // 2
+
+        def tables(pos):
+            ang = pos.float()[:, None] * inv_freq[None, :]
+            scale = self.zeta[None, :] ** ((pos - centre).float()[:, None] / self.gamma)
+            emb, scale = torch.cat((ang, ang), -1), torch.cat((scale, scale), -1)
+            return emb.cos() * factor, emb.sin() * factor, scale
+        return Context(q_pos, k_pos, {'q': tables(q_pos), 'k': tables(k_pos)})
+
+    def transform_qk(self, q, k, ctx, layer):
+        cq, sq, zq = ctx.extra['q']
+        ck, sk, zk = ctx.extra['k']
+        return apply_rotary(q, cq * zq, sq * zq), apply_rotary(k, ck / zk, sk / zk)
+
+    def score_mod(self, q, ctx, layer):
+        if not self.blockwise or self.training:
+            return None
+        w = self.bca_block
+
+        def mod(score, b, h, qp, kp):  # -inf outside own and previous block (the diagonal is always kept)
+            return torch.where(kp // w >= qp // w - 1, score, float('-inf'))
+        return mod
+
+
+class _SectionRoPE(PositionalEncoding):
+    """RoPE whose frequency pairs are split into sections, each rotated by the
+    position on its own axis: angle[t, i] = pos[axis_of_pair[i], t] * inv_freq[i],
+    half-split layout as `rope`. Subclasses give inv_freq, axis_of_pair and
+    axis_positions(pos) -> [n_axes, T]."""
+
+    def __init__(self, config, base):
+        super().__init__(config)
+        self.base = float(base)
+        self.scaling = getattr(config, 'rope_scaling', None)
+
+    def set_sections(self, inv_freq, sections):
+        self.register_buffer('inv_freq', inv_freq, persistent=False)
+        axis = torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections))
+        self.register_buffer('axis_of_pair', axis, persistent=False)
+
+    def freqs(self, k_pos):
+        return _rope_freqs(self, self.head_dim, k_pos)
+
+    def context(self, q_pos, k_pos):
+        inv_freq, factor = self.freqs(k_pos)  # [d/2] frequencies, section by section
+        pos = self.axis_positions(q_pos).float()  # [n_axes, T]
+        ang = pos[self.axis_of_pair].t() * inv_freq[None, :]  # [T, d/2], float32
+        emb = torch.cat((ang, ang), dim=-1)
+        return Context(q_pos, k_pos, {'cos': emb.cos() * factor, 'sin': emb.sin() * factor})
+
+    def transform_qk(self, q, k, ctx, layer):
+        cos, sin = ctx.extra['cos'], ctx.extra['sin']
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+@register('mrope')
+class MRoPE(_SectionRoPE):
+    """Multimodal RoPE (Qwen2-VL, Wang et al., arXiv 2409.12191): the d/2 frequency
+    pairs of RoPE (inv_freq_i = base^(-2i/d)) are split into three contiguous
+    sections driven by the temporal, height and width position ids. Qwen2-VL uses
+    sections [16, 24, 24] for head_dim 128; the default here keeps those
+    proportions: [P/4, (P - P/4)//2, rest] of P = d/2 pairs ([4, 6, 6] at d = 32).
+    Text tokens have all three ids equal to the 1D position, and then M-RoPE is
+    exactly RoPE (tested); this repo's data is text, so axis_positions repeats pos.
+    Options: base, sections. config.rope_scaling goes through rope_frequencies()."""
+
+    def __init__(self, config, base=10000.0, sections=None):
+        super().__init__(config, base)
+        P = self.head_dim // 2
+        if sections is None:
+            t = P // 4
+            sections = [t, (P - t) // 2, P - t - (P - t) // 2]
+        if sum(sections) != P or min(sections) < 0:
+            raise ValueError(f"mrope sections {sections} must be non-negative and sum to head_dim/2 = {P}")
+        self.sections = list(sections)
+        inv_freq, self.attention_factor = rope_frequencies(self.head_dim, self.base, self.scaling)
+        self.set_sections(inv_freq, self.sections)
+
+    def axis_positions(self, pos):
+        return pos[None, :].expand(3, -1)  # text: t = h = w = position
+
+
+@register('rope2d')
+class RoPE2D(_SectionRoPE):
+    """Axial 2D RoPE (RoPE-Axial of Heo et al., arXiv 2403.13298; the 2D rotary of
+    vision transformers): half the frequency pairs rotate by the row, half by the
+    column, each half with the full RoPE frequency range over d/2:
+    inv_freq_i = base^(-2i/(d/2)), i = 0..d/4-1, for both axes. A 1D sequence is
+    laid out row-major on a grid `width` wide: row = p // width, col = p % width
+    (for image-like data set width to the image width; default 32, so the default
+    L = 128 is a 4x32 grid). Past the training length only the row axis grows.
+    Needs head_dim % 4 == 0. Options: base, width."""
+
+    def __init__(self, config, base=10000.0, width=32):
+        super().__init__(config, base)
+        if self.head_dim % 4:
+            raise ValueError(f"rope2d splits head_dim into 2 axes of rotary pairs: head_dim must be a multiple "
+                             f"of 4, got {self.head_dim}; change n_embd/n_head")
+        if int(width) != width or width < 1:
+            raise ValueError(f"rope2d width must be a positive integer, got {width!r}")
+        self.width = int(width)
+        inv, self.attention_factor = rope_frequencies(self.head_dim // 2, self.base, self.scaling)
+        self.set_sections(torch.cat((inv, inv)), [self.head_dim // 4] * 2)
+
+    def freqs(self, k_pos):
+        if self.scaling is None:
+            return self.inv_freq, self.attention_factor
+        inv, factor = rope_frequencies(self.head_dim // 2, self.base, self.scaling, seq_len=int(k_pos[-1]) + 1)
+        return torch.cat((inv, inv)).to(k_pos.device), factor  # both axes, same frequencies
+
+    def axis_positions(self, pos):
+        return torch.stack((pos // self.width, pos % self.width))
