@@ -19,6 +19,8 @@ and the median is reported):
            peak of what the step allocates on top (CUDA: max_memory_allocated; CPU: the
            profiler's record of every allocation through torch's CPU allocator, summed in
            order -- exact for tensors, blind to non-tensor memory such as oneDNN scratch).
+           For schemes that bias the logits, also the same forward forced onto the dense path
+           ("dense path": the T x T additive mask that FlexAttention avoids).
   eval     tokens/s of that forward at 8L (eval.py's path: FlexAttention for bias schemes
            where model.py picks it; its one-time compile is reported apart as eval_first_s).
   sample   1000 new tokens from a 1-token prompt with the KV cache (model.generate) against
@@ -168,7 +170,7 @@ def peak_extra_bytes(fn, device_type):
     return peak
 
 
-def peak_flops(device_type, threads):
+def peak_flops(device_type, cores):
     """(peak FLOP/s, label). CPU: cores x clock x fp32 FLOPs/cycle from the ISA flags, an estimate."""
     if device_type == 'cuda':
         name = torch.cuda.get_device_name()
@@ -183,8 +185,15 @@ def peak_flops(device_type, threads):
         return None, 'CPU clock unknown, no MFU'
     flags = info.split('flags', 1)[1].split('\n', 1)[0].split() if 'flags' in info else []
     per_cycle = 64 if 'avx512f' in flags else 32 if 'fma' in flags else 8  # 2 FMA pipes x lanes x 2
-    v = threads * mhz * 1e6 * per_cycle
-    return v, f'ESTIMATE: {threads} core(s) x {mhz / 1e3:.2f} GHz x {per_cycle} fp32 FLOP/cycle = {v / 1e9:.0f} GFLOP/s'
+    v = cores * mhz * 1e6 * per_cycle
+    return v, f'ESTIMATE: {cores} core(s) x {mhz / 1e3:.2f} GHz x {per_cycle} fp32 FLOP/cycle = {v / 1e9:.0f} GFLOP/s'
+
+
+def cpu_name():
+    try:
+        return next(l for l in open('/proc/cpuinfo') if l.startswith('model name')).split(':')[1].strip()
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def flops_per_token(model, cfg, T):
@@ -222,6 +231,7 @@ def main():
     ap.add_argument('--json', help='write all numbers here')
     ap.add_argument('--seed', type=int, default=0)
     a = ap.parse_args()
+    started = (time.perf_counter(), time.process_time())
 
     names = sorted(positional.REGISTRY) if a.schemes == 'all' else [s.strip() for s in a.schemes.split(',') if s.strip()]
     bad = [n for n in names if n not in positional.REGISTRY]
@@ -247,8 +257,9 @@ def main():
     size = dict(PRESETS[a.preset])
     size.update({k: getattr(a, k) for k in size if getattr(a, k) is not None})
     B, L = size.pop('batch_size'), size['block_size']
-    peak, peak_label = peak_flops(device_type, threads)
-    dev_name = torch.cuda.get_device_name() if device_type == 'cuda' else f'{platform.processor() or platform.machine()} CPU, {threads} thread(s)'
+    # the CPU clock sums the time of every thread, so its throughput is per core: compare with one core's peak
+    peak, peak_label = peak_flops(device_type, 1 if clock.kind == 'cpu' else threads)
+    dev_name = torch.cuda.get_device_name() if device_type == 'cuda' else f'{cpu_name()}, {threads} thread(s)'
     print(f"nanoPE bench: torch {torch.__version__}, {dev_name}, dtype {dtype}, compile {a.compile}, "
           f"clock {clock.kind}\nmodel {size}, batch {B}; MFU peak: {peak_label}")
 
@@ -335,7 +346,17 @@ def main():
         for name in can_eval:
             st = static_bytes(models[name])
             res[name]['fwd8L_peak_MiB'] = (st + peak_extra_bytes(lambda: eval_fwd(name), device_type)) / 2**20
-        print('memory: ' + ', '.join(f"{n} {res[n].get('train_peak_MiB', 0):.0f}/{res[n].get('fwd8L_peak_MiB', float('nan')):.0f}" for n in order) + ' MiB (train/fwd@8L)')
+            if type(models[name].pe).score_mod is not positional.PositionalEncoding.score_mod:
+                # a bias scheme: what the same forward holds on the dense path (T x T bias per layer)
+                attns = [blk.attn for blk in models[name].transformer.h]
+                saved = [m.backend for m in attns]
+                for m in attns:
+                    m.backend = 'dense'
+                res[name]['fwd8L_dense_peak_MiB'] = (st + peak_extra_bytes(lambda: eval_fwd(name), device_type)) / 2**20
+                for m, b in zip(attns, saved):
+                    m.backend = b
+        print('memory (MiB): ' + ', '.join(f"{n} train {res[n].get('train_peak_MiB', math.nan):.0f} fwd@8L {res[n].get('fwd8L_peak_MiB', math.nan):.0f}"
+                                          + (f" (dense {res[n]['fwd8L_dense_peak_MiB']:.0f})" if 'fwd8L_dense_peak_MiB' in res[n] else '') for n in order))
 
     if 'sample' in parts:
         prompt = torch.zeros((1, 1), dtype=torch.long, device=device)
@@ -366,7 +387,8 @@ def main():
     if a.json:
         meta = dict(argv=sys.argv, torch=torch.__version__, device=dev_name, dtype=dtype, compile=a.compile,
                     clock=clock.kind, threads=threads, model=size, batch_size=B, peak_flops=peak_label,
-                    time=time.strftime('%Y-%m-%d %H:%M:%S'))
+                    time=time.strftime('%Y-%m-%d %H:%M:%S'), elapsed_wall_s=time.perf_counter() - started[0],
+                    elapsed_cpu_s=time.process_time() - started[1])
         with open(a.json, 'w') as f:
             json.dump({'meta': meta, 'results': res}, f, indent=1)
         print(f"wrote {a.json}")
@@ -378,9 +400,9 @@ def report(res, order, a, B, L, T8, clock, dev_name, dtype, peak_label):
     unit = 'CPU-time' if clock.kind == 'cpu' else 'wall'
     print(f"\n{dev_name}, torch {torch.__version__}, {dtype}, compile={a.compile}; {unit} clock; "
           f"train B={B} T={L}; eval/memory at {a.eval_mult}L = {T8}; x rope = ratio to rope, same run")
-    print("| scheme | train tok/s | ms/iter | × rope | MFU | train peak MiB | × rope | fwd@8L peak MiB | × rope "
+    print("| scheme | train tok/s | ms/iter | × rope | MFU | train peak MiB | × rope | fwd@8L peak MiB | × rope | dense path "
           "| eval@8L tok/s | × rope | sample KV tok/s | recompute tok/s | KV speedup |")
-    print('|' + ' --- |' * 14)
+    print('|' + ' --- |' * 15)
     r0 = res['rope']
     for n in order:
         r = res[n]
@@ -388,8 +410,9 @@ def report(res, order, a, B, L, T8, clock, dev_name, dtype, peak_label):
               f"| {f(r.get('mfu', float('nan')) * 100, '.1f') + '%' if 'mfu' in r else '—'} "
               f"| {f(r.get('train_peak_MiB'), '.0f')} | {f(r.get('train_peak_MiB', math.nan) / r0.get('train_peak_MiB', math.nan), '.2f')} "
               f"| {f(r.get('fwd8L_peak_MiB'), '.0f')} | {f(r.get('fwd8L_peak_MiB', math.nan) / r0.get('fwd8L_peak_MiB', math.nan), '.2f')} "
+              f"| {f(r.get('fwd8L_dense_peak_MiB'), '.0f')} "
               f"| {f(r.get('eval_tok_s'), ',.0f')} | {f(r.get('eval_vs_rope'), '.2f')} "
-              f"| {f(r.get('sample_kv_tok_s'), ',.0f')} | {f(r.get('sample_recompute_tok_s'), ',.0f')} | {f(r.get('kv_speedup'), '.1f')}× |")
+              f"| {f(r.get('sample_kv_tok_s'), ',.0f')} | {f(r.get('sample_recompute_tok_s'), ',.0f')} | {f(r.get('kv_speedup'), '.1f') + '×' if 'kv_speedup' in r else '—'} |")
     if 'train_tok_s' in r0:
         print("\nplumbing overhead vs the nanoGPT baseline (time per training step, median of per-round "
               "ratios, target < 5%): " + ', '.join(f"{n} {(1 / res[n]['train_vs_nanogpt'] - 1) * 100:+.1f}%"
