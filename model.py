@@ -78,6 +78,8 @@ def use_flex(q, k, backend):
         return True
     if backend == 'dense':
         return False
+    if q.size(2) == 1:  # a decoding step: its bias is one row per head, and a block mask
+        return False    # per cache length would be rebuilt (and recompiled) every token
     if q.device.type == 'cuda':
         return True
     B, H, Tq, _ = q.shape
@@ -102,6 +104,8 @@ def attend(q, k, v, mod, ctx, backend='auto', dropout_p=0.0, vmod=None):
     if mod is None and vmod is None:
         if Tq == Tk:  # no cache: plain causal
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        if Tq == 1:  # one new token after the cache sees every key: no mask to build
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         mask = ctx.k_pos[None, :] <= ctx.q_pos[:, None]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     if use_flex(q, k, backend) and (vmod is None or q.device.type != 'cpu' or FLEX_LSE_ON_CPU):
@@ -150,9 +154,7 @@ class CausalSelfAttention(nn.Module):
         if not pe.transform_after_cache:
             q, k = pe.transform_qk(q, k, ctx, self.pe_layer)  # new keys get their positions here
         if cache is not None:  # cached keys were transformed when they were new
-            if cache[0] is not None:
-                k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
-            cache[0], cache[1] = k, v
+            k, v = cache.append(k, v)
         if pe.transform_after_cache:  # the cache holds raw keys; all keys are transformed each forward
             q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
         mod = pe.score_mod(q, ctx, self.pe_layer)
@@ -295,8 +297,35 @@ class GPT(nn.Module):
 
 
 class KVCache:
-    """Per-layer [k, v] lists (keys already position-transformed) and the length so far."""
+    """Per-layer keys and values (keys already position-transformed) and the length so far."""
 
     def __init__(self, n_layer):
-        self.layers = [[None, None] for _ in range(n_layer)]
+        self.layers = [LayerKV() for _ in range(n_layer)]
         self.length = 0
+
+
+class LayerKV:
+    """One layer's cache. layer[0], layer[1] are the keys and values so far, [B, H, n, hd].
+    They live in buffers that grow by doubling, so appending a token copies that token
+    only; torch.cat would copy the whole cache every token (O(n^2) over a generation).
+    Under autograd every append gets a fresh buffer instead, since writing into one that
+    an earlier step saved for backward would break that backward."""
+
+    def __init__(self):
+        self.k = self.v = None
+        self.n = 0
+
+    def __getitem__(self, i):
+        return None if self.k is None else (self.k, self.v)[i][:, :, :self.n]
+
+    def append(self, k, v):
+        n, T = self.n, k.size(2)
+        if self.k is None or n + T > self.k.size(2) or torch.is_grad_enabled():
+            cap = n + T if torch.is_grad_enabled() else max(2 * (n + T), 64)
+            kb, vb = (t.new_empty(t.shape[:2] + (cap,) + t.shape[3:]) for t in (k, v))
+            if n:
+                kb[:, :, :n], vb[:, :, :n] = self[0], self[1]
+            self.k, self.v = kb, vb
+        self.k[:, :, n:n + T], self.v[:, :, n:n + T] = k, v
+        self.n = n + T
+        return self[0], self[1]

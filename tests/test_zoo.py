@@ -125,7 +125,7 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
             masks[Tq, Tk, q0, k0] = create_block_mask(lambda b, h, qi, ki: ki + k0 <= qi + q0,
                                                       None, None, Tq, Tk, device=device)
         return masks[Tq, Tk, q0, k0]
-    monkeypatch.setattr(M, '_flex_compiled', flex_attention)
+    monkeypatch.setitem(M._compiled, 'flex_attention', flex_attention)
     monkeypatch.setattr(M, 'FLEX_LSE_ON_CPU', True)
     monkeypatch.setattr(M, 'causal_block_mask', causal_block_mask)
     schemes = [('t5', {'num_buckets': 8, 'max_distance': 10}), ('shaw', {'max_distance': 4}), ('kerple_log', {}),

@@ -1,0 +1,425 @@
+"""
+Speed and memory of every positional scheme, as ratios to rope measured in the same run.
+
+  python bench.py                                  # every registered scheme, train.py's default model
+  python bench.py --schemes rope,alibi --json bench.json
+  python bench.py --threads 1                      # CPU shared with others: see "clocks" below
+  python bench.py --device cuda --compile          # GPU: bf16 autocast, TF32, fused AdamW, torch.compile
+  python bench.py --device cuda --compile --preset gpt2 --schemes rope,alibi --parts train
+
+What is measured (all models are built once and measured round-robin, so slow
+drift in machine load hits every scheme alike; ratios to rope are taken per round
+and the median is reported):
+  train    fwd+bwd+clip+AdamW step at train.py's defaults (B=32, T=L=128, 4x128, 4 heads,
+           vocab 84): ms/iter, tokens/s, MFU (6N + 12*l*h*q*T FLOPs per token, PaLM App. B).
+           Includes `nanogpt`, a plain nanoGPT-equivalent model (learned PE, SDPA) written
+           below, to price the positional plumbing of model.py.
+  memory   peak bytes of one training step, and of one no-grad forward at 8L (eval.py's
+           batching: 16384 tokens per batch), each = params/buffers/optimizer state + the
+           peak of what the step allocates on top (CUDA: max_memory_allocated; CPU: the
+           profiler's record of every allocation through torch's CPU allocator, summed in
+           order -- exact for tensors, blind to non-tensor memory such as oneDNN scratch).
+           For schemes that bias the logits, also the same forward forced onto the dense path
+           ("dense path": the T x T additive mask that FlexAttention avoids).
+  eval     tokens/s of that forward at 8L (eval.py's path: FlexAttention for bias schemes
+           where model.py picks it; its one-time compile is reported apart as eval_first_s).
+  sample   1000 new tokens from a 1-token prompt with the KV cache (model.generate) against
+           recomputing the full context for every token (model.generate(use_cache=False) one
+           token at a time). The recompute cost is summed over every `--sample_stride`-th
+           length and scaled up (midpoint rule; --sample_stride 1 runs all 1000).
+
+Clocks: `--clock cpu` (the default on CPU) times with process CPU time, which does not
+count the time the OS gives to other people's processes on a shared machine. With one
+thread that equals wall time on an idle core; with more threads it also counts OpenMP
+spin-waiting, so use --threads 1 with it. `--clock wall` is the default on CUDA.
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+import positional
+from model import GPT, GPTConfig
+
+# Dense bf16 peak FLOP/s (no sparsity), for MFU. Matched against the device name in order.
+PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12)]
+PRESETS = {  # 'default' = train.py's defaults; 'gpt2' = GPT-2 124M at T=1024 (GPU only)
+    'default': dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=84, batch_size=32),
+    'gpt2': dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, batch_size=8),
+}
+BASELINE = 'nanogpt'
+
+
+# --- the reference: nanoGPT's model, same sizes, written compactly -------------------
+
+class NanoBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.n_head = c.n_head
+        self.ln_1, self.ln_2 = nn.LayerNorm(c.n_embd, bias=c.bias), nn.LayerNorm(c.n_embd, bias=c.bias)
+        self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd, bias=c.bias)
+        self.attn_proj = nn.Linear(c.n_embd, c.n_embd, bias=c.bias)
+        self.c_fc = nn.Linear(c.n_embd, 4 * c.n_embd, bias=c.bias)
+        self.mlp_proj = nn.Linear(4 * c.n_embd, c.n_embd, bias=c.bias)
+        self.drop1, self.drop2 = nn.Dropout(c.dropout), nn.Dropout(c.dropout)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.drop1(self.attn_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return x + self.drop2(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)))))
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT (github.com/karpathy/nanoGPT model.py) minus its extras: learned absolute
+    positions, pre-LN, SDPA is_causal, tied embeddings. No positional hooks at all."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.wte, self.wpe = nn.Embedding(c.vocab_size, c.n_embd), nn.Embedding(c.block_size, c.n_embd)
+        self.drop = nn.Dropout(c.dropout)
+        self.h = nn.ModuleList([NanoBlock(c) for _ in range(c.n_layer)])
+        self.ln_f = nn.LayerNorm(c.n_embd, bias=c.bias)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.wte.weight = self.lm_head.weight
+        for p in self.parameters():
+            nn.init.normal_(p, std=0.02) if p.dim() > 1 else None
+
+    def forward(self, idx, targets=None, reduction='mean'):
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device)))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        loss = None if targets is None else F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction)
+        return logits, loss
+
+    configure_optimizers = GPT.configure_optimizers  # the same AdamW (fused where available)
+
+
+# --- measuring ----------------------------------------------------------------------
+
+class Clock:
+    def __init__(self, kind, device_type):
+        self.kind, self.cuda = kind, device_type == 'cuda'
+
+    def now(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.process_time() if self.kind == 'cpu' else time.perf_counter()
+
+
+@contextmanager
+def quiet_stderr():
+    """The profiler's C++ side prints start/stop banners and a warning to fd 2."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def static_bytes(*objs):
+    """Bytes of distinct tensor storages held by modules (params, buffers) and optimizers (state)."""
+    seen = {}
+    for o in objs:
+        if isinstance(o, nn.Module):
+            ts = list(o.parameters()) + list(o.buffers())
+        else:
+            ts = [t for st in o.state.values() for t in st.values() if torch.is_tensor(t)]
+        for t in ts:
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def peak_extra_bytes(fn, device_type):
+    """Peak bytes allocated by fn() on top of what was live before it."""
+    if device_type == 'cuda':
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == '[memory]' and e.device_type() == torch.autograd.DeviceType.CPU)
+    cur = peak = 0
+    for _, n in events:  # frees of blocks allocated before fn() are not reported: no negative drift
+        cur += n
+        peak = max(peak, cur)
+    return peak
+
+
+def peak_flops(device_type, cores):
+    """(peak FLOP/s, label). CPU: cores x clock x fp32 FLOPs/cycle from the ISA flags, an estimate."""
+    if device_type == 'cuda':
+        name = torch.cuda.get_device_name()
+        for key, v in PEAK_FLOPS:
+            if key in name:
+                return v, f'{name} bf16 dense {v / 1e12:.0f} TFLOP/s'
+        return None, f'{name}: not in PEAK_FLOPS, no MFU'
+    try:
+        info = open('/proc/cpuinfo').read()
+        mhz = float(next(l for l in info.splitlines() if l.startswith('cpu MHz')).split(':')[1])
+    except (OSError, StopIteration, ValueError):
+        return None, 'CPU clock unknown, no MFU'
+    flags = info.split('flags', 1)[1].split('\n', 1)[0].split() if 'flags' in info else []
+    per_cycle = 64 if 'avx512f' in flags else 32 if 'fma' in flags else 8  # 2 FMA pipes x lanes x 2
+    v = cores * mhz * 1e6 * per_cycle
+    return v, f'ESTIMATE: {cores} core(s) x {mhz / 1e3:.2f} GHz x {per_cycle} fp32 FLOP/cycle = {v / 1e9:.0f} GFLOP/s'
+
+
+def cpu_name():
+    try:
+        return next(l for l in open('/proc/cpuinfo') if l.startswith('model name')).split(':')[1].strip()
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def flops_per_token(model, cfg, T):
+    """Same formula as GPT.estimate_mfu: 6N + 12 * n_layer * n_head * head_dim * T."""
+    N = sum(p.numel() for p in model.parameters())
+    return 6 * N + 12 * cfg.n_layer * cfg.n_head * (cfg.n_embd // cfg.n_head) * T
+
+
+def median_ratio(xs, refs):
+    """Median over rounds of x/ref, each ratio taken within one round."""
+    return statistics.median(x / r for x, r in zip(xs, refs))
+
+
+# --- main ---------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--schemes', default='all', help="comma list of positional.REGISTRY names (default: all); rope is always added as the reference")
+    ap.add_argument('--parts', default='train,memory,eval,sample', help='which measurements to run')
+    ap.add_argument('--preset', default='default', choices=sorted(PRESETS))
+    for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size'):
+        ap.add_argument(f'--{k}', type=int, help=f'override the preset ({k})')
+    ap.add_argument('--device', default='auto')
+    ap.add_argument('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16'], help='auto: bf16 autocast on CUDA, float32 on CPU')
+    ap.add_argument('--compile', action='store_true', help='torch.compile the models for train and eval (not for sampling: the KV cache changes shape every token)')
+    ap.add_argument('--threads', type=int, default=0, help='torch CPU threads (0: torch default)')
+    ap.add_argument('--clock', choices=['cpu', 'wall'], help='default: cpu on CPU, wall on CUDA')
+    ap.add_argument('--rounds', type=int, default=5, help='round-robin rounds for train and eval')
+    ap.add_argument('--iters', type=int, default=2, help='timed train iterations per scheme per round')
+    ap.add_argument('--warmup', type=int, default=2, help='untimed train iterations per scheme')
+    ap.add_argument('--eval_mult', type=int, default=8)
+    ap.add_argument('--eval_batch_tokens', type=int, default=16384, help="tokens per eval forward (eval.py's default)")
+    ap.add_argument('--new_tokens', type=int, default=1000)
+    ap.add_argument('--sample_stride', type=int, default=10)
+    ap.add_argument('--json', help='write all numbers here')
+    ap.add_argument('--seed', type=int, default=0)
+    a = ap.parse_args()
+    started = (time.perf_counter(), time.process_time())
+
+    names = sorted(positional.REGISTRY) if a.schemes == 'all' else [s.strip() for s in a.schemes.split(',') if s.strip()]
+    bad = [n for n in names if n not in positional.REGISTRY]
+    if bad:
+        sys.exit(f"unknown scheme(s) {bad}; valid: {', '.join(sorted(positional.REGISTRY))} (or 'all')")
+    if 'rope' not in names:
+        names.append('rope')  # the reference every ratio is taken against
+    parts = set(a.parts.split(','))
+    if parts - {'train', 'memory', 'eval', 'sample'}:
+        sys.exit(f"--parts takes a comma list of train, memory, eval, sample; got {a.parts!r}")
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    threads = torch.get_num_threads()
+    device = ('cuda' if torch.cuda.is_available() else 'cpu') if a.device == 'auto' else a.device
+    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+    clock = Clock(a.clock or ('cpu' if device_type == 'cpu' else 'wall'), device_type)
+    dtype = a.dtype if a.dtype != 'auto' else ('bfloat16' if device_type == 'cuda' else 'float32')
+    amp = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+    if device_type == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    size = dict(PRESETS[a.preset])
+    size.update({k: getattr(a, k) for k in size if getattr(a, k) is not None})
+    B, L = size.pop('batch_size'), size['block_size']
+    # the CPU clock sums the time of every thread, so its throughput is per core: compare with one core's peak
+    peak, peak_label = peak_flops(device_type, 1 if clock.kind == 'cpu' else threads)
+    dev_name = torch.cuda.get_device_name() if device_type == 'cuda' else f'{cpu_name()}, {threads} thread(s)'
+    print(f"nanoPE bench: torch {torch.__version__}, {dev_name}, dtype {dtype}, compile {a.compile}, "
+          f"clock {clock.kind}\nmodel {size}, batch {B}; MFU peak: {peak_label}")
+
+    # build everything once, same init seed, and keep it (round-robin needs all models alive)
+    models, opts, runs = {}, {}, {}
+    for name in [BASELINE] + names:
+        torch.manual_seed(a.seed)
+        cfg = GPTConfig(**size, pos_encoding=name) if name != BASELINE else GPTConfig(**size)
+        m = (NanoGPT(cfg) if name == BASELINE else GPT(cfg)).to(device)
+        models[name] = m
+        opts[name] = m.configure_optimizers(0.1, 1e-3, (0.9, 0.99), device_type)
+        runs[name] = torch.compile(m) if a.compile else m
+    res = {n: {} for n in models}
+    g = torch.Generator().manual_seed(a.seed)
+    xy = torch.randint(size['vocab_size'], (B, L + 1), generator=g).to(device)
+    x, y = xy[:, :-1], xy[:, 1:]
+
+    def train_step(name):
+        with amp:
+            _, loss = runs[name](x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(models[name].parameters(), 1.0)  # train.py's grad_clip
+        opts[name].step()
+        opts[name].zero_grad(set_to_none=True)
+
+    order = list(models)
+    if 'train' in parts or 'memory' in parts:
+        for name in order:
+            t0 = clock.now()
+            for _ in range(a.warmup):
+                train_step(name)
+            res[name]['train_warmup_s'] = clock.now() - t0
+    if 'train' in parts:
+        times = {n: [] for n in order}
+        for r in range(a.rounds):
+            for name in order[r % len(order):] + order[:r % len(order)]:  # rotate who goes first
+                t0 = clock.now()
+                for _ in range(a.iters):
+                    train_step(name)
+                times[name].append((clock.now() - t0) / a.iters)
+            print(f"train round {r + 1}/{a.rounds}: " + ', '.join(f"{n} {times[n][-1] * 1e3:.0f}" for n in order) + ' ms/iter')
+        for name in order:
+            dt = statistics.median(times[name])
+            res[name].update(train_ms=dt * 1e3, train_tok_s=B * L / dt, train_vs_rope=median_ratio(times['rope'], times[name]),
+                             train_vs_nanogpt=median_ratio(times[BASELINE], times[name]),
+                             train_ms_all=[t * 1e3 for t in times[name]])
+            if peak:
+                res[name]['mfu'] = flops_per_token(models[name], models[name].config, L) * B * L / dt / peak
+
+    if 'memory' in parts:
+        for name in order:
+            st = static_bytes(models[name], opts[name])
+            res[name]['train_peak_MiB'] = (st + peak_extra_bytes(lambda: train_step(name), device_type)) / 2**20
+    T8 = a.eval_mult * L
+    xe = torch.randint(size['vocab_size'], (max(1, a.eval_batch_tokens // T8), T8 + 1), generator=g).to(device)
+    can_eval = [n for n in order if n != BASELINE and (models[n].pe.max_len is None or models[n].pe.max_len >= T8)]
+    for n in order:
+        if n not in can_eval:
+            res[n]['eval_note'] = f'no positions past {models[n].config.block_size}'
+
+    @torch.no_grad()
+    def eval_fwd(name):
+        with amp:
+            runs[name](xe[:, :-1], xe[:, 1:], reduction='sum')
+
+    if 'eval' in parts or 'memory' in parts:
+        for name in can_eval:
+            models[name].eval()
+            t0 = clock.now()
+            eval_fwd(name)  # FlexAttention / torch.compile compile here
+            res[name]['eval_first_s'] = clock.now() - t0
+    if 'eval' in parts:
+        times = {n: [] for n in can_eval}
+        for r in range(a.rounds):
+            for name in can_eval[r % len(can_eval):] + can_eval[:r % len(can_eval)]:
+                t0 = clock.now()
+                eval_fwd(name)
+                times[name].append(clock.now() - t0)
+            print(f"eval@{a.eval_mult}L round {r + 1}/{a.rounds}: " + ', '.join(f"{n} {times[n][-1]:.2f}" for n in can_eval) + ' s')
+        for name in can_eval:
+            res[name].update(eval_tok_s=xe[:, :-1].numel() / statistics.median(times[name]),
+                             eval_vs_rope=median_ratio(times['rope'], times[name]))
+    if 'memory' in parts:
+        for name in can_eval:
+            st = static_bytes(models[name])
+            res[name]['fwd8L_peak_MiB'] = (st + peak_extra_bytes(lambda: eval_fwd(name), device_type)) / 2**20
+            if type(models[name].pe).score_mod is not positional.PositionalEncoding.score_mod:
+                # a bias scheme: what the same forward holds on the dense path (T x T bias per layer)
+                attns = [blk.attn for blk in models[name].transformer.h]
+                saved = [m.backend for m in attns]
+                for m in attns:
+                    m.backend = 'dense'
+                res[name]['fwd8L_dense_peak_MiB'] = (st + peak_extra_bytes(lambda: eval_fwd(name), device_type)) / 2**20
+                for m, b in zip(attns, saved):
+                    m.backend = b
+        print('memory (MiB): ' + ', '.join(f"{n} train {res[n].get('train_peak_MiB', math.nan):.0f} fwd@8L {res[n].get('fwd8L_peak_MiB', math.nan):.0f}"
+                                          + (f" (dense {res[n]['fwd8L_dense_peak_MiB']:.0f})" if 'fwd8L_dense_peak_MiB' in res[n] else '') for n in order))
+
+    if 'sample' in parts:
+        prompt = torch.zeros((1, 1), dtype=torch.long, device=device)
+        n_new, stride = a.new_tokens, max(1, a.sample_stride)
+        for name in [n for n in order if n != BASELINE]:
+            m = models[name].eval()
+            torch.manual_seed(a.seed)
+            with amp:
+                m.generate(prompt, 8, top_k=200)  # warm up
+                t0 = clock.now()
+                seq = m.generate(prompt, n_new, top_k=200, use_cache=True)
+                t_kv = clock.now() - t0
+                lengths = range(1 + stride // 2, n_new + 1, stride)  # context lengths 1..n_new, midpoints
+                t0 = clock.now()
+                for t in lengths:
+                    m.generate(seq[:, :t], 1, top_k=200, use_cache=False)
+                t_re = (clock.now() - t0) * n_new / len(lengths)
+            res[name].update(sample_kv_tok_s=n_new / t_kv, sample_recompute_tok_s=n_new / t_re, kv_speedup=t_re / t_kv)
+            if m.pe.max_len is not None and m.pe.max_len < n_new + 1:
+                res[name]['sample_note'] = f'sliding window of {m.pe.max_len} past its table, both ways'
+            print(f"sample {name}: KV cache {n_new / t_kv:,.0f} tok/s, recompute {n_new / t_re:,.0f} tok/s, "
+                  f"speedup {t_re / t_kv:.1f}x" + (f" ({res[name]['sample_note']})" if 'sample_note' in res[name] else ''))
+        for name in res:
+            if 'sample_kv_tok_s' in res[name]:
+                res[name]['sample_kv_vs_rope'] = res[name]['sample_kv_tok_s'] / res['rope']['sample_kv_tok_s']
+
+    report(res, order, a, B, L, T8, clock, dev_name, dtype, peak_label)
+    if a.json:
+        meta = dict(argv=sys.argv, torch=torch.__version__, device=dev_name, dtype=dtype, compile=a.compile,
+                    clock=clock.kind, threads=threads, model=size, batch_size=B, peak_flops=peak_label,
+                    time=time.strftime('%Y-%m-%d %H:%M:%S'), elapsed_wall_s=time.perf_counter() - started[0],
+                    elapsed_cpu_s=time.process_time() - started[1])
+        with open(a.json, 'w') as f:
+            json.dump({'meta': meta, 'results': res}, f, indent=1)
+        print(f"wrote {a.json}")
+
+
+def report(res, order, a, B, L, T8, clock, dev_name, dtype, peak_label):
+    def f(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) and math.isfinite(v) else '—'
+    unit = 'CPU-time' if clock.kind == 'cpu' else 'wall'
+    print(f"\n{dev_name}, torch {torch.__version__}, {dtype}, compile={a.compile}; {unit} clock; "
+          f"train B={B} T={L}; eval/memory at {a.eval_mult}L = {T8}; x rope = ratio to rope, same run")
+    print("| scheme | train tok/s | ms/iter | × rope | MFU | train peak MiB | × rope | fwd@8L peak MiB | × rope | dense path "
+          "| eval@8L tok/s | × rope | sample KV tok/s | recompute tok/s | KV speedup |")
+    print('|' + ' --- |' * 15)
+    r0 = res['rope']
+    for n in order:
+        r = res[n]
+        print(f"| {n} | {f(r.get('train_tok_s'), ',.0f')} | {f(r.get('train_ms'), '.1f')} | {f(r.get('train_vs_rope'), '.2f')} "
+              f"| {f(r.get('mfu', float('nan')) * 100, '.1f') + '%' if 'mfu' in r else '—'} "
+              f"| {f(r.get('train_peak_MiB'), '.0f')} | {f(r.get('train_peak_MiB', math.nan) / r0.get('train_peak_MiB', math.nan), '.2f')} "
+              f"| {f(r.get('fwd8L_peak_MiB'), '.0f')} | {f(r.get('fwd8L_peak_MiB', math.nan) / r0.get('fwd8L_peak_MiB', math.nan), '.2f')} "
+              f"| {f(r.get('fwd8L_dense_peak_MiB'), '.0f')} "
+              f"| {f(r.get('eval_tok_s'), ',.0f')} | {f(r.get('eval_vs_rope'), '.2f')} "
+              f"| {f(r.get('sample_kv_tok_s'), ',.0f')} | {f(r.get('sample_recompute_tok_s'), ',.0f')} | {f(r.get('kv_speedup'), '.1f') + '×' if 'kv_speedup' in r else '—'} |")
+    if 'train_tok_s' in r0:
+        print("\nplumbing overhead vs the nanoGPT baseline (time per training step, median of per-round "
+              "ratios, target < 5%): " + ', '.join(f"{n} {(1 / res[n]['train_vs_nanogpt'] - 1) * 100:+.1f}%"
+                                                  for n in ('none', 'learned', 'rope') if 'train_vs_nanogpt' in res.get(n, {})))
+    if 'kv_speedup' in r0:
+        print(f"KV-cache sampling speedup at {a.new_tokens} new tokens, rope: {r0['kv_speedup']:.1f}x (target >= 5x)")
+
+
+if __name__ == '__main__':
+    main()
