@@ -33,10 +33,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-# On CPU, windows of at least LONG_FLEX_MULT * L always go through compiled FlexAttention
-# (for schemes with a score bias), whatever the batch: the T x T bias is never built.
-# model.py's own rule (bias over 256 MiB) already picks flex there at the default budget.
-LONG_FLEX_MULT = 8
+# On CPU, a window whose dense score bias (n_head x T x T float32) would exceed this always
+# goes through compiled FlexAttention (for schemes with a score bias), whatever the batch
+# size, so long evaluations never build a T x T bias. At the default config (4 heads, L=128)
+# that is 8L and 16L, where model.py's own rule (batch bias over 256 MiB) picks flex too.
+FLEX_MIN_WINDOW_BIAS_BYTES = 16 * 2**20
 
 
 # --- windows --------------------------------------------------------------------
@@ -59,6 +60,30 @@ def window_layout(n_data, T, stride, n_windows, runs=16):
         span = T + (per_run - 1) * stride + 1
     gap = (n_data - span) // (runs - 1) if runs > 1 else 0  # >= span, so runs never overlap
     return [r * gap + j * stride for r in range(runs) for j in range(per_run)]
+
+
+def long_backend(model, T, device):
+    """'flex' where a T-window's bias would be big on CPU (and the config leaves the choice
+    to model.py), else None: keep the model's own choice."""
+    big = model.config.n_head * T * T * 4 >= FLEX_MIN_WINDOW_BIAS_BYTES
+    cpu = torch.device(device).type == 'cpu'
+    return 'flex' if big and cpu and model.config.attn_backend == 'auto' else None
+
+
+def forward_logits(model, x, backend, ctx=None):
+    """model(x) logits with the attention backend forced to `backend` (None: the model's)
+    -> (logits, the backend to use next time). If compiled FlexAttention fails for a
+    scheme, say so and use the dense path from then on."""
+    try:
+        with (attention_backend(model, backend) if backend else nullcontext()), (ctx or nullcontext()):
+            return model(x)[0], backend
+    except Exception as e:  # noqa: BLE001 - any compile failure: fall back, loudly
+        if backend != 'flex':
+            raise
+        print(f"eval: FlexAttention failed for {model.config.pos_encoding} at T={x.size(1)} "
+              f"({type(e).__name__}: {str(e)[:200]}); using the dense T x T bias instead", file=sys.stderr)
+        with attention_backend(model, 'dense'), (ctx or nullcontext()):
+            return model(x)[0], 'dense'
 
 
 @contextmanager
@@ -88,8 +113,7 @@ def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='c
     Batches of max(1, batch_tokens // T) windows; a short last batch is padded to the
     same shape so compiled attention kernels are reused rather than recompiled."""
     bs = max(1, batch_tokens // T)
-    long = model.config.attn_backend == 'auto' and T >= LONG_FLEX_MULT * model.config.block_size
-    backend = 'flex' if long and torch.device(device).type == 'cpu' else None
+    backend = long_backend(model, T, device)
     sums = torch.zeros(n_score, dtype=torch.float64)
     n_batches = -(-len(starts) // bs)
     for bi, i in enumerate(range(0, len(starts), bs)):
@@ -97,8 +121,7 @@ def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='c
         rows = chunk + [chunk[0]] * (bs - len(chunk)) if len(starts) > bs else chunk
         win = torch.from_numpy(np.stack([data[s:s + T + 1].astype(np.int64) for s in rows])).to(device)
         x, y = win[:, :-1], win[:, 1:]
-        with (attention_backend(model, backend) if backend else nullcontext()), (ctx or nullcontext()):
-            logits, _ = model(x)
+        logits, backend = forward_logits(model, x, backend, ctx)
         logits = logits[:len(chunk), T - n_score:].float()
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y[:len(chunk), T - n_score:].reshape(-1),
                                reduction='none').view(len(chunk), n_score)
@@ -139,25 +162,35 @@ def last_k_loss(model, data, k, lengths, spans=64, **kw):
 
 # --- the suite ------------------------------------------------------------------
 
+def length_of(m, L):
+    """m * L as a whole number of tokens (fractional m allowed: a fine-tuned model's original L)."""
+    T = int(m * L)
+    if T != m * L or T < 1:
+        raise ValueError(f"eval length {m}*{L} is not a positive whole number of tokens; pick multiples "
+                         f"of 1/{L}")
+    return T
+
+
 def _fits(model, T):
     max_len = model.pe.max_len  # learned absolute embeddings cannot address positions past their table
     return max_len is None or T <= max_len
 
 
-def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sliding_tokens=8192,
+def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sliding_tokens=0,
              last_k=0, last_k_spans=64, quick=False, batch_tokens=2**14, device='cpu', ctx=None,
              progress=False):
     """The evaluation suite -> a JSON-able dict of lists aligned with `mults` (None where the
     scheme cannot address the length). quick=True: non-overlapping loss only (cheap, for
-    periodic evals during training). stride=0 -> L // 2; last_k=0 -> L // 4."""
+    periodic evals during training). stride=0 -> L // 2; sliding_tokens=0 -> tokens // 4
+    (each scored token costs T / stride tokens of forward); last_k=0 -> L // 4."""
     was_training = model.training
     model.eval()
     stride, last_k = stride or max(1, L // 2), last_k or max(1, L // 4)
+    sliding_tokens = sliding_tokens or max(stride, tokens // 4)
     kw = dict(batch_tokens=batch_tokens, device=device, ctx=ctx)
-    res = {'block_size': L, 'mults': list(mults), 'lengths': [m * L for m in mults], 'tokens': tokens,
+    res = {'block_size': L, 'mults': list(mults), 'lengths': [length_of(m, L) for m in mults], 'tokens': tokens,
            'nonoverlap': [], 'position': []}
-    for m in mults:
-        T = m * L
+    for m, T in zip(mults, res['lengths']):
         if not _fits(model, T):
             res['nonoverlap'].append(None)
             res['position'].append(None)
@@ -169,8 +202,7 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
         del res['position']
     else:
         res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[])
-        for m in mults:
-            T = m * L
+        for m, T in zip(mults, res['lengths']):
             res['sliding'].append(sliding_loss(model, data, T, stride, sliding_tokens,
                                                label=f"sliding @{m}L" if progress else None, **kw)
                                   if _fits(model, T) else None)
@@ -239,7 +271,8 @@ def eval_loss(model, data, T, tokens=32768, batch_tokens=2**14, device='cpu', ct
 
 def eval_lengths(model, data, L, mults=(1, 2, 4, 8), **kw):
     """{'val/loss@1L': .., 'val/loss@2L': ..}; lengths a scheme cannot address are skipped."""
-    return {f'val/loss@{m}L': eval_loss(model, data, m * L, **kw) for m in mults if _fits(model, m * L)}
+    return {f'val/loss@{m}L': eval_loss(model, data, length_of(m, L), **kw) for m in mults
+            if _fits(model, length_of(m, L))}
 
 
 def load_checkpoint(path, device='cpu', **overrides):
@@ -264,7 +297,7 @@ def scaling_tag(rope_scaling):
 
 if __name__ == '__main__':
     opts = dict(out_dir='out', ckpt='', device='auto', rope_scaling=None, mults=[1, 2, 4, 8, 16], tokens=32768,
-                stride=0, sliding_tokens=8192, last_k=0, last_k_spans=64, batch_tokens=2**14, quick=False,
+                stride=0, sliding_tokens=0, last_k=0, last_k_spans=64, batch_tokens=2**14, quick=False,
                 name='', wandb_log=False, wandb_project='nanoPE')
     for arg in sys.argv[1:]:
         if not arg.startswith('--') or '=' not in arg:
@@ -284,11 +317,11 @@ if __name__ == '__main__':
     data = np.memmap(os.path.join(cfg['data_dir'], 'val.bin'), dtype=np.uint16, mode='r')
     L = model.config.block_size
     print(f"scheme {model.config.pos_encoding} (iter {ckpt['iter_num']}), trained with rope_scaling="
-          f"{ckpt['model_args'].get('rope_scaling')}, evaluating with rope_scaling={model.config.rope_scaling}")
+          f"{ckpt['model_args'].get('rope_scaling')}, evaluating with rope_scaling={getattr(model.pe, 'scaling', None)}")
     res = evaluate(model, data, L, tuple(o.mults), o.tokens, o.stride, o.sliding_tokens, o.last_k, o.last_k_spans,
                    o.quick, o.batch_tokens, o.device, progress=True)
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
-           'iter': ckpt['iter_num'], 'out_dir': o.out_dir, **res}
+           'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'iter': ckpt['iter_num'], 'out_dir': o.out_dir, **res}
     for k, v in flat_metrics(res).items():
         print(f"{k:22s} {v:.4f}  (ppl {math.exp(v):.2f})")
     tag = scaling_tag(o.rope_scaling)

@@ -29,7 +29,6 @@ import os
 import pickle
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -155,12 +154,12 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
              seed=1234, batch_tokens=2**14, device='cpu', progress=False):
     """Accuracy grid [len(mults)][len(depths)] (None where the scheme cannot address the
     length). The prompts depend only on (seed, length), so every scheme sees the same."""
-    from eval import attention_backend, LONG_FLEX_MULT
+    from eval import forward_logits, length_of, long_backend
     model.eval()
     max_len = model.pe.max_len
     acc, dacc = [], []
     for m in mults:
-        T = m * L
+        T = length_of(m, L)
         if max_len is not None and T > max_len:
             acc.append(None)
             dacc.append(None)
@@ -168,15 +167,14 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
         rng = np.random.default_rng([seed, T])
         ids, answer_at = make_batch(encode, T, [d for d in depths for _ in range(trials)], rng)
         bs = max(1, batch_tokens // T)
-        long = model.config.attn_backend == 'auto' and m >= LONG_FLEX_MULT and torch.device(device).type == 'cpu'
+        backend = long_backend(model, T, device)
         ok, dig = [], []
         for i in range(0, len(ids), bs):
             chunk = ids[i:i + bs]
             n = len(chunk)
             if n < bs and len(ids) > bs:  # pad: reuse compiled attention for this shape
                 chunk = torch.cat([chunk, chunk[:1].expand(bs - n, -1)])
-            with attention_backend(model, 'flex') if long else nullcontext():
-                logits, _ = model(chunk[:, :-1].to(device))
+            logits, backend = forward_logits(model, chunk[:, :-1].to(device), backend)
             logits = logits[:n].cpu()
             ok += answer_correct(logits, ids[i:i + n], answer_at[i:i + n])
             dig += digit_correct(logits, ids[i:i + n], answer_at[i:i + n])
@@ -187,7 +185,7 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
         ok, dig = np.array(ok).reshape(len(depths), trials), np.array(dig).reshape(len(depths), trials)
         acc.append(ok.mean(1).tolist())
         dacc.append(dig.mean(1).tolist())
-    return {'block_size': L, 'mults': list(mults), 'lengths': [m * L for m in mults], 'depths': list(depths),
+    return {'block_size': L, 'mults': list(mults), 'lengths': [length_of(m, L) for m in mults], 'depths': list(depths),
             'trials': trials, 'acc': acc, 'digit_acc': dacc}
 
 

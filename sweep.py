@@ -31,23 +31,24 @@ import positional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALINGS = ['linear', 'ntk', 'dynamic', 'yarn', 'llama3']
-SCALED_SCHEMES = ['rope']  # schemes that take rope_scaling
+SCALED_SCHEMES = ['rope']  # schemes evaluated with each rope_scaling type
 EVAL_MULTS = 16            # eval.py's longest length, in units of L
 # nanoGPT's shakespeare_char GPU model (6 x 384, 6 heads) at L = 256: 16L = 4096 on a GPU
 GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, max_iters=5000, eval_interval=500,
            learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, dropout=0.1)
 
 
-def supported_scalings(names):
-    """The rope_scaling types positional.py implements (the others are skipped, with a note)."""
-    ok = []
+def scaling_dicts(names, factor, L):
+    """rope_scaling dicts for the types positional.py implements (the others are skipped,
+    with a note); original_max_len only for the types that take it."""
+    keys = getattr(positional, 'ROPE_SCALING_KEYS', {})  # type -> the keys it takes
+    out = []
     for t in names:
-        try:
-            positional.rope_frequencies(8, 10000.0, {'type': t, 'factor': 2.0, 'original_max_len': 64}, 128)
-            ok.append(t)
-        except (ValueError, KeyError, TypeError, NotImplementedError) as e:
-            print(f"sweep: skipping rope_scaling type {t!r}: positional.py does not support it ({e})")
-    return ok
+        if t not in keys:
+            print(f"sweep: skipping rope_scaling type {t!r}: positional.py does not implement it")
+            continue
+        out.append({'type': t, 'factor': factor, **({'original_max_len': L} if 'original_max_len' in keys[t] else {})})
+    return out
 
 
 def run(cmd, log_path):
@@ -98,11 +99,11 @@ def main(argv):
     # read the settings the runs need from train.py's defaults (+ overrides) without running it
     max_iters = int(base.get('max_iters', _train_default('max_iters')))
     L = int(base.get('block_size', _train_default('block_size')))
-    scalings = supported_scalings([s for s in sweep['scalings'].split(',') if s]) if sweep['scalings'] else []
     factor = sweep['scaling_factor']
+    scalings = scaling_dicts([t for t in sweep['scalings'].split(',') if t], factor, L)
     os.makedirs(out, exist_ok=True)
     print(f"sweep: {len(schemes)} schemes ({', '.join(schemes)}), train args {base}, -> {out}/; rope_scaling "
-          f"at eval: {', '.join(scalings) or 'none'} (factor {factor:g}); passkey {'on' if sweep['passkey'] else 'off'}")
+          f"at eval: {', '.join(sc['type'] for sc in scalings) or 'none'} (factor {factor:g}); passkey {'on' if sweep['passkey'] else 'off'}")
     failed, t_start = [], time.time()
     for s in schemes:
         d = os.path.join(out, s)
@@ -123,8 +124,7 @@ def main(argv):
             if run([sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()] + resume, log) != 0:
                 failed.append((s, f'training failed, see {log}'))
                 continue
-        variants = [None] + ([{'type': t, 'factor': factor, 'original_max_len': L} for t in scalings]
-                             if s in SCALED_SCHEMES else [])
+        variants = [None] + (scalings if s in SCALED_SCHEMES else [])
         from eval import scaling_tag
         for sc in variants[1:]:
             if not os.path.exists(os.path.join(d, f'eval_{scaling_tag(sc)}.json')):
