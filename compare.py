@@ -35,7 +35,7 @@ def load_runs(dirs):
     evals, passkeys = [], []
     for d in dirs:
         for kind, out in (('eval', evals), ('passkey', passkeys)):
-            files = sorted(glob.glob(os.path.join(d, f'{kind}*.json')), key=lambda p: (len(p), p))
+            files = sorted(glob.glob(os.path.join(d, f'{kind}*.json')), key=lambda p: ('_' in os.path.basename(p), p))
             for p in files:
                 with open(p) as f:
                     res = json.load(f)
@@ -95,18 +95,18 @@ def markdown_tables(evals, passkeys):
 
 
 def _styles(labels):
-    """A colour per scheme, dashed lines for rope_scaling variants."""
+    """A colour (and marker) per scheme, solid; rope_scaling variants dashed in other colours."""
     import matplotlib
-    schemes = sorted({lab.split(' +')[0] for lab in labels})
-    cmap = matplotlib.colormaps['tab20']
-    colour = {s: cmap(i % 20) for i, s in enumerate(schemes)}
+    tab, dark = matplotlib.colormaps['tab10'], matplotlib.colormaps['Dark2']
+    bases = sorted({lab.split(' +')[0] for lab in labels})
+    variants = sorted({lab for lab in labels if ' +' in lab})
     out = {}
     for lab in labels:
-        base = lab.split(' +')[0]
-        variants = sorted(x for x in labels if x.startswith(base + ' +'))
-        scaled = lab != base
-        c = cmap((schemes.index(base) * 2 + 1 + variants.index(lab)) % 20) if scaled else colour[base]
-        out[lab] = dict(color=c, linestyle='--' if scaled else '-', marker='o' if not scaled else 'x')
+        if lab in variants:
+            out[lab] = dict(color=dark(variants.index(lab) % 8), linestyle='--', marker='x')
+        else:
+            i = bases.index(lab)
+            out[lab] = dict(color=tab(i % 10), linestyle='-' if i < 10 else '-.', marker='os^Dv'[i // 10 % 5])
     return out
 
 
@@ -147,6 +147,7 @@ def plot_position(evals, path):
     ax.axvline(L, color='k', lw=0.8, ls=':')
     ax.text(L, ax.get_ylim()[1], ' L', va='top')
     ax.set_xscale('symlog', base=2, linthresh=L / 4)
+    ax.set_xlim(0, None)
     ax.set_xlabel('position in the window')
     ax.set_ylabel(f'val loss (mean over windows, bins of {max(1, L // 16)})')
     ax.set_title('loss by position (non-overlapping windows of the longest eval length)')
@@ -164,8 +165,9 @@ def plot_last_k(evals, path):
     runs = [r for r in evals if r.get('last_k')]
     for r in runs:
         ax.plot(r['last_k']['context'], r['last_k']['loss'], label=r['label'], ms=4, **st[r['label']])
-    ax.axvline(runs[0]['block_size'], color='k', lw=0.8, ls=':')
+    ax.axvline(runs[0]['block_size'] - runs[0]['last_k']['k'], color='k', lw=0.8, ls=':')  # window = L
     ax.set_xscale('symlog', base=2, linthresh=runs[0]['block_size'] / 4)
+    ax.set_xlim(0, None)
     ax.set_xlabel('tokens of context before the scored tokens')
     ax.set_ylabel('val loss')
     ax.set_title(f"loss on the same last {runs[0]['last_k']['k']} tokens as the context grows")
