@@ -177,16 +177,18 @@ def _fits(model, T):
 
 
 def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sliding_tokens=0,
-             last_k=0, last_k_spans=64, quick=False, batch_tokens=2**14, device='cpu', ctx=None,
+             last_k=0, last_k_spans=0, quick=False, batch_tokens=2**14, device='cpu', ctx=None,
              progress=False):
     """The evaluation suite -> a JSON-able dict of lists aligned with `mults` (None where the
     scheme cannot address the length). quick=True: non-overlapping loss only (cheap, for
     periodic evals during training). stride=0 -> L // 2; sliding_tokens=0 -> tokens // 4
-    (each scored token costs T / stride tokens of forward); last_k=0 -> L // 4."""
+    (each scored token costs T / stride tokens of forward); last_k=0 -> L // 4;
+    last_k_spans=0 -> tokens // 512 (64 by default)."""
     was_training = model.training
     model.eval()
     stride, last_k = stride or max(1, L // 2), last_k or max(1, L // 4)
     sliding_tokens = sliding_tokens or max(stride, tokens // 4)
+    last_k_spans = last_k_spans or max(8, tokens // 512)
     kw = dict(batch_tokens=batch_tokens, device=device, ctx=ctx)
     res = {'block_size': L, 'mults': list(mults), 'lengths': [length_of(m, L) for m in mults], 'tokens': tokens,
            'nonoverlap': [], 'position': []}
@@ -297,7 +299,7 @@ def scaling_tag(rope_scaling):
 
 if __name__ == '__main__':
     opts = dict(out_dir='out', ckpt='', device='auto', rope_scaling=None, mults=[1, 2, 4, 8, 16], tokens=32768,
-                stride=0, sliding_tokens=0, last_k=0, last_k_spans=64, batch_tokens=2**14, quick=False,
+                stride=0, sliding_tokens=0, last_k=0, last_k_spans=0, batch_tokens=2**14, quick=False,
                 name='', wandb_log=False, wandb_project='nanoPE')
     for arg in sys.argv[1:]:
         if not arg.startswith('--') or '=' not in arg:

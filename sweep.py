@@ -19,7 +19,8 @@ Sweep options (the rest go to train.py):
   --scalings=a,b      rope_scaling types evaluated on rope at eval time (default: all
                       of linear, ntk, dynamic, yarn, llama3 that positional.py knows)
   --scaling_factor=F  their scale factor (default: the longest eval length / L = 16)
-  --passkey=False     skip the passkey probe; --passkey_iters=N (default 300)
+  --passkey=False     skip the passkey probe; --passkey_iters=N (default 300),
+                      --passkey_trials=N prompts per length x depth cell (default 20)
 """
 import json
 import os
@@ -73,7 +74,7 @@ def load_json(path):
 
 def main(argv):
     sweep = dict(out='', schemes='', scalings=','.join(SCALINGS), scaling_factor=float(EVAL_MULTS), passkey=True,
-                 passkey_iters=300, gpu=False)
+                 passkey_iters=300, passkey_trials=20, gpu=False)
     train_args = {}
     for arg in argv:
         if arg == '--gpu':
@@ -128,13 +129,17 @@ def main(argv):
         from eval import scaling_tag
         for sc in variants[1:]:
             if not os.path.exists(os.path.join(d, f'eval_{scaling_tag(sc)}.json')):
-                if run([sys.executable, 'eval.py', f'--out_dir={d}', f'--rope_scaling={sc!r}'], log) != 0:
+                cmd = [sys.executable, 'eval.py', f'--out_dir={d}', f'--rope_scaling={sc!r}']
+                if 'eval_tokens' in base:  # the same budget as the final eval in train.py
+                    cmd.append(f"--tokens={base['eval_tokens']}")
+                if run(cmd, log) != 0:
                     failed.append((s, f'eval with {sc} failed, see {log}'))
         if sweep['passkey']:
             for sc in variants:
                 tag = scaling_tag(sc)
                 if not os.path.exists(os.path.join(d, 'passkey' + (f'_{tag}' if tag else '') + '.json')):
-                    cmd = [sys.executable, 'passkey.py', f"--out_dir={d}", f"--iters={sweep['passkey_iters']}"]
+                    cmd = [sys.executable, 'passkey.py', f"--out_dir={d}", f"--iters={sweep['passkey_iters']}",
+                           f"--trials={sweep['passkey_trials']}"]
                     if run(cmd + ([f'--rope_scaling={sc!r}'] if sc else []), log) != 0:
                         failed.append((s, f'passkey {tag} failed, see {log}'))
         print(f"sweep: {s} done in {time.time() - t0:.0f}s ({time.time() - t_start:.0f}s so far)", flush=True)
