@@ -66,7 +66,8 @@ min_lr = 2e-4
 # evaluation at and past the training length
 eval_mults = [1, 2, 4, 8]
 eval_tokens = 32768       # tokens scored per length
-final_eval = True         # at the end: eval.py's full suite at 1-16L (sliding, by position, last k) -> out_dir/eval.json
+final_eval = True         # at the end: eval.py's full suite (sliding, by position, last k) -> out_dir/eval.json
+final_eval_mults = [1, 2, 4, 8, 16]
 # system
 device = 'auto'           # 'auto' | 'cpu' | 'cuda' | 'cuda:0' ...
 dtype = 'auto'            # 'auto' (bf16 on CUDA if supported, else float32) | 'float32' | 'bfloat16' | 'float16'
@@ -335,7 +336,8 @@ while True:
 
 if master and final_eval:
     te = time.time()
-    res = evaluate(raw_model, val_data, block_size, tokens=eval_tokens, device=device, ctx=autocast, progress=True)
+    res = evaluate(raw_model, val_data, block_size, tuple(final_eval_mults), tokens=eval_tokens, device=device,
+                   ctx=autocast, progress=True)
     res = {'scheme': pos_encoding, 'rope_scaling': rope_scaling, 'iter': iter_num, 'out_dir': out_dir, **res}
     with open(os.path.join(out_dir, 'eval.json'), 'w') as f:
         json.dump(res, f)
