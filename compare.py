@@ -91,6 +91,14 @@ def markdown_tables(evals, passkeys):
             by_m = {m: (None if a is None else float(np.mean(a))) for m, a in zip(r['mults'], r['acc'])}
             rows.append([r['label']] + [_fmt(by_m.get(m), 2) for m in mults])
         out.append(_table(['run'] + [f"{m}L" for m in mults], rows) + '\n')
+        runs = [r for r in passkeys if r.get('answer_loss')]
+        if runs:
+            out.append("### Passkey answer loss (nats per digit, mean over depths; ln 10 = 2.30 is a blind guess)\n")
+            rows = []
+            for r in runs:
+                by_m = {m: (None if a is None else float(np.mean(a))) for m, a in zip(r['mults'], r['answer_loss'])}
+                rows.append([r['label']] + [_fmt(by_m.get(m), 2) for m in mults])
+            out.append(_table(['run'] + [f"{m}L" for m in mults], rows) + '\n')
     return '\n'.join(out)
 
 

@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 KEY = "The pass key is {}. "
@@ -118,8 +119,15 @@ def answer_correct(logits, ids, answer_at):
 
 
 def digit_correct(logits, ids, answer_at):
+    """Per row: the fraction of answer tokens that are the argmax."""
     pred = logits.argmax(-1)
     return [(pred[b, a - 1:] == ids[b, a:]).float().mean().item() for b, a in enumerate(answer_at)]
+
+
+def answer_loss(logits, ids, answer_at):
+    """Per row: mean cross-entropy of the answer tokens (ln 10 = 2.30 is a uniform guess
+    among digits): a graded signal where accuracy is all or nothing."""
+    return [F.cross_entropy(logits[b, a - 1:].float(), ids[b, a:]).item() for b, a in enumerate(answer_at)]
 
 
 def finetune(model, encode, T, iters, lr=1e-3, batch_size=32, seed=0, device='cpu', log_every=50):
@@ -152,23 +160,24 @@ def finetune(model, encode, T, iters, lr=1e-3, batch_size=32, seed=0, device='cp
 @torch.no_grad()
 def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0.75, 1.0), trials=20,
              seed=1234, batch_tokens=2**14, device='cpu', progress=False):
-    """Accuracy grid [len(mults)][len(depths)] (None where the scheme cannot address the
-    length). The prompts depend only on (seed, length), so every scheme sees the same."""
+    """Grids [len(mults)][len(depths)] of accuracy, digit accuracy and answer loss (None
+    where the scheme cannot address the length). The prompts depend only on (seed,
+    length), so every scheme sees the same ones."""
     from eval import forward_logits, length_of, long_backend
     model.eval()
     max_len = model.pe.max_len
-    acc, dacc = [], []
+    grids = {'acc': [], 'digit_acc': [], 'answer_loss': []}
     for m in mults:
         T = length_of(m, L)
         if max_len is not None and T > max_len:
-            acc.append(None)
-            dacc.append(None)
+            for g in grids.values():
+                g.append(None)
             continue
         rng = np.random.default_rng([seed, T])
         ids, answer_at = make_batch(encode, T, [d for d in depths for _ in range(trials)], rng)
         bs = max(1, batch_tokens // T)
         backend = long_backend(model, T, device)
-        ok, dig = [], []
+        stats = {k: [] for k in grids}
         for i in range(0, len(ids), bs):
             chunk = ids[i:i + bs]
             n = len(chunk)
@@ -176,17 +185,16 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
                 chunk = torch.cat([chunk, chunk[:1].expand(bs - n, -1)])
             logits, backend = forward_logits(model, chunk[:, :-1].to(device), backend)
             logits = logits[:n].cpu()
-            ok += answer_correct(logits, ids[i:i + n], answer_at[i:i + n])
-            dig += digit_correct(logits, ids[i:i + n], answer_at[i:i + n])
+            for k, f in (('acc', answer_correct), ('digit_acc', digit_correct), ('answer_loss', answer_loss)):
+                stats[k] += f(logits, ids[i:i + n], answer_at[i:i + n])
             if progress:
                 sys.stderr.write(f"\r  passkey @{m}L: {min(i + bs, len(ids))}/{len(ids)} prompts")
         if progress:
             sys.stderr.write("\n")
-        ok, dig = np.array(ok).reshape(len(depths), trials), np.array(dig).reshape(len(depths), trials)
-        acc.append(ok.mean(1).tolist())
-        dacc.append(dig.mean(1).tolist())
+        for k, v in stats.items():
+            grids[k].append(np.array(v, dtype=float).reshape(len(depths), trials).mean(1).tolist())
     return {'block_size': L, 'mults': list(mults), 'lengths': [length_of(m, L) for m in mults], 'depths': list(depths),
-            'trials': trials, 'acc': acc, 'digit_acc': dacc}
+            'trials': trials, **grids}
 
 
 def plot_heatmap(res, path=None, ax=None, title=None):
@@ -254,9 +262,10 @@ if __name__ == '__main__':
                    device=o.device, progress=True)
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
            'out_dir': o.out_dir, 'finetune': ckpt.get('passkey'), **res}
-    for m, a in zip(res['mults'], res['acc']):
+    for m, a, al in zip(res['mults'], res['acc'], res['answer_loss']):
         print(f"  {m:>3}L: " + ('n/a (past the position table)' if a is None else
-                               '  '.join(f"depth {d:g}: {v:.2f}" for d, v in zip(res['depths'], a))))
+                               '  '.join(f"depth {d:g}: {v:.2f}" for d, v in zip(res['depths'], a))
+                               + f"   (answer loss {np.mean(al):.3f})"))
     tag = scaling_tag(o.rope_scaling)
     name = o.name or ('passkey' + (f'_{tag}' if tag else ''))
     with open(os.path.join(o.out_dir, name + '.json'), 'w') as f:

@@ -164,6 +164,10 @@ def test_passkey_answer_checker():
     wrong[2, answer_at[2] - 3] = (wrong[2, answer_at[2] - 3] + 1) % 100  # a prompt token wrong: does not count
     assert P.answer_correct(oracle(wrong), ids, answer_at) == [False, False, True, True, True, True]
     assert P.digit_correct(oracle(wrong), ids, answer_at)[:3] == pytest.approx([0.8, 0.8, 1.0])
+    # one-hot logits: CE is log(e + 99) - 1 where the 1 sits on the target, log(e + 99) where it does not
+    right, miss = np.log(np.e + 99) - 1, np.log(np.e + 99)
+    assert P.answer_loss(oracle(wrong), ids, answer_at)[:3] == pytest.approx(
+        [(4 * right + miss) / 5, (4 * right + miss) / 5, right], rel=1e-5)
     shifted = F.one_hot(ids[:, :-1], 100).float()  # predicts the current token: off by one
     assert not any(P.answer_correct(shifted, ids, answer_at))
 
