@@ -141,7 +141,7 @@ def plot_lengths(evals, path):
 
 
 def plot_position(evals, path):
-    """Loss by position in the longest windows each run has, binned to L/16 positions."""
+    """Loss by position in the longest windows each run has (geometric bins, eval.bin_curve)."""
     import matplotlib.pyplot as plt
     from eval import bin_curve
     fig, ax = plt.subplots(figsize=(9, 4.8))
@@ -150,14 +150,14 @@ def plot_position(evals, path):
     for r in evals:
         curves = [c for c in r.get('position') or [] if c is not None]
         if curves:
-            xs, ys = bin_curve(curves[-1], max(1, r['block_size'] // 16))
+            xs, ys = bin_curve(curves[-1])
             ax.plot(xs, ys, label=r['label'], lw=1.2, **{k: v for k, v in st[r['label']].items() if k != 'marker'})
     ax.axvline(L, color='k', lw=0.8, ls=':')
     ax.text(L, ax.get_ylim()[1], ' L', va='top')
     ax.set_xscale('symlog', base=2, linthresh=L / 4)
     ax.set_xlim(0, None)
     ax.set_xlabel('position in the window')
-    ax.set_ylabel(f'val loss (mean over windows, bins of {max(1, L // 16)})')
+    ax.set_ylabel('val loss (mean over windows and a bin)')
     ax.set_title('loss by position (non-overlapping windows of the longest eval length)')
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))

@@ -231,14 +231,13 @@ def flat_metrics(res):
     return out
 
 
-def bin_curve(curve, width):
-    """Mean of consecutive bins of `width` positions -> (bin centres, means); smooths the
-    per-position curve, which is noisy with few long windows."""
+def bin_curve(curve, n_bins=64):
+    """Means over geometrically growing bins of positions -> (bin centres, means). Late
+    positions get wide bins: with few long windows the raw per-position curve is noisy."""
     c = np.asarray(curve, dtype=np.float64)
-    n = len(c) // width * width
-    if n == 0:
-        return np.arange(len(c)), c
-    return np.arange(n).reshape(-1, width).mean(1), c[:n].reshape(-1, width).mean(1)
+    edges = np.unique(np.concatenate([[0], np.geomspace(1, len(c), n_bins).astype(int)]))
+    xs = [(lo + hi - 1) / 2 for lo, hi in zip(edges[:-1], edges[1:])]
+    return np.array(xs), np.array([c[lo:hi].mean() for lo, hi in zip(edges[:-1], edges[1:])])
 
 
 def log_wandb(run, res, step=None):
@@ -253,7 +252,7 @@ def log_wandb(run, res, step=None):
         keys=['non-overlapping', f"sliding (stride {res['stride']})"], title='val loss vs eval length',
         xname='eval length (tokens)')}
     T_i = ok[-1]
-    xs, ys = bin_curve(res['position'][T_i], max(1, res['block_size'] // 16))
+    xs, ys = bin_curve(res['position'][T_i])
     plots['eval/loss_vs_position'] = wandb.plot.line(
         wandb.Table(data=[[float(a), float(b)] for a, b in zip(xs, ys)], columns=['position', 'loss']),
         'position', 'loss', title=f"val loss by position in {res['lengths'][T_i]}-token windows")
