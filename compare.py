@@ -48,6 +48,22 @@ def load_runs(dirs):
     return evals, passkeys
 
 
+def train_stats(d):
+    """(final train loss, median tokens/s, median ms/iter) from a run's metrics.jsonl, or None.
+    The first logged interval (compilation) is left out of the medians."""
+    path = os.path.join(d, 'metrics.jsonl')
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rows = [r for r in rows if 'train/loss' in r]
+    if not rows:
+        return None
+    timed = rows[1:] or rows
+    return (rows[-1]['train/loss'], float(np.median([r['tokens_per_s'] for r in timed])),
+            float(np.median([r['ms_per_iter'] for r in timed])))
+
+
 def _fmt(v, digits=3):
     return '—' if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
@@ -60,6 +76,12 @@ def _table(header, rows):
 
 def markdown_tables(evals, passkeys):
     out = []
+    stats = [(r['label'], train_stats(os.path.dirname(r['path']))) for r in evals if not r.get('rope_scaling')]
+    stats = [(lab, st) for lab, st in stats if st]
+    if stats:
+        out.append("### Training (final train loss; median throughput, first log interval left out)\n")
+        out.append(_table(['run', 'train loss', 'tokens/s', 'ms/iter'],
+                          [[lab, _fmt(st[0]), f"{st[1]:,.0f}", f"{st[2]:.1f}"] for lab, st in stats]) + '\n')
     if evals:
         mults = max((r['mults'] for r in evals), key=len)
         L = evals[0]['block_size']

@@ -89,7 +89,7 @@ def main(argv):
             train_args[k] = v
     if 'pos_encoding' in train_args or 'out_dir' in train_args:
         sys.exit("sweep.py sets pos_encoding and out_dir itself; choose schemes with --schemes and the folder with --out")
-    out = sweep['out'] or ('out-sweep-gpu' if sweep['gpu'] else 'out-sweep')
+    out = os.path.abspath(sweep['out'] or ('out-sweep-gpu' if sweep['gpu'] else 'out-sweep'))
     schemes = sweep['schemes'].split(',') if sweep['schemes'] else sorted(positional.REGISTRY)
     bad = [s for s in schemes if s not in positional.REGISTRY]
     if bad:
@@ -146,13 +146,33 @@ def main(argv):
     from compare import make_report
     done = [os.path.join(out, s) for s in schemes if os.path.exists(os.path.join(out, s, 'eval.json'))]
     if done:
-        notes = (f"Sweep: `python sweep.py {' '.join(argv)}`, train args {base}; rope_scaling variants at eval "
-                 f"time with factor {factor:g} and original_max_len {L}.\n")
+        notes = (f"Sweep: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}; rope_scaling "
+                 f"variants at eval time with factor {factor:g} and original_max_len {L}.\n")
         print(f"sweep: report -> {make_report(done, os.path.join(out, 'report'), notes=notes)} "
               f"({time.time() - t_start:.0f}s in all)")
     for s, why in failed:
         print(f"sweep: FAILED {s}: {why}")
     return 1 if failed else 0
+
+
+def provenance():
+    """Commit, torch and hardware, for the report."""
+    try:
+        commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=HERE, capture_output=True,
+                                text=True).stdout.strip()
+        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=HERE,
+                               capture_output=True, text=True).stdout.strip()
+        commit = (commit + ('+dirty' if dirty else '')) or 'unknown'
+    except OSError:
+        commit = 'unknown'
+    import torch
+    if torch.cuda.is_available():
+        hw = torch.cuda.get_device_name()
+    else:
+        cpu = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo') if line.startswith('model name')),
+                   None) if os.path.exists('/proc/cpuinfo') else None
+        hw = f"{cpu or 'CPU'}, {os.cpu_count()} cores"
+    return f"commit {commit}, torch {torch.__version__}, {hw}"
 
 
 def _train_default(key):

@@ -198,6 +198,10 @@ def test_compare_report_from_fixture_jsons(tmp_path):
         (d / 'eval.json').write_text(json.dumps(ev))
         (d / 'passkey.json').write_text(json.dumps(pk))
         dirs.append(str(d))
+    rows = [{'iter': 0, 'val/loss@1L': 4.0}, {'iter': 10, 'train/loss': 3.0, 'tokens_per_s': 100.0, 'ms_per_iter': 999.0},
+            {'iter': 20, 'train/loss': 2.5, 'tokens_per_s': 1000.0, 'ms_per_iter': 4.0},
+            {'iter': 30, 'train/loss': 2.0, 'tokens_per_s': 3000.0, 'ms_per_iter': 2.0}]
+    (tmp_path / 'rope' / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
     yarn = dict(runs['rope'][0], rope_scaling={'type': 'yarn', 'factor': 4}, nonoverlap=[1.6, 1.7, 1.8])
     (tmp_path / 'rope' / 'eval_yarn_x4.json').write_text(json.dumps(yarn))
     path = compare.make_report(dirs, str(tmp_path / 'report'))
@@ -208,6 +212,7 @@ def test_compare_report_from_fixture_jsons(tmp_path):
     assert '| rope | 1.250 | 1.500 | 3.000 |' in md           # sliding table
     assert '| rope | 0.75 | 0.12 | 0.00 |' in md             # passkey, mean over depths
     assert '| learned | 1.00 | — | — |' in md
+    assert '| rope | 2.000 | 2,000 | 3.0 |' in md             # training: last loss, medians past the first log
     for png in ('loss_vs_length.png', 'loss_vs_position.png', 'last_k.png', 'passkey.png'):
         p = tmp_path / 'report' / png
         assert p.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and p.stat().st_size > 5000
