@@ -27,6 +27,7 @@ import json
 import math
 import os
 import sys
+import time
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
@@ -100,10 +101,19 @@ def attention_backend(model, backend):
             m.backend = b
 
 
-def _progress(label, i, n, enabled):
-    if enabled:
-        sys.stderr.write(f"\r  {label}: {i}/{n} batches" + ("\n" if i == n else ""))
-        sys.stderr.flush()
+_last_progress = [0.0]
+
+
+def progress(label, i, n, unit='batches'):
+    """A home-made progress counter on stderr: redrawn in place on a terminal, else (a log
+    file, a pipe) a line every 30 s and one at the end."""
+    tty = sys.stderr.isatty()
+    now = time.time()
+    if i < n and now - _last_progress[0] < (0.2 if tty else 30):
+        return
+    _last_progress[0] = now
+    sys.stderr.write(('\r' if tty else '') + f"  {label}: {i}/{n} {unit}" + ('\n' if i == n or not tty else ''))
+    sys.stderr.flush()
 
 
 @torch.no_grad()
@@ -126,7 +136,8 @@ def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='c
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y[:len(chunk), T - n_score:].reshape(-1),
                                reduction='none').view(len(chunk), n_score)
         sums += loss.sum(0).double().cpu()
-        _progress(label, bi + 1, n_batches, label is not None and n_batches > 1)
+        if label is not None and n_batches > 1:
+            progress(label, bi + 1, n_batches)
     return sums, len(starts)
 
 
@@ -153,9 +164,10 @@ def last_k_loss(model, data, k, lengths, spans=64, **kw):
     if len(data) < T_max + 1:
         raise ValueError(f"the eval data has {len(data)} tokens, too few for a window of {T_max}")
     ends = np.linspace(T_max, len(data) - 1, spans).astype(np.int64)  # one past each window's last input
-    out = []
+    label, out = kw.pop('label', None), []
     for T in lengths:
-        sums, n = window_losses(model, data, T, [int(e) - T for e in ends], k, **kw)
+        sums, n = window_losses(model, data, T, [int(e) - T for e in ends], k,
+                                label=label and f"{label} (window {T})", **kw)
         out.append((sums.sum() / (n * k)).item())
     return out
 

@@ -163,7 +163,7 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
     """Grids [len(mults)][len(depths)] of accuracy, digit accuracy and answer loss (None
     where the scheme cannot address the length). The prompts depend only on (seed,
     length), so every scheme sees the same ones."""
-    from eval import forward_logits, length_of, long_backend
+    from eval import forward_logits, length_of, long_backend, progress as show
     model.eval()
     max_len = model.pe.max_len
     grids = {'acc': [], 'digit_acc': [], 'answer_loss': []}
@@ -188,9 +188,7 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
             for k, f in (('acc', answer_correct), ('digit_acc', digit_correct), ('answer_loss', answer_loss)):
                 stats[k] += f(logits, ids[i:i + n], answer_at[i:i + n])
             if progress:
-                sys.stderr.write(f"\r  passkey @{m}L: {min(i + bs, len(ids))}/{len(ids)} prompts")
-        if progress:
-            sys.stderr.write("\n")
+                show(f"passkey @{m}L", min(i + bs, len(ids)), len(ids), 'prompts')
         for k, v in stats.items():
             grids[k].append(np.array(v, dtype=float).reshape(len(depths), trials).mean(1).tolist())
     return {'block_size': L, 'mults': list(mults), 'lengths': [length_of(m, L) for m in mults], 'depths': list(depths),
