@@ -1,58 +1,291 @@
 """
 Length-extrapolation evaluation for nanoPE.
 
-  python eval.py --out_dir=out-rope                     # val loss at L, 2L, 4L, 8L, 16L
-  python eval.py --out_dir=out-rope --rope_scaling="{'type':'yarn','factor':4}"
+  python eval.py --out_dir=out-rope              # full suite at L, 2L, 4L, 8L, 16L -> out-rope/eval.json
+  python eval.py --out_dir=out-rope --rope_scaling="{'type':'yarn','factor':16,'original_max_len':128}"
+  python eval.py --out_dir=out-rope --quick=True # non-overlapping loss only
 
-Non-overlapping windows (the ALiBi paper's protocol, arXiv 2108.12409): the val
-split is cut into windows of T tokens, every token of a window is scored with
-the context it has inside that window. Windows are spread evenly over the split
-and the same for every scheme, so runs compare.
+Protocols, on the val split, at each length T = m*L (L = the training block_size):
+  - non-overlapping windows (the ALiBi paper's default, arXiv 2108.12409): every
+    token of a T-window is scored with the context it has inside its window, so the
+    mean mixes tokens with 0..T-1 tokens of context;
+  - sliding windows (HF "perplexity of fixed-length models"; PI arXiv 2306.15595 and
+    YaRN arXiv 2309.00071 use stride 256): windows of T advance by `stride` and only
+    the last `stride` tokens of each are scored, so every scored token has T-stride..T-1
+    tokens of context. stride = T is exactly the non-overlapping protocol;
+  - loss by position inside the window (mean over the non-overlapping windows): shows
+    where a scheme breaks down, e.g. right after position L;
+  - loss on the last k tokens as the context before them grows: the same k target
+    tokens, scored with windows of growing length.
+Windows come in `runs` contiguous runs spread evenly over the split, identical for
+every scheme. Inside a run windows advance by the stride, so every token of a run
+after its first T-stride is scored exactly once. Batches hold about `batch_tokens`
+tokens, so memory stays bounded at any length.
 """
+import ast
 import json
 import math
 import os
-import pickle
 import sys
+import time
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+
+# On CPU, a window whose dense score bias (n_head x T x T float32) would exceed this always
+# goes through compiled FlexAttention (for schemes with a score bias), whatever the batch
+# size, so long evaluations never build a T x T bias. At the default config (4 heads, L=128)
+# that is 8L and 16L, where model.py's own rule (batch bias over 256 MiB) picks flex too.
+FLEX_MIN_WINDOW_BIAS_BYTES = 16 * 2**20
 
 
-def window_starts(n_data, T, n_windows):
-    """n_windows non-overlapping window starts spread evenly over the data."""
-    n_windows = max(1, min(n_windows, (n_data - 1) // T))
-    stride = (n_data - 1 - T) // max(1, n_windows - 1) if n_windows > 1 else 0
-    stride = max(stride, T)
-    return [i * stride for i in range(n_windows)]
+# --- windows --------------------------------------------------------------------
+
+def window_layout(n_data, T, stride, n_windows, runs=16):
+    """Starts of ~n_windows windows of T tokens (plus one target): `runs` contiguous runs
+    spread evenly over the data, windows `stride` apart inside a run. Each window scores
+    its last `stride` tokens, so inside a run every token after the first T-stride is
+    scored exactly once (and stride = T tiles the run with non-overlapping windows)."""
+    if not 0 < stride <= T:
+        raise ValueError(f"stride must be in 1..T={T}, got {stride}")
+    if n_data < T + 1:
+        raise ValueError(f"the eval data has {n_data} tokens, too few for one window of {T} (+1 target); "
+                         f"evaluate shorter lengths (--mults) or use a bigger val split")
+    runs = max(1, min(runs, n_windows))
+    per_run = -(-n_windows // runs)
+    span = T + (per_run - 1) * stride + 1  # tokens one run reads
+    if runs * span > n_data:  # small data: a single run over as much as fits
+        runs, per_run = 1, min(runs * per_run, (n_data - T - 1) // stride + 1)
+        span = T + (per_run - 1) * stride + 1
+    gap = (n_data - span) // (runs - 1) if runs > 1 else 0  # >= span, so runs never overlap
+    return [r * gap + j * stride for r in range(runs) for j in range(per_run)]
+
+
+def long_backend(model, T, device):
+    """'flex' where a T-window's bias would be big on CPU (and the config leaves the choice
+    to model.py), else None: keep the model's own choice."""
+    big = model.config.n_head * T * T * 4 >= FLEX_MIN_WINDOW_BIAS_BYTES
+    cpu = torch.device(device).type == 'cpu'
+    return 'flex' if big and cpu and model.config.attn_backend == 'auto' else None
+
+
+def forward_logits(model, x, backend, ctx=None):
+    """model(x) logits with the attention backend forced to `backend` (None: the model's)
+    -> (logits, the backend to use next time). If compiled FlexAttention fails for a
+    scheme, say so and use the dense path from then on."""
+    try:
+        with (attention_backend(model, backend) if backend else nullcontext()), (ctx or nullcontext()):
+            return model(x)[0], backend
+    except Exception as e:  # noqa: BLE001 - any compile failure: fall back, loudly
+        if backend != 'flex':
+            raise
+        print(f"eval: FlexAttention failed for {model.config.pos_encoding} at T={x.size(1)} "
+              f"({type(e).__name__}: {str(e)[:200]}); using the dense T x T bias instead", file=sys.stderr)
+        with attention_backend(model, 'dense'), (ctx or nullcontext()):
+            return model(x)[0], 'dense'
+
+
+@contextmanager
+def attention_backend(model, backend):
+    """Temporarily set every attention layer's backend ('auto' | 'flex' | 'dense')."""
+    layers = [m for m in model.modules() if hasattr(m, 'backend')]
+    old = [m.backend for m in layers]
+    for m in layers:
+        m.backend = backend
+    try:
+        yield
+    finally:
+        for m, b in zip(layers, old):
+            m.backend = b
+
+
+_last_progress = [0.0]
+
+
+def progress(label, i, n, unit='batches'):
+    """A home-made progress counter on stderr: redrawn in place on a terminal, else (a log
+    file, a pipe) a line every 30 s and one at the end."""
+    tty = sys.stderr.isatty()
+    now = time.time()
+    if i < n and now - _last_progress[0] < (0.2 if tty else 30):
+        return
+    _last_progress[0] = now
+    sys.stderr.write(('\r' if tty else '') + f"  {label}: {i}/{n} {unit}" + ('\n' if i == n or not tty else ''))
+    sys.stderr.flush()
 
 
 @torch.no_grad()
-def eval_loss(model, data, T, tokens=32768, batch_tokens=16384, device='cpu', ctx=None):
-    """Mean next-token loss over ~`tokens` tokens in non-overlapping windows of T."""
-    starts = window_starts(len(data), T, max(1, tokens // T))
+def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='cpu', ctx=None, label=None):
+    """Per-position loss of the last n_score tokens of the windows x = data[s:s+T],
+    y = data[s+1:s+T+1], summed over windows -> (float64 tensor [n_score], n_windows).
+    Batches of max(1, batch_tokens // T) windows; a short last batch is padded to the
+    same shape so compiled attention kernels are reused rather than recompiled."""
     bs = max(1, batch_tokens // T)
-    total, count = 0.0, 0
-    for i in range(0, len(starts), bs):
+    backend = long_backend(model, T, device)
+    sums = torch.zeros(n_score, dtype=torch.float64)
+    n_batches = -(-len(starts) // bs)
+    for bi, i in enumerate(range(0, len(starts), bs)):
         chunk = starts[i:i + bs]
-        x = torch.stack([torch.from_numpy(data[s:s + T].astype(np.int64)) for s in chunk]).to(device)
-        y = torch.stack([torch.from_numpy(data[s + 1:s + 1 + T].astype(np.int64)) for s in chunk]).to(device)
-        with ctx if ctx is not None else torch.autocast(device_type='cpu', enabled=False):
-            _, loss = model(x, y, reduction='sum')
-        total += loss.item()
-        count += y.numel()
-    return total / count
+        rows = chunk + [chunk[0]] * (bs - len(chunk)) if len(starts) > bs else chunk
+        win = torch.from_numpy(np.stack([data[s:s + T + 1].astype(np.int64) for s in rows])).to(device)
+        x, y = win[:, :-1], win[:, 1:]
+        logits, backend = forward_logits(model, x, backend, ctx)
+        logits = logits[:len(chunk), T - n_score:].float()
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y[:len(chunk), T - n_score:].reshape(-1),
+                               reduction='none').view(len(chunk), n_score)
+        sums += loss.sum(0).double().cpu()
+        if label is not None and n_batches > 1:
+            progress(label, bi + 1, n_batches)
+    return sums, len(starts)
+
+
+def nonoverlap_loss(model, data, T, tokens=32768, runs=16, **kw):
+    """Non-overlapping windows -> (mean loss, per-position mean loss [T])."""
+    starts = window_layout(len(data), T, T, max(1, tokens // T), runs)
+    sums, n = window_losses(model, data, T, starts, T, **kw)
+    curve = sums / n
+    return curve.mean().item(), curve
+
+
+def sliding_loss(model, data, T, stride, tokens=8192, runs=16, **kw):
+    """Sliding windows of T advancing by `stride`, scoring only each window's new tokens."""
+    stride = min(stride, T)
+    starts = window_layout(len(data), T, stride, max(1, tokens // stride), runs)
+    sums, n = window_losses(model, data, T, starts, stride, **kw)
+    return (sums.sum() / (n * stride)).item()
+
+
+def last_k_loss(model, data, k, lengths, spans=64, **kw):
+    """The same `spans` targets of k tokens (ends spread evenly over the data) scored with
+    windows of each length T in `lengths` (context T - k) -> list of mean losses."""
+    T_max = max(lengths)
+    if len(data) < T_max + 1:
+        raise ValueError(f"the eval data has {len(data)} tokens, too few for a window of {T_max}")
+    ends = np.linspace(T_max, len(data) - 1, spans).astype(np.int64)  # one past each window's last input
+    label, out = kw.pop('label', None), []
+    for T in lengths:
+        sums, n = window_losses(model, data, T, [int(e) - T for e in ends], k,
+                                label=label and f"{label} (window {T})", **kw)
+        out.append((sums.sum() / (n * k)).item())
+    return out
+
+
+# --- the suite ------------------------------------------------------------------
+
+def length_of(m, L):
+    """m * L as a whole number of tokens (fractional m allowed: a fine-tuned model's original L)."""
+    T = int(m * L)
+    if T != m * L or T < 1:
+        raise ValueError(f"eval length {m}*{L} is not a positive whole number of tokens; pick multiples "
+                         f"of 1/{L}")
+    return T
+
+
+def _fits(model, T):
+    max_len = model.pe.max_len  # learned absolute embeddings cannot address positions past their table
+    return max_len is None or T <= max_len
+
+
+def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sliding_tokens=0,
+             last_k=0, last_k_spans=0, quick=False, batch_tokens=2**14, device='cpu', ctx=None,
+             progress=False):
+    """The evaluation suite -> a JSON-able dict of lists aligned with `mults` (None where the
+    scheme cannot address the length). quick=True: non-overlapping loss only (cheap, for
+    periodic evals during training). stride=0 -> L // 2; sliding_tokens=0 -> tokens // 4
+    (each scored token costs T / stride tokens of forward); last_k=0 -> L // 4;
+    last_k_spans=0 -> tokens // 512 (64 by default)."""
+    was_training = model.training
+    model.eval()
+    stride, last_k = stride or max(1, L // 2), last_k or max(1, L // 4)
+    sliding_tokens = sliding_tokens or max(stride, tokens // 4)
+    last_k_spans = last_k_spans or max(8, tokens // 512)
+    kw = dict(batch_tokens=batch_tokens, device=device, ctx=ctx)
+    res = {'block_size': L, 'mults': list(mults), 'lengths': [length_of(m, L) for m in mults], 'tokens': tokens,
+           'nonoverlap': [], 'position': []}
+    for m, T in zip(mults, res['lengths']):
+        if not _fits(model, T):
+            res['nonoverlap'].append(None)
+            res['position'].append(None)
+            continue
+        loss, curve = nonoverlap_loss(model, data, T, tokens, label=f"non-overlapping @{m}L" if progress else None, **kw)
+        res['nonoverlap'].append(loss)
+        res['position'].append([round(v, 4) for v in curve.tolist()])
+    if quick:
+        del res['position']
+    else:
+        res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[])
+        for m, T in zip(mults, res['lengths']):
+            res['sliding'].append(sliding_loss(model, data, T, stride, sliding_tokens,
+                                               label=f"sliding @{m}L" if progress else None, **kw)
+                                  if _fits(model, T) else None)
+        lengths = sorted({T for T in [L // 4, L // 2] + res['lengths'] if T > last_k and _fits(model, T)})
+        losses = last_k_loss(model, data, last_k, lengths, last_k_spans,
+                             label="last-k" if progress else None, **kw)
+        res['last_k'] = {'k': last_k, 'spans': last_k_spans, 'context': [T - last_k for T in lengths],
+                         'loss': losses}
+    model.train(was_training)
+    return res
+
+
+def flat_metrics(res):
+    """Scalars for metrics.jsonl / wandb: val/loss@mL, val/sliding@mL, val/lastk@ctxN."""
+    out = {}
+    for i, m in enumerate(res['mults']):
+        if res['nonoverlap'][i] is not None:
+            out[f'val/loss@{m}L'] = res['nonoverlap'][i]
+        if res.get('sliding') and res['sliding'][i] is not None:
+            out[f'val/sliding@{m}L'] = res['sliding'][i]
+    if 'last_k' in res:
+        for c, v in zip(res['last_k']['context'], res['last_k']['loss']):
+            out[f"val/lastk{res['last_k']['k']}@ctx{c}"] = v
+    return out
+
+
+def bin_curve(curve, n_bins=64):
+    """Means over geometrically growing bins of positions -> (bin centres, means). Late
+    positions get wide bins: with few long windows the raw per-position curve is noisy."""
+    c = np.asarray(curve, dtype=np.float64)
+    edges = np.unique(np.concatenate([[0], np.geomspace(1, len(c), n_bins).astype(int)]))
+    xs = [(lo + hi - 1) / 2 for lo, hi in zip(edges[:-1], edges[1:])]
+    return np.array(xs), np.array([c[lo:hi].mean() for lo, hi in zip(edges[:-1], edges[1:])])
+
+
+def log_wandb(run, res, step=None):
+    """Scalars plus line plots: loss vs eval length, vs position, last-k vs context."""
+    import wandb
+    run.log(flat_metrics(res), step=step)
+    if 'sliding' not in res:
+        return
+    ok = [i for i, v in enumerate(res['nonoverlap']) if v is not None]
+    plots = {'eval/loss_vs_length': wandb.plot.line_series(
+        xs=[res['lengths'][i] for i in ok], ys=[[res['nonoverlap'][i] for i in ok], [res['sliding'][i] for i in ok]],
+        keys=['non-overlapping', f"sliding (stride {res['stride']})"], title='val loss vs eval length',
+        xname='eval length (tokens)')}
+    T_i = ok[-1]
+    xs, ys = bin_curve(res['position'][T_i])
+    plots['eval/loss_vs_position'] = wandb.plot.line(
+        wandb.Table(data=[[float(a), float(b)] for a, b in zip(xs, ys)], columns=['position', 'loss']),
+        'position', 'loss', title=f"val loss by position in {res['lengths'][T_i]}-token windows")
+    lk = res['last_k']
+    plots['eval/last_k'] = wandb.plot.line(
+        wandb.Table(data=[[c, v] for c, v in zip(lk['context'], lk['loss'])], columns=['context', 'loss']),
+        'context', 'loss', title=f"loss on the last {lk['k']} tokens vs context before them")
+    run.log(plots, step=step)
+
+
+# --- what train.py uses ---------------------------------------------------------
+
+def eval_loss(model, data, T, tokens=32768, batch_tokens=2**14, device='cpu', ctx=None):
+    """Mean next-token loss over ~`tokens` tokens in non-overlapping windows of T."""
+    return nonoverlap_loss(model, data, T, tokens, batch_tokens=batch_tokens, device=device, ctx=ctx)[0]
 
 
 def eval_lengths(model, data, L, mults=(1, 2, 4, 8), **kw):
     """{'val/loss@1L': .., 'val/loss@2L': ..}; lengths a scheme cannot address are skipped."""
-    max_len = model.pe.max_len
-    out = {}
-    for m in mults:
-        if max_len is not None and m * L > max_len:
-            continue
-        out[f'val/loss@{m}L'] = eval_loss(model, data, m * L, **kw)
-    return out
+    return {f'val/loss@{m}L': eval_loss(model, data, length_of(m, L), **kw) for m in mults
+            if _fits(model, length_of(m, L))}
 
 
 def atomic_save(obj, path):
@@ -92,24 +325,54 @@ def load_checkpoint(path, device='cpu', **overrides):
     return model.to(device).eval(), ckpt
 
 
+def scaling_tag(rope_scaling):
+    """File-name tag of a rope_scaling dict: {'type': 'yarn', 'factor': 16} -> 'yarn_x16'."""
+    if not rope_scaling:
+        return ''
+    f = rope_scaling.get('factor')
+    return f"{rope_scaling.get('type', 'scaled')}" + (f"_x{f:g}" if f is not None else '')
+
+
 if __name__ == '__main__':
-    out_dir, device, rope_scaling, mults, tokens = 'out', 'cpu', None, '1,2,4,8,16', 32768
+    opts = dict(out_dir='out', ckpt='', device='auto', rope_scaling=None, mults=[1, 2, 4, 8, 16], tokens=32768,
+                stride=0, sliding_tokens=0, last_k=0, last_k_spans=0, batch_tokens=2**14, quick=False,
+                name='', wandb_log=False, wandb_project='nanoPE')
     for arg in sys.argv[1:]:
-        k, v = arg.lstrip('-').split('=', 1)
-        if k == 'out_dir': out_dir = v
-        elif k == 'device': device = v
-        elif k == 'rope_scaling': rope_scaling = eval(v)
-        elif k == 'mults': mults = v
-        elif k == 'tokens': tokens = int(v)
-        else: sys.exit(f"unknown option {k}; valid: out_dir, device, rope_scaling, mults, tokens")
-    model, ckpt = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'), device, rope_scaling=rope_scaling)
+        if not arg.startswith('--') or '=' not in arg:
+            sys.exit(f"bad argument {arg!r}: use --key=value with key in {', '.join(opts)}")
+        k, v = arg[2:].split('=', 1)
+        if k not in opts:
+            sys.exit(f"unknown option {k!r}; valid: {', '.join(opts)}")
+        try:
+            opts[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            opts[k] = v
+    o = type('Opts', (), opts)
+    if o.device == 'auto':
+        o.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    model, ckpt = load_checkpoint(o.ckpt or os.path.join(o.out_dir, 'ckpt.pt'), o.device, rope_scaling=o.rope_scaling)
     cfg = ckpt['config']
     data = np.memmap(os.path.join(cfg['data_dir'], 'val.bin'), dtype=np.uint16, mode='r')
     L = model.config.block_size
-    print(f"scheme {model.config.pos_encoding}, trained with rope_scaling={ckpt['model_args'].get('rope_scaling')}, "
-          f"evaluating with rope_scaling={model.config.rope_scaling}")
-    res = eval_lengths(model, data, L, tuple(int(m) for m in mults.split(',')), tokens=tokens, device=device)
-    for k, v in res.items():
-        print(f"{k:14s} {v:.4f}  (ppl {math.exp(v):.2f})")
-    with open(os.path.join(out_dir, 'eval.json'), 'w') as f:
-        json.dump({'rope_scaling': model.config.rope_scaling, **res}, f, indent=1)
+    print(f"scheme {model.config.pos_encoding} (iter {ckpt['iter_num']}), trained with rope_scaling="
+          f"{ckpt['model_args'].get('rope_scaling')}, evaluating with rope_scaling={getattr(model.pe, 'scaling', None)}")
+    res = evaluate(model, data, L, tuple(o.mults), o.tokens, o.stride, o.sliding_tokens, o.last_k, o.last_k_spans,
+                   o.quick, o.batch_tokens, o.device, progress=True)
+    res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
+           'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'iter': ckpt['iter_num'], 'out_dir': o.out_dir, **res}
+    for k, v in flat_metrics(res).items():
+        print(f"{k:22s} {v:.4f}  (ppl {math.exp(v):.2f})")
+    tag = scaling_tag(o.rope_scaling)
+    path = os.path.join(o.out_dir, (o.name or ('eval' + (f'_{tag}' if tag else ''))) + '.json')
+    with open(path, 'w') as f:
+        json.dump(res, f)
+    print(f"wrote {path}")
+    if o.wandb_log:
+        import wandb
+        netrc = os.path.expanduser('~/.netrc')  # online only with a login, as in train.py
+        logged_in = bool(os.environ.get('WANDB_API_KEY')) or (os.path.exists(netrc) and 'api.wandb.ai' in open(netrc).read())
+        run = wandb.init(project=o.wandb_project, name=f"{res['scheme']}-eval" + (f'-{tag}' if tag else ''),
+                         config={k: v for k, v in res.items() if k != 'position'}, dir=o.out_dir,
+                         mode=os.environ.get('WANDB_MODE') or ('online' if logged_in else 'offline'))
+        log_wandb(run, res)
+        run.finish()

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import GPT, GPTConfig
-from eval import atomic_save, eval_lengths, read_checkpoint
+from eval import atomic_save, eval_lengths, evaluate, flat_metrics, log_wandb, read_checkpoint
 
 # -----------------------------------------------------------------------------
 # defaults: the small CPU model; config/*.py files only change the scheme
@@ -69,6 +69,8 @@ min_lr = 2e-4
 # evaluation at and past the training length
 eval_mults = [1, 2, 4, 8]
 eval_tokens = 32768       # tokens scored per length
+final_eval = True         # at the end: eval.py's full suite (sliding, by position, last k) -> out_dir/eval.json
+final_eval_mults = [1, 2, 4, 8, 16]
 # system
 device = 'auto'           # 'auto' | 'cpu' | 'cuda' | 'cuda:0' ...
 dtype = 'auto'            # 'auto' (bf16 on CUDA if supported, else float32) | 'float32' | 'bfloat16' | 'float16'
@@ -528,6 +530,17 @@ while True:
 
 if stop_work is not None:  # every rank started the same all-reduces: let the last one finish
     stop_work.wait()
+if master and final_eval and iter_num >= max_iters:  # the full suite, once, on a finished run
+    te = time.time()
+    res = evaluate(raw_model, val_data, block_size, tuple(final_eval_mults), tokens=eval_tokens, device=device,
+                   ctx=autocast, progress=True)
+    res = {'scheme': pos_encoding, 'rope_scaling': rope_scaling, 'iter': iter_num, 'out_dir': out_dir, **res}
+    with open(os.path.join(out_dir, 'eval.json'), 'w') as f:
+        json.dump(res, f)
+    print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
+          + ', '.join(f"{k[4:]} {v:.4f}" for k, v in flat_metrics(res).items()))
+    if wandb_run is not None:
+        log_wandb(wandb_run, res, step=iter_num)
 if wandb_run is not None:
     wandb_run.finish()
 if ddp:

@@ -1,0 +1,273 @@
+"""
+Passkey retrieval (Mohtashami & Jaggi, arXiv 2305.16300): a synthetic long-context probe.
+A random 5-digit key is hidden in repetitive filler at some depth; at the end the model
+is asked for it. Fine-tune a trained checkpoint on short prompts (length L), then measure
+retrieval accuracy over a grid of lengths (L .. 16L) x key depths.
+
+  python passkey.py --out_dir=out-rope          # fine-tune, evaluate, heat map
+  python passkey.py --out_dir=out-rope --iters=0 --rope_scaling="{'type':'yarn','factor':16,'original_max_len':128}"
+
+Writes out_dir/passkey_ckpt.pt (the fine-tuned model; reused when present unless
+--retrain=True), out_dir/passkey[_tag].json and out_dir/passkey[_tag].png.
+
+The prompt, for a character vocabulary (every character below is in the Shakespeare
+vocab; digits included), at total length T + 1 = prompt + answer:
+  <filler ending at a word boundary> The pass key is 48213. <filler of whole
+  sentences> What is the pass key? The pass key is |48213
+The paper's filler sentences are kept; its long preamble is dropped, since at L = 128
+characters it would not fit. The question repeats the key sentence's words, so the
+model can answer by copying what followed "The pass key is" last time (an induction
+pattern), which the paper's prompt also allows. Depth = the fraction of the filler
+that comes before the key sentence (0 = start, far from the question; 1 = right before it).
+Accuracy = all 5 digits right under greedy decoding: the argmax at every answer
+position, given the correct digits before it (teacher forcing is exactly greedy
+decoding as long as every earlier digit is right).
+"""
+import ast
+import json
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+KEY = "The pass key is {}. "
+QUESTION = "What is the pass key? The pass key is "
+N_DIGITS = 5
+
+
+def _cycle(text, n, end):
+    """The n characters of `text` repeated cyclically that end at offset `end` of a cycle."""
+    reps = n // len(text) + 2
+    s = text * reps
+    stop = (reps - 1) * len(text) + end
+    return s[stop - n:stop]
+
+
+def make_prompt(T, depth, rng):
+    """One sample of total length T + 1 characters -> (prompt, answer): the model reads
+    the first T characters of prompt + answer. The key sentence sits after a filler of
+    round(depth * n_filler) characters, to the nearest word start (within one word)."""
+    key = ''.join(str(d) for d in rng.integers(0, 10, N_DIGITS))
+    key_sent = KEY.format(key)
+    n_f = T + 1 - len(key_sent) - len(QUESTION) - N_DIGITS
+    if n_f < 0:
+        raise ValueError(f"passkey prompt needs length >= {T + 1 - n_f - 1}, got {T}; use a longer "
+                         f"train/eval length")
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    # the filler after the key: whole words ending with a sentence, its length snapped to a word start
+    sents = [s + '. ' for s in FILLER.split('. ') if s.strip()]
+    sent_ends = np.cumsum([len(s) for s in sents])
+    end = int(sent_ends[rng.integers(len(sents))]) % len(FILLER)
+    tail = _cycle(FILLER, n_f + 1, end)  # one extra char to see what precedes a cut
+    starts = [n for n in range(n_f + 1) if n == 0 or tail[len(tail) - n - 1] == ' ']  # valid suffix lengths
+    target = (1.0 - depth) * n_f
+    n_suf = min(starts, key=lambda n: (abs(n - target), n))
+    suffix = tail[len(tail) - n_suf:] if n_suf else ''
+    # the filler before the key: any cut at its start, ending at a word boundary
+    words = [i + 1 for i, c in enumerate(FILLER) if c == ' ']
+    prefix = _cycle(FILLER, n_f - n_suf, int(words[rng.integers(len(words))]))
+    prompt = prefix + key_sent + suffix + QUESTION
+    return prompt, key
+
+
+def key_depth(prompt):
+    """The depth at which the key sentence actually sits in a prompt (for tests and checks)."""
+    i = prompt.index(KEY.split('{}')[0])
+    n_f = len(prompt) - len(QUESTION) - len(KEY.format('0' * N_DIGITS))
+    return i / n_f if n_f else 0.0
+
+
+def get_codec(data_dir):
+    """encode from the dataset's meta.pkl. Character level only: the prompt's length in
+    tokens is its length in characters, so prompts hit the eval lengths exactly."""
+    meta_path = os.path.join(data_dir, 'meta.pkl')
+    if not os.path.exists(meta_path):
+        raise ValueError(f"passkey.py needs a character-level dataset with a meta.pkl; {data_dir} has none "
+                         f"(BPE data is not supported: train on data/shakespeare_char or another char corpus)")
+    with open(meta_path, 'rb') as f:
+        stoi = pickle.load(f)['stoi']
+    need = sorted(set(FILLER + KEY + QUESTION + '0123456789') - set(stoi))
+    if need:
+        raise ValueError(f"the vocabulary in {meta_path} lacks {need!r}, which the passkey prompt uses; "
+                         f"edit FILLER/KEY/QUESTION in passkey.py to use characters it has")
+    return lambda s: [stoi[c] for c in s]
+
+
+def make_batch(encode, T, depths, rng):
+    """Token windows [B, T+1] (prompt + answer), one per depth, and where each answer starts."""
+    rows = []
+    for d in depths:
+        prompt, key = make_prompt(T, d, rng)
+        rows.append(encode(prompt + key))
+    return torch.tensor(rows), [T + 1 - N_DIGITS] * len(rows)
+
+
+def answer_correct(logits, ids, answer_at):
+    """Per row: are all answer tokens the argmax at the position before them? logits
+    [B, T, V] for inputs ids[:, :T]; ids [B, T+1]; answer tokens ids[b, answer_at[b]:]."""
+    pred = logits.argmax(-1)  # pred[:, t] predicts ids[:, t + 1]
+    out = []
+    for b, a in enumerate(answer_at):
+        out.append(bool((pred[b, a - 1:] == ids[b, a:]).all()))
+    return out
+
+
+def digit_correct(logits, ids, answer_at):
+    """Per row: the fraction of answer tokens that are the argmax."""
+    pred = logits.argmax(-1)
+    return [(pred[b, a - 1:] == ids[b, a:]).float().mean().item() for b, a in enumerate(answer_at)]
+
+
+def answer_loss(logits, ids, answer_at):
+    """Per row: mean cross-entropy of the answer tokens (ln 10 = 2.30 is a uniform guess
+    among digits): a graded signal where accuracy is all or nothing."""
+    return [F.cross_entropy(logits[b, a - 1:].float(), ids[b, a:]).item() for b, a in enumerate(answer_at)]
+
+
+def finetune(model, encode, T, iters, lr=1e-3, batch_size=32, seed=0, device='cpu', log_every=50):
+    """Fine-tune on passkey prompts of length T, random depths, loss on the answer only."""
+    model.train()
+    opt = model.configure_optimizers(0.0, lr, (0.9, 0.99), torch.device(device).type)
+    rng = np.random.default_rng(seed)
+    t0, hist = time.time(), []
+    for it in range(iters):
+        for g in opt.param_groups:  # short warmup: a fresh optimizer on trained weights
+            g['lr'] = lr * min(1.0, (it + 1) / 20)
+        ids, answer_at = make_batch(encode, T, rng.uniform(0, 1, batch_size), rng)
+        ids = ids.to(device)
+        y = torch.full_like(ids[:, 1:], -1)
+        for b, a in enumerate(answer_at):
+            y[b, a - 1:] = ids[b, a:]
+        _, loss = model(ids[:, :-1], y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        hist.append(loss.item())
+        if (it + 1) % log_every == 0 or it + 1 == iters:
+            print(f"passkey fine-tune {it + 1}/{iters}: answer loss {np.mean(hist[-log_every:]):.4f} "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+    model.eval()
+    return hist
+
+
+@torch.no_grad()
+def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0.75, 1.0), trials=20,
+             seed=1234, batch_tokens=2**14, device='cpu', progress=False):
+    """Grids [len(mults)][len(depths)] of accuracy, digit accuracy and answer loss (None
+    where the scheme cannot address the length). The prompts depend only on (seed,
+    length), so every scheme sees the same ones."""
+    from eval import forward_logits, length_of, long_backend, progress as show
+    model.eval()
+    max_len = model.pe.max_len
+    grids = {'acc': [], 'digit_acc': [], 'answer_loss': []}
+    for m in mults:
+        T = length_of(m, L)
+        if max_len is not None and T > max_len:
+            for g in grids.values():
+                g.append(None)
+            continue
+        rng = np.random.default_rng([seed, T])
+        ids, answer_at = make_batch(encode, T, [d for d in depths for _ in range(trials)], rng)
+        bs = max(1, batch_tokens // T)
+        backend = long_backend(model, T, device)
+        stats = {k: [] for k in grids}
+        for i in range(0, len(ids), bs):
+            chunk = ids[i:i + bs]
+            n = len(chunk)
+            if n < bs and len(ids) > bs:  # pad: reuse compiled attention for this shape
+                chunk = torch.cat([chunk, chunk[:1].expand(bs - n, -1)])
+            logits, backend = forward_logits(model, chunk[:, :-1].to(device), backend)
+            logits = logits[:n].cpu()
+            for k, f in (('acc', answer_correct), ('digit_acc', digit_correct), ('answer_loss', answer_loss)):
+                stats[k] += f(logits, ids[i:i + n], answer_at[i:i + n])
+            if progress:
+                show(f"passkey @{m}L", min(i + bs, len(ids)), len(ids), 'prompts')
+        for k, v in stats.items():
+            grids[k].append(np.array(v, dtype=float).reshape(len(depths), trials).mean(1).tolist())
+    return {'block_size': L, 'mults': list(mults), 'lengths': [length_of(m, L) for m in mults], 'depths': list(depths),
+            'trials': trials, **grids}
+
+
+def plot_heatmap(res, path=None, ax=None, title=None):
+    """Accuracy over eval length (x) x key depth (y); grey where the scheme cannot go."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    grid = np.array([[np.nan] * len(res['depths']) if a is None else a for a in res['acc']], dtype=float).T
+    own = ax is None
+    if own:
+        fig, ax = plt.subplots(figsize=(1.1 * len(res['mults']) + 1.5, 0.5 * len(res['depths']) + 1.5))
+    cmap = matplotlib.colormaps['viridis'].with_extremes(bad='lightgrey')
+    ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=1, cmap=cmap, aspect='auto', origin='lower')
+    for (j, i), v in np.ndenumerate(grid):
+        if not np.isnan(v):
+            ax.text(i, j, f"{v:.2f}", ha='center', va='center', fontsize=7, color='white' if v < 0.6 else 'black')
+    ax.set_xticks(range(len(res['mults'])), [f"{m}L" for m in res['mults']])
+    ax.set_yticks(range(len(res['depths'])), [f"{d:g}" for d in res['depths']])
+    ax.set_xlabel('prompt length')
+    ax.set_ylabel('key depth')
+    ax.set_title(title or f"passkey: {res.get('scheme', '')}", fontsize=9)
+    if own:
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+if __name__ == '__main__':
+    opts = dict(out_dir='out', device='auto', iters=300, lr=1e-3, batch_size=32, train_len=0, retrain=False,
+                mults=[1, 2, 4, 8, 16], depths=[0.0, 0.25, 0.5, 0.75, 1.0], trials=20, seed=0,
+                batch_tokens=2**14, rope_scaling=None, name='')
+    for arg in sys.argv[1:]:
+        if not arg.startswith('--') or '=' not in arg:
+            sys.exit(f"bad argument {arg!r}: use --key=value with key in {', '.join(opts)}")
+        k, v = arg[2:].split('=', 1)
+        if k not in opts:
+            sys.exit(f"unknown option {k!r}; valid: {', '.join(opts)}")
+        try:
+            opts[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            opts[k] = v
+    o = type('Opts', (), opts)
+    if o.device == 'auto':
+        o.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    from eval import load_checkpoint, scaling_tag
+    base, tuned = os.path.join(o.out_dir, 'ckpt.pt'), os.path.join(o.out_dir, 'passkey_ckpt.pt')
+    torch.manual_seed(o.seed)
+    if os.path.exists(tuned) and not o.retrain:
+        print(f"using the fine-tuned {tuned} (--retrain=True to fine-tune again)")
+    else:
+        model, ckpt = load_checkpoint(base, o.device)
+        L = model.config.block_size
+        encode = get_codec(ckpt['config']['data_dir'])
+        print(f"fine-tuning {model.config.pos_encoding} from {base} on passkey prompts of length "
+              f"{o.train_len or L}, {o.iters} iters")
+        hist = finetune(model, encode, o.train_len or L, o.iters, o.lr, o.batch_size, o.seed, o.device)
+        ckpt = {**ckpt, 'model': model.state_dict(), 'optimizer': None,
+                'passkey': {'iters': o.iters, 'lr': o.lr, 'batch_size': o.batch_size,
+                            'train_len': o.train_len or L, 'final_loss': float(np.mean(hist[-20:])) if hist else None}}
+        torch.save(ckpt, tuned)
+    model, ckpt = load_checkpoint(tuned, o.device, rope_scaling=o.rope_scaling)
+    encode = get_codec(ckpt['config']['data_dir'])
+    L = model.config.block_size
+    res = evaluate(model, encode, L, tuple(o.mults), tuple(o.depths), o.trials, batch_tokens=o.batch_tokens,
+                   device=o.device, progress=True)
+    res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
+           'out_dir': o.out_dir, 'finetune': ckpt.get('passkey'), **res}
+    for m, a, al in zip(res['mults'], res['acc'], res['answer_loss']):
+        print(f"  {m:>3}L: " + ('n/a (past the position table)' if a is None else
+                               '  '.join(f"depth {d:g}: {v:.2f}" for d, v in zip(res['depths'], a))
+                               + f"   (answer loss {np.mean(al):.3f})"))
+    tag = scaling_tag(o.rope_scaling)
+    name = o.name or ('passkey' + (f'_{tag}' if tag else ''))
+    with open(os.path.join(o.out_dir, name + '.json'), 'w') as f:
+        json.dump(res, f)
+    plot_heatmap(res, os.path.join(o.out_dir, name + '.png'),
+                 title=f"passkey: {res['scheme']}" + (f" ({tag})" if tag else ''))
+    print(f"wrote {os.path.join(o.out_dir, name)}.json/.png")

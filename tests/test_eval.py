@@ -1,0 +1,219 @@
+"""Evaluation protocols, passkey generator/checker, and the compare report."""
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from conftest import tiny_model, tiny_config
+
+import eval as E
+import passkey as P
+
+V = 37
+
+
+def rand_data(n, seed=0):
+    return np.random.default_rng(seed).integers(0, V, n).astype(np.uint16)
+
+
+class Unigram(nn.Module):
+    """A stub 'model' whose prediction depends only on the current token, so a token's
+    loss is the same whatever window it is scored in: sums of scored losses then tell
+    exactly which targets were scored."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = nn.Parameter(torch.randn(V, V))
+        self.config = tiny_config('none')
+
+    def forward(self, idx, targets=None):
+        return self.table[idx], None
+
+    def token_losses(self, data):
+        d = torch.from_numpy(data.astype(np.int64))
+        return F.cross_entropy(self.table[d[:-1]], d[1:], reduction='none').double()  # loss of target j at [j-1]
+
+
+# --- windows and protocols ------------------------------------------------------
+
+@pytest.mark.parametrize("n_data,T,S,n,runs", [(1000, 16, 16, 20, 4), (1000, 16, 4, 37, 5), (5000, 64, 8, 100, 16),
+                                               (300, 64, 8, 100, 16), (65, 64, 64, 3, 2)])
+def test_layout_scores_each_token_at_most_once_in_contiguous_runs(n_data, T, S, n, runs):
+    starts = E.window_layout(n_data, T, S, n, runs)
+    count = np.zeros(n_data, dtype=int)
+    for s in starts:
+        assert 0 <= s and s + T + 1 <= n_data            # inputs and the last target are in the data
+        count[s + T - S + 1:s + T + 1] += 1               # the targets of the last S positions
+    assert count.max() == 1                               # no token scored twice
+    assert count.sum() == len(starts) * S
+    assert len(starts) >= min(n, (n_data - T - 1) // S + 1)  # asked-for count unless the data is too short
+    # inside a run, windows are S apart and their scored targets tile a contiguous range
+    assert all(g == S or g >= T + 1 for g in np.diff(starts))
+
+
+def test_sliding_scores_exactly_the_targets_of_each_run():
+    """With a context-free stub, the sliding loss of one run must equal the mean loss of
+    exactly the targets T-S+1 .. end of that run: each once, none missed, none extra."""
+    data = rand_data(3000)
+    m = Unigram()
+    tl = m.token_losses(data)  # tl[j-1] = loss of target j
+    for T, S, n in [(32, 8, 50), (32, 32, 10), (64, 5, 101)]:
+        got = E.sliding_loss(m, data, T, S, tokens=n * S, runs=1, batch_tokens=100)
+        first, last = T - S + 1, T - S + 1 + n * S  # target indices [first, last)
+        want = tl[first - 1:last - 1].mean().item()
+        assert got == pytest.approx(want, rel=1e-6), (T, S)  # float32 per-token losses
+
+
+@pytest.mark.parametrize("scheme", ['rope', 'alibi', 'learned'])
+def test_sliding_with_stride_T_equals_nonoverlapping(scheme):
+    model = tiny_model(scheme).eval()  # block_size 16
+    data = rand_data(2000, seed=1)
+    T, n = 16, 12
+    x = torch.from_numpy(data[:n * T].astype(np.int64)).view(n, T)
+    y = torch.from_numpy(data[1:n * T + 1].astype(np.int64)).view(n, T)
+    with torch.no_grad():
+        _, direct = model(x, y)  # the model's own loss over contiguous non-overlapping windows
+    slid = E.sliding_loss(model, data, T, T, tokens=n * T, runs=1, batch_tokens=5 * T)  # padded last batch
+    nonov, _ = E.nonoverlap_loss(model, data, T, tokens=n * T, runs=1)
+    assert slid == pytest.approx(direct.item(), rel=1e-5)
+    assert nonov == pytest.approx(direct.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("scheme", ['rope', 'alibi'])
+def test_position_curve_averages_to_the_total(scheme):
+    model = tiny_model(scheme).eval()
+    data = rand_data(4000, seed=2)
+    T, n = 32, 9
+    total, curve = E.nonoverlap_loss(model, data, T, tokens=n * T, runs=1, batch_tokens=4 * T)
+    x = torch.from_numpy(data[:n * T].astype(np.int64)).view(n, T)
+    y = torch.from_numpy(data[1:n * T + 1].astype(np.int64)).view(n, T)
+    with torch.no_grad():
+        _, per_tok = model(x, y, reduction='none')
+    per_tok = per_tok.view(n, T)
+    assert curve.shape == (T,)
+    assert curve.mean().item() == pytest.approx(per_tok.mean().item(), rel=1e-5)
+    assert total == pytest.approx(per_tok.mean().item(), rel=1e-5)
+    torch.testing.assert_close(curve.float(), per_tok.mean(0), rtol=1e-5, atol=1e-6)
+    # position 0 sees only its own token: a 1-token forward must give the same loss
+    with torch.no_grad():
+        _, first = model(x[:, :1], y[:, :1])
+    assert curve[0].item() == pytest.approx(first.item(), rel=1e-5)
+
+
+def test_last_k_scores_the_same_targets_at_every_length():
+    """Context-free stub: the loss of the last k tokens cannot depend on the window length
+    unless different targets were scored."""
+    data = rand_data(5000, seed=3)
+    m = Unigram()
+    tl = m.token_losses(data)
+    k, spans = 8, 10
+    losses = E.last_k_loss(m, data, k, [8, 16, 64, 256], spans=spans, batch_tokens=64)
+    assert np.ptp(losses) < 1e-6
+    ends = np.linspace(256, len(data) - 1, spans).astype(int)  # independent: targets end at each end
+    want = np.mean([tl[e - k:e].mean().item() for e in ends])
+    assert losses[0] == pytest.approx(want, rel=1e-6)
+
+
+def test_evaluate_skips_lengths_past_a_position_table():
+    model = tiny_model('learned')  # 16 positions
+    res = E.evaluate(model, rand_data(6000, seed=4), 16, mults=(1, 2, 4), tokens=256, sliding_tokens=64,
+                     last_k_spans=4)
+    assert res['nonoverlap'][0] is not None and res['nonoverlap'][1:] == [None, None]
+    assert res['sliding'][0] is not None and res['sliding'][1:] == [None, None]
+    assert res['position'][1:] == [None, None] and len(res['position'][0]) == 16
+    assert max(res['last_k']['context']) + res['last_k']['k'] <= 16
+    assert model.training  # evaluate restores the mode it found
+
+
+# --- passkey ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("T", [65, 128, 300, 2048])
+@pytest.mark.parametrize("depth", [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0])
+def test_passkey_key_at_requested_depth(T, depth):
+    rng = np.random.default_rng(int(T * 10 + depth * 10))
+    prompt, key = P.make_prompt(T, depth, rng)
+    assert len(prompt) + len(key) == T + 1
+    assert re.fullmatch(r'[0-9]{5}', key)
+    assert prompt.endswith("What is the pass key? The pass key is ")
+    assert prompt.count(key) == 1 and prompt.count("The pass key is ") == 2
+    n_filler = T + 1 - len("The pass key is 12345. ") - len("What is the pass key? The pass key is ") - 5
+    before = prompt.index(f"The pass key is {key}. ")
+    assert abs(before - depth * n_filler) <= len("yellow. ")  # snapped to a word start: within one word
+    assert set(prompt) <= set("The grass is green. The sky is blue. The sun is yellow. Here we go. "
+                              "There and back again. What is the pass key?0123456789")
+
+
+def test_passkey_answer_checker():
+    T, B = 100, 6
+    rng = np.random.default_rng(0)
+    ids, answer_at = P.make_batch(lambda s: [ord(c) - 32 for c in s], T, [0.5] * B, rng)
+    assert ids.shape == (B, T + 1) and answer_at == [T + 1 - 5] * B
+
+    def oracle(seq):  # logits whose argmax at t is seq[t + 1]
+        return F.one_hot(seq[:, 1:], 100).float()
+    assert P.answer_correct(oracle(ids), ids, answer_at) == [True] * B
+    wrong = ids.clone()
+    wrong[0, -1] = (wrong[0, -1] + 1) % 100   # last digit wrong
+    wrong[1, answer_at[1]] = (wrong[1, answer_at[1]] + 1) % 100   # first digit wrong
+    wrong[2, answer_at[2] - 3] = (wrong[2, answer_at[2] - 3] + 1) % 100  # a prompt token wrong: does not count
+    assert P.answer_correct(oracle(wrong), ids, answer_at) == [False, False, True, True, True, True]
+    assert P.digit_correct(oracle(wrong), ids, answer_at)[:3] == pytest.approx([0.8, 0.8, 1.0])
+    # one-hot logits: CE is log(e + 99) - 1 where the 1 sits on the target, log(e + 99) where it does not
+    right, miss = np.log(np.e + 99) - 1, np.log(np.e + 99)
+    assert P.answer_loss(oracle(wrong), ids, answer_at)[:3] == pytest.approx(
+        [(4 * right + miss) / 5, (4 * right + miss) / 5, right], rel=1e-5)
+    shifted = F.one_hot(ids[:, :-1], 100).float()  # predicts the current token: off by one
+    assert not any(P.answer_correct(shifted, ids, answer_at))
+
+
+# --- compare ------------------------------------------------------------------------
+
+def test_compare_report_from_fixture_jsons(tmp_path):
+    import compare
+    mults = [1, 2, 4]
+    runs = {
+        'rope': ({'scheme': 'rope', 'rope_scaling': None, 'block_size': 8, 'mults': mults, 'lengths': [8, 16, 32],
+                  'nonoverlap': [1.5, 1.75, 2.125], 'sliding': [1.25, 1.5, 3.0], 'stride': 4,
+                  'position': [[1.0] * 8, [1.0] * 16, [1.0] * 16 + [2.0] * 16],
+                  'last_k': {'k': 2, 'context': [6, 14, 30], 'loss': [1.1, 1.2, 1.3]}},
+                 {'scheme': 'rope', 'rope_scaling': None, 'mults': mults, 'depths': [0.0, 1.0], 'block_size': 8,
+                  'acc': [[1.0, 0.5], [0.0, 0.25], [0.0, 0.0]]}),
+        'learned': ({'scheme': 'learned', 'rope_scaling': None, 'block_size': 8, 'mults': mults,
+                     'lengths': [8, 16, 32], 'nonoverlap': [1.4, None, None], 'sliding': [1.3, None, None],
+                     'stride': 4, 'position': [[1.0] * 8, None, None],
+                     'last_k': {'k': 2, 'context': [6], 'loss': [1.05]}},
+                    {'scheme': 'learned', 'rope_scaling': None, 'mults': mults, 'depths': [0.0, 1.0],
+                     'block_size': 8, 'acc': [[1.0, 1.0], None, None]}),
+    }
+    dirs = []
+    for name, (ev, pk) in runs.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / 'eval.json').write_text(json.dumps(ev))
+        (d / 'passkey.json').write_text(json.dumps(pk))
+        dirs.append(str(d))
+    rows = [{'iter': 0, 'val/loss@1L': 4.0}, {'iter': 10, 'train/loss': 3.0, 'tokens_per_s': 100.0, 'ms_per_iter': 999.0},
+            {'iter': 20, 'train/loss': 2.5, 'tokens_per_s': 1000.0, 'ms_per_iter': 4.0},
+            {'iter': 30, 'train/loss': 2.0, 'tokens_per_s': 3000.0, 'ms_per_iter': 2.0}]
+    (tmp_path / 'rope' / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    yarn = dict(runs['rope'][0], rope_scaling={'type': 'yarn', 'factor': 4}, nonoverlap=[1.6, 1.7, 1.8])
+    (tmp_path / 'rope' / 'eval_yarn_x4.json').write_text(json.dumps(yarn))
+    path = compare.make_report(dirs, str(tmp_path / 'report'))
+    md = open(path).read()
+    assert '| rope | 1.500 | 1.750 | 2.125 |' in md
+    assert '| rope +yarn_x4 | 1.600 | 1.700 | 1.800 |' in md
+    assert '| learned | 1.400 | — | — |' in md
+    assert '| rope | 1.250 | 1.500 | 3.000 |' in md           # sliding table
+    assert '| rope | 0.75 | 0.12 | 0.00 |' in md             # passkey, mean over depths
+    assert '| learned | 1.00 | — | — |' in md
+    assert '| rope | 2.000 | 2,000 | 3.0 |' in md             # training: last loss, medians past the first log
+    for png in ('loss_vs_length.png', 'loss_vs_position.png', 'last_k.png', 'passkey.png'):
+        p = tmp_path / 'report' / png
+        assert p.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and p.stat().st_size > 5000
+        assert f'({png})' in md
