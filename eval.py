@@ -49,9 +49,13 @@ def eval_lengths(model, data, L, mults=(1, 2, 4, 8), **kw):
     max_len = model.pe.max_len
     out = {}
     for m in mults:
-        if max_len is not None and m * L > max_len:
+        T = int(m * L)  # fractional multiples allowed (a fine-tuned model's original L)
+        if T != m * L or T < 1:
+            raise ValueError(f"eval length {m}*{L} is not a positive whole number of tokens; pick eval_mults "
+                             f"that are multiples of 1/{L}")
+        if max_len is not None and T > max_len:
             continue
-        out[f'val/loss@{m}L'] = eval_loss(model, data, m * L, **kw)
+        out[f'val/loss@{m}L'] = eval_loss(model, data, T, **kw)
     return out
 
 
@@ -80,8 +84,8 @@ if __name__ == '__main__':
     data = np.memmap(os.path.join(cfg['data_dir'], 'val.bin'), dtype=np.uint16, mode='r')
     L = model.config.block_size
     print(f"scheme {model.config.pos_encoding}, trained with rope_scaling={ckpt['model_args'].get('rope_scaling')}, "
-          f"evaluating with rope_scaling={model.config.rope_scaling}")
-    res = eval_lengths(model, data, L, tuple(int(m) for m in mults.split(',')), tokens=tokens, device=device)
+          f"evaluating with rope_scaling={getattr(model.pe, 'scaling', None)}")
+    res = eval_lengths(model, data, L, tuple(float(m) if '.' in m else int(m) for m in mults.split(',')), tokens=tokens, device=device)
     for k, v in res.items():
         print(f"{k:14s} {v:.4f}  (ppl {math.exp(v):.2f})")
     with open(os.path.join(out_dir, 'eval.json'), 'w') as f:
