@@ -136,18 +136,19 @@ def rope_frequencies(dim, base=10000.0, scaling=None, seq_len=None):
     stretches a model trained at L = original_max_len to s*L):
       linear  Position Interpolation (arXiv 2306.15595): inv_freq / s (= positions / s).
       ntk     NTK-aware (bloc97 2023; as stated in arXiv 2309.00071 sec. 3.1):
-              base * s^(d/(d-2)); the highest
-              frequency is unchanged, the lowest divided by exactly s.
-      dynamic dynamic NTK (emozilla 2023; arXiv 2309.00071 sec. 3.3): ntk with the factor recomputed
-              from the current length, L' = max(seq_len, L):
-              base * (s*L'/L - (s-1))^(d/(d-2)); plain RoPE at seq_len <= L.
-              seq_len=None counts as <= L.
+              base * s^(d/(d-2)); the highest frequency is unchanged, the
+              lowest divided by exactly s.
+      dynamic dynamic NTK (emozilla 2023; arXiv 2309.00071 sec. 3.3): ntk with
+              the factor recomputed from the current length L' = max(seq_len, L):
+              base * (s*L'/L - (s-1))^(d/(d-2)); plain RoPE at seq_len <= L
+              (seq_len=None counts as <= L).
       yarn    YaRN (arXiv 2309.00071): NTK-by-parts, pairs that turn fewer than
               beta_slow times over L are interpolated (/s), more than beta_fast times
               kept, a linear ramp between; attention factor 0.1*ln(s) + 1 on cos and
               sin, so the logits scale by its square.
-      llama3  Llama 3.1 (Meta's reference code; model in arXiv 2407.21783): wavelength 2*pi/f below L/high_freq_factor
-              kept, above L/low_freq_factor divided by s, smooth blend in between.
+      llama3  Llama 3.1 (Meta's reference code; model: arXiv 2407.21783): pairs
+              with wavelength 2*pi/f < L/high_freq_factor kept, > L/low_freq_factor
+              divided by s, a smooth blend in between (strict inequalities).
     Computed in float64, returned as float32."""
     if dim % 2 != 0:
         raise ValueError(f"rotary dimension must be even, got {dim}: pick head_dim/rotary_pct so that "
