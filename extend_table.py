@@ -4,10 +4,11 @@ RoPE context extension on the default char model, as one table:
   python extend_table.py
 
 Trains what is missing (the RoPE model of config/rope.py at L = 128, then the
-PI and YaRN fine-tunes to 4L of config/extend_pi.py and config/extend_yarn.py),
-then prints val loss at L, 2L, 4L and 8L for RoPE without scaling, with each
-scaling method applied at evaluation only (s = 4, no training), and for the two
-fine-tuned models (evaluated with the scaling they were fine-tuned with).
+PI and YaRN fine-tunes to 4L of config/extend_pi.py and config/extend_yarn.py,
+and as a control the same fine-tune without scaling), then prints val loss at
+L, 2L, 4L and 8L for RoPE without scaling, with each scaling method applied at
+evaluation only (s = 4, no training), and for the fine-tuned models (evaluated
+with the scaling they were fine-tuned with).
 Same windows as train.py's evaluation (eval.eval_loss), so numbers compare.
 """
 import os
@@ -20,8 +21,9 @@ import torch
 from eval import eval_loss, load_checkpoint
 
 S, MULTS, TOKENS = 4, (1, 2, 4, 8), 32768
-RUNS = {'out-rope': 'config/rope.py', 'out-extend-pi': 'config/extend_pi.py',
-        'out-extend-yarn': 'config/extend_yarn.py'}  # in this order: the fine-tunes start from out-rope
+RUNS = {'out-rope': ['config/rope.py'], 'out-extend-pi': ['config/extend_pi.py'],
+        'out-extend-yarn': ['config/extend_yarn.py'],  # in this order: the fine-tunes start from out-rope
+        'out-extend-plain': ['config/extend_pi.py', '--rope_scaling=None', '--out_dir=out-extend-plain']}
 
 
 def rows(L):
@@ -35,14 +37,15 @@ def rows(L):
         ('Llama 3.1', 'out-rope', {'type': 'llama3', 'factor': S, **ln}),
         ('PI + fine-tune at 4L', 'out-extend-pi', 'as trained'),
         ('YaRN + fine-tune at 4L', 'out-extend-yarn', 'as trained'),
+        ('control: fine-tune at 4L, no scaling', 'out-extend-plain', 'as trained'),
     ]
 
 
 if __name__ == '__main__':
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    for out_dir, cfg in RUNS.items():
+    for out_dir, args in RUNS.items():
         if not os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
-            cmd = [sys.executable, 'train.py', cfg, '--wandb_log=False']
+            cmd = [sys.executable, 'train.py', *args, '--wandb_log=False']
             print(f"{out_dir}/ckpt.pt missing: {' '.join(cmd[1:])}", flush=True)
             subprocess.run(cmd, check=True)
     base, ckpt = load_checkpoint('out-rope/ckpt.pt')
