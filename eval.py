@@ -354,12 +354,12 @@ if __name__ == '__main__':
     cfg = ckpt['config']
     data = np.memmap(os.path.join(cfg['data_dir'], 'val.bin'), dtype=np.uint16, mode='r')
     L = model.config.block_size
-    print(f"scheme {model.config.pos_encoding} (iter {ckpt['iter_num']}), trained with rope_scaling="
+    print(f"scheme {model.config.pos_encoding} (iter {ckpt.get('iter_num')}), trained with rope_scaling="
           f"{ckpt['model_args'].get('rope_scaling')}, evaluating with rope_scaling={getattr(model.pe, 'scaling', None)}")
     res = evaluate(model, data, L, tuple(o.mults), o.tokens, o.stride, o.sliding_tokens, o.last_k, o.last_k_spans,
                    o.quick, o.batch_tokens, o.device, progress=True)
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
-           'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'iter': ckpt['iter_num'], 'out_dir': o.out_dir, **res}
+           'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'iter': ckpt.get('iter_num'), 'out_dir': o.out_dir, **res}
     for k, v in flat_metrics(res).items():
         print(f"{k:22s} {v:.4f}  (ppl {math.exp(v):.2f})")
     tag = scaling_tag(o.rope_scaling)

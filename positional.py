@@ -53,11 +53,15 @@ def build(config):
     if name not in REGISTRY:
         raise ValueError(f"unknown pos_encoding {name!r}; valid schemes: {', '.join(sorted(REGISTRY))}")
     try:
-        return REGISTRY[name](config, **(config.pos_options or {}))
+        pe = REGISTRY[name](config, **(config.pos_options or {}))
     except TypeError as e:
         raise ValueError(f"bad pos_options {config.pos_options!r} for scheme {name!r}: {e}. "
                          f"See the docstring of {REGISTRY[name].__name__} in positional.py "
                          f"for the options it takes.") from None
+    if getattr(config, 'rope_scaling', None) and not getattr(pe, 'uses_rope_scaling', False):
+        raise ValueError(f"rope_scaling={config.rope_scaling!r} was given, but scheme {name!r} has no "
+                         f"rotary embedding to scale; drop rope_scaling or use a RoPE checkpoint")
+    return pe
 
 
 def extrapolating_schemes():
@@ -86,18 +90,128 @@ def sinusoidal_table(n_pos, dim, positions=None):
     return pe.float()
 
 
+# RoPE context extension: the keys each scaling type takes (besides 'type'),
+# with defaults (None = required). See rope_frequencies.
+ROPE_SCALING_KEYS = {
+    'linear': {'factor': None},
+    'ntk': {'factor': None},
+    'dynamic': {'factor': None, 'original_max_len': None},
+    'yarn': {'factor': None, 'original_max_len': None, 'beta_fast': 32.0, 'beta_slow': 1.0},
+    'llama3': {'factor': None, 'original_max_len': None, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0},
+}
+
+
+def resolve_rope_scaling(config, scaling=None, static_only=False):
+    """The scaling a RoPE-family scheme applies: config.rope_scaling (run-time override)
+    or the scheme's own option, validated, original_max_len defaulting to block_size."""
+    scaling = getattr(config, 'rope_scaling', None) or scaling
+    if scaling is None:
+        return None
+    if isinstance(scaling, dict) and scaling.get('type') in ('dynamic', 'yarn', 'llama3'):
+        scaling = {'original_max_len': config.block_size, **scaling}
+    scaling = check_rope_scaling(scaling)
+    if static_only and scaling['type'] == 'dynamic':
+        raise ValueError("rope_scaling type 'dynamic' is implemented for pos_encoding='rope' only; use a static "
+                         "type here (linear, ntk, yarn, llama3)")
+    return scaling
+
+
+def check_rope_scaling(scaling):
+    """Validate a rope_scaling dict; return it with defaults filled in. Errors name the fix."""
+    example = "e.g. {'type': 'yarn', 'factor': 4, 'original_max_len': 128}"
+    if not isinstance(scaling, dict) or 'type' not in scaling:
+        raise ValueError(f"rope_scaling must be a dict with a 'type', {example}; got {scaling!r}")
+    kind = scaling['type']
+    if kind not in ROPE_SCALING_KEYS:
+        raise ValueError(f"unknown rope_scaling type {kind!r}; valid types: {', '.join(ROPE_SCALING_KEYS)}")
+    keys = ROPE_SCALING_KEYS[kind]
+    unknown = sorted(set(scaling) - set(keys) - {'type'})
+    if unknown:
+        raise ValueError(f"rope_scaling type {kind!r} does not take {unknown}; its keys are: "
+                         f"{', '.join(keys)}")
+    out = {'type': kind}
+    for k, default in keys.items():
+        v = scaling.get(k, default)
+        if v is None:
+            raise ValueError(f"rope_scaling type {kind!r} needs {k!r} ({example}); got {scaling!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"rope_scaling {k!r} must be a number, got {v!r}")
+        out[k] = v
+    if out['factor'] < 1:
+        raise ValueError(f"rope_scaling factor must be >= 1 (the context is extended s times), "
+                         f"got {out['factor']!r}")
+    if out.get('original_max_len', 1) <= 0:
+        raise ValueError(f"rope_scaling original_max_len must be the positive training length, "
+                         f"got {out['original_max_len']!r}")
+    if kind == 'yarn' and not out['beta_fast'] > out['beta_slow'] > 0:
+        raise ValueError(f"yarn needs beta_fast > beta_slow > 0, got {out['beta_fast']}, {out['beta_slow']}")
+    if kind == 'llama3' and not out['high_freq_factor'] > out['low_freq_factor'] > 0:
+        raise ValueError(f"llama3 needs high_freq_factor > low_freq_factor > 0, got "
+                         f"{out['high_freq_factor']}, {out['low_freq_factor']}")
+    return out
+
+
 def rope_frequencies(dim, base=10000.0, scaling=None, seq_len=None):
     """RoPE inverse frequencies inv_freq[i] = base^(-2i/dim), i = 0..dim/2-1 (float32),
     and the attention factor that multiplies cos and sin (1.0 without scaling).
-    `scaling` is a dict {'type': ..., 'factor': s, ...} for context extension;
-    `seq_len` is the current length, used by the dynamic method."""
+    `scaling` is a context-extension dict {'type': ..., 'factor': s, ...} (s > 1
+    stretches a model trained at L = original_max_len to s*L):
+      linear  Position Interpolation (arXiv 2306.15595): inv_freq / s (= positions / s).
+      ntk     NTK-aware (bloc97 2023; as stated in arXiv 2309.00071 sec. 3.1):
+              base * s^(d/(d-2)); the highest frequency is unchanged, the
+              lowest divided by exactly s.
+      dynamic dynamic NTK (emozilla 2023; arXiv 2309.00071 sec. 3.3): ntk with
+              the factor recomputed from the current length L' = max(seq_len, L):
+              base * (s*L'/L - (s-1))^(d/(d-2)); plain RoPE at seq_len <= L
+              (seq_len=None counts as <= L).
+      yarn    YaRN (arXiv 2309.00071): NTK-by-parts, pairs that turn fewer than
+              beta_slow times over L are interpolated (/s), more than beta_fast times
+              kept, a linear ramp between; attention factor 0.1*ln(s) + 1 on cos and
+              sin, so the logits scale by its square.
+      llama3  Llama 3.1 (Meta's reference code; model: arXiv 2407.21783): pairs
+              with wavelength 2*pi/f < L/high_freq_factor kept, > L/low_freq_factor
+              divided by s, a smooth blend in between (strict inequalities).
+    Computed in float64, returned as float32."""
     if dim % 2 != 0:
         raise ValueError(f"rotary dimension must be even, got {dim}: pick head_dim/rotary_pct so that "
                          f"head_dim * rotary_pct is an even integer")
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     if scaling is None:
-        return inv_freq.float(), 1.0
-    raise ValueError(f"unknown rope_scaling {scaling!r}")
+        return inv.float(), 1.0
+    sc = check_rope_scaling(scaling)
+    kind, s = sc['type'], float(sc['factor'])
+    if kind in ('ntk', 'dynamic') and dim <= 2:
+        raise ValueError(f"{kind} scaling changes the base by s^(d/(d-2)) and needs a rotary dim > 2, got {dim}")
+    attn = 1.0
+    if kind == 'linear':
+        inv = inv / s
+    elif kind == 'ntk':
+        inv = (base * s ** (dim / (dim - 2))) ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    elif kind == 'dynamic':
+        L = sc['original_max_len']
+        Lp = max(seq_len or 0, L)
+        if Lp > L:  # identical to plain RoPE up to L (factor below is 1 there)
+            b = base * (s * Lp / L - (s - 1)) ** (dim / (dim - 2))
+            inv = b ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    elif kind == 'yarn':
+        L = sc['original_max_len']
+
+        def corr_dim(n_rot):  # the pair index i whose wavelength fits n_rot times into L
+            return dim * math.log(L / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+        low = max(math.floor(corr_dim(sc['beta_fast'])), 0)
+        high = min(math.ceil(corr_dim(sc['beta_slow'])), dim - 1)
+        if low == high:
+            high += 0.001  # avoid 0/0 in the ramp
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        inv = inv * (1 - ramp) + (inv / s) * ramp
+        attn = 0.1 * math.log(s) + 1.0 if s > 1 else 1.0
+    elif kind == 'llama3':
+        L, lo, hi = sc['original_max_len'], sc['low_freq_factor'], sc['high_freq_factor']
+        wavelen = 2 * math.pi / inv
+        smooth = (L / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * inv / s + smooth * inv
+        inv = torch.where(wavelen < L / hi, inv, torch.where(wavelen > L / lo, inv / s, mid))
+    return inv.float(), attn
 
 
 def alibi_slopes(n_head):
@@ -230,8 +344,23 @@ class RoPE(PositionalEncoding):
     theta_i = base^(-2i/d), d = rot_dim. q'.k' depends only on the offset n - m.
     Options: base (default 10000; Llama 3 uses 500000), rotary_pct (fraction of
     head_dim rotated, default 1.0; GPT-NeoX uses 0.25), scaling (context-extension
-    dict, see rope_frequencies; config.rope_scaling overrides it at run time).
-    Angles are computed in float32 once per forward and shared by all layers."""
+    dict, see rope_frequencies; config.rope_scaling overrides it at run time, and
+    original_max_len defaults to block_size).
+
+    cos/sin (float32, times the attention factor) are computed once per forward,
+    shared by all layers, from a table cached by length and extended on demand.
+    The table is keyed on the frequencies: fixed for every type but 'dynamic',
+    whose frequencies follow the current length len(k_pos) (cache + new tokens).
+
+    Dynamic NTK with a KV cache (a deliberate choice, as in HF transformers): each
+    forward uses the frequencies of its current total length for its queries and
+    its new keys; keys already in the cache keep the rotation they got when they
+    were new. So up to L tokens decoding equals a full forward exactly; past L the
+    cached keys are rotated with older (less stretched) frequencies than a full
+    forward over the same tokens would use -- the method's known inconsistency.
+    Re-rotating the cache every step would need unrotated keys in the cache; for
+    the exact method, sample with use_cache=False (recompute each step)."""
+    uses_rope_scaling = True
 
     def __init__(self, config, base=10000.0, rotary_pct=1.0, scaling=None):
         super().__init__(config)
@@ -241,18 +370,36 @@ class RoPE(PositionalEncoding):
             raise ValueError(f"rotary dimension head_dim*rotary_pct = {self.head_dim}*{rotary_pct} = {rd} "
                              f"must be a positive even integer; change rotary_pct or n_embd/n_head")
         self.rot_dim = int(rd)
-        self.scaling = getattr(config, 'rope_scaling', None) or scaling
+        self.scaling = scaling = resolve_rope_scaling(config, scaling)
+        self.dynamic = scaling is not None and scaling['type'] == 'dynamic'
         inv_freq, self.attention_factor = rope_frequencies(self.rot_dim, self.base, self.scaling)
-        self.register_buffer('inv_freq', inv_freq, persistent=False)
+        self.register_buffer('inv_freq', inv_freq, persistent=False)  # at lengths <= L
+        self._table = (None, None, None)  # (key, cos, sin); not a buffer: stays float32
 
-    def angles(self, pos):
-        return pos.float()[:, None] * self.inv_freq[None, :]  # float32, [T, rot_dim/2]
+    def freq_key(self, seq_len):
+        """What the frequencies depend on: nothing, or (dynamic) the effective length."""
+        return max(seq_len, self.scaling['original_max_len']) if self.dynamic else 0
+
+    def cos_sin(self, n, device):
+        """cos, sin [>= n, rot_dim] for positions 0.. with the frequencies of length n."""
+        key = (self.freq_key(n), str(device))
+        old_key, cos, sin = self._table
+        if old_key != key or cos.size(0) < n:
+            inv = self.inv_freq
+            if self.dynamic and key[0] > self.scaling['original_max_len']:
+                inv = rope_frequencies(self.rot_dim, self.base, self.scaling, seq_len=n)[0].to(device)
+            # static frequencies: grow geometrically, so decoding extends the table rarely
+            size = n if self.dynamic else max(n, 2 * cos.size(0) if old_key == key else 0)
+            ang = torch.arange(size, device=device, dtype=torch.float32)[:, None] * inv.float().to(device)[None, :]
+            emb = torch.cat((ang, ang), dim=-1)
+            cos, sin = emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
+            self._table = (key, cos, sin)
+        return cos, sin
 
     def context(self, q_pos, k_pos):
-        ang = self.angles(q_pos)
-        emb = torch.cat((ang, ang), dim=-1)
-        cos, sin = emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
-        return Context(q_pos, k_pos, {'cos': cos, 'sin': sin})
+        # model.py's keys are positions 0..Tk-1, so the current length is len(k_pos)
+        cos, sin = self.cos_sin(max(k_pos.numel(), q_pos.numel()), q_pos.device)
+        return Context(q_pos, k_pos, {'cos': cos[q_pos], 'sin': sin[q_pos]})
 
     def transform_qk(self, q, k, ctx, layer):
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
@@ -601,11 +748,13 @@ class XPos(PositionalEncoding):
     rotation through rope_frequencies()."""
     transform_after_cache = True
 
+    uses_rope_scaling = True  # static rope_scaling types, applied to its rotation
+
     def __init__(self, config, base=10000.0, gamma=512.0, blockwise=False, bca_block=None):
         super().__init__(config)
         self.base, self.gamma, self.blockwise = float(base), float(gamma), bool(blockwise)
         self.bca_block = int(bca_block or max(1, config.block_size // 2))
-        self.scaling = getattr(config, 'rope_scaling', None)
+        self.scaling = resolve_rope_scaling(config, static_only=True)
         d = self.head_dim
         inv_freq, self.attention_factor = rope_frequencies(d, self.base, self.scaling)
         self.register_buffer('inv_freq', inv_freq, persistent=False)
@@ -643,11 +792,12 @@ class _SectionRoPE(PositionalEncoding):
     position on its own axis: angle[t, i] = pos[axis_of_pair[i], t] * inv_freq[i],
     half-split layout as `rope`. Subclasses give inv_freq, axis_of_pair and
     axis_positions(pos) -> [n_axes, T]."""
+    uses_rope_scaling = True  # static rope_scaling types, applied to every section
 
     def __init__(self, config, base):
         super().__init__(config)
         self.base = float(base)
-        self.scaling = getattr(config, 'rope_scaling', None)
+        self.scaling = resolve_rope_scaling(config, static_only=True)
 
     def set_sections(self, inv_freq, sections):
         self.register_buffer('inv_freq', inv_freq, persistent=False)

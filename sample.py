@@ -49,7 +49,7 @@ if not os.path.exists(ckpt_path):
 model, ckpt = load_checkpoint(ckpt_path, device, rope_scaling=rope_scaling)
 cfg = model.config
 print(f"scheme {cfg.pos_encoding}, trained at block_size={cfg.block_size} with "
-      f"rope_scaling={ckpt['model_args'].get('rope_scaling')}; sampling with rope_scaling={cfg.rope_scaling}")
+      f"rope_scaling={ckpt['model_args'].get('rope_scaling')}; sampling with rope_scaling={getattr(model.pe, 'scaling', None)}")
 
 # tokenizer: a char vocabulary from meta.pkl, else the tiktoken encoding it names (GPT-2 BPE by default)
 meta_path = os.path.join(ckpt['config']['data_dir'], 'meta.pkl')
