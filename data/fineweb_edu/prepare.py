@@ -10,7 +10,7 @@ the first --val_docs documents -> val.bin, the rest -> train.bin (uint16,
 
   python data/fineweb_edu/prepare.py                           # all of sample-10BT
   python data/fineweb_edu/prepare.py --max_tokens=500_000_000  # a 0.5B-token slice
-  torchrun --standalone --nproc_per_node=8 train.py config/gpt2_124m_rope.py
+  torchrun --standalone --nproc_per_node=8 train.py config/gpt2_124m.py --pos_encoding=rope --out_dir=out-gpt2-rope
 """
 import argparse
 import itertools

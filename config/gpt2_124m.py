@@ -1,12 +1,11 @@
 # GPT-2 124M (12 layers, 12 heads, 768 wide) at block_size 1024 on FineWeb-Edu
-# sample-10BT in GPT-2 tokens, scheme: rope. The gpt2_124m_*.py files differ only in the
-# scheme, so runs compare fairly. Prepare the data first (needs a network):
+# sample-10BT in GPT-2 tokens. One file for every scheme, so runs compare fairly:
+# pick the scheme (and a folder) on the command line. Prepare the data first (needs a network):
 #   pip install datasets && python data/fineweb_edu/prepare.py
-# 1 GPU:  torchrun --standalone --nproc_per_node=1 train.py config/gpt2_124m_rope.py
-# 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/gpt2_124m_rope.py
+# 1 GPU:  torchrun --standalone --nproc_per_node=1 train.py config/gpt2_124m.py --pos_encoding=alibi --out_dir=out-gpt2-alibi
+# 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/gpt2_124m.py --pos_encoding=alibi --out_dir=out-gpt2-alibi
 pos_encoding = 'rope'
 out_dir = 'out-gpt2-124m-rope'
-wandb_run_name = 'gpt2-124m-rope'
 dataset = 'fineweb_edu'
 n_layer = 12
 n_head = 12
