@@ -141,9 +141,15 @@ def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='c
     return sums, len(starts)
 
 
-def nonoverlap_loss(model, data, T, tokens=32768, runs=16, **kw):
-    """Non-overlapping windows -> (mean loss, per-position mean loss [T])."""
-    starts = window_layout(len(data), T, T, max(1, tokens // T), runs)
+def nonoverlap_loss(model, data, T, tokens=32768, runs=16, eot=None, **kw):
+    """Non-overlapping windows -> (mean loss, per-position mean loss [T]). With `eot`
+    (document-aware, for whole books): windows tile each document from its start and
+    never cross an EOT, so position p of a window is position p of the document."""
+    if eot is None:
+        starts = window_layout(len(data), T, T, max(1, tokens // T), runs)
+    else:
+        from data.common import document_windows
+        starts = document_windows(data, T, eot, max(1, tokens // T)).tolist()
     sums, n = window_losses(model, data, T, starts, T, **kw)
     curve = sums / n
     return curve.mean().item(), curve
@@ -190,12 +196,13 @@ def _fits(model, T):
 
 def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sliding_tokens=0,
              last_k=0, last_k_spans=0, quick=False, batch_tokens=2**14, device='cpu', ctx=None,
-             progress=False):
+             progress=False, doc_eot=None):
     """The evaluation suite -> a JSON-able dict of lists aligned with `mults` (None where the
     scheme cannot address the length). quick=True: non-overlapping loss only (cheap, for
     periodic evals during training). stride=0 -> L // 2; sliding_tokens=0 -> tokens // 4
     (each scored token costs T / stride tokens of forward); last_k=0 -> L // 4;
-    last_k_spans=0 -> tokens // 512 (64 by default)."""
+    last_k_spans=0 -> tokens // 512 (64 by default). doc_eot: the EOT token id, to make the
+    non-overlapping windows document-aware (see nonoverlap_loss)."""
     was_training = model.training
     model.eval()
     stride, last_k = stride or max(1, L // 2), last_k or max(1, L // 4)
@@ -209,7 +216,8 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
             res['nonoverlap'].append(None)
             res['position'].append(None)
             continue
-        loss, curve = nonoverlap_loss(model, data, T, tokens, label=f"non-overlapping @{m}L" if progress else None, **kw)
+        loss, curve = nonoverlap_loss(model, data, T, tokens, eot=doc_eot,
+                                      label=f"non-overlapping @{m}L" if progress else None, **kw)
         res['nonoverlap'].append(loss)
         res['position'].append([round(v, 4) for v in curve.tolist()])
     if quick:
@@ -336,7 +344,7 @@ def scaling_tag(rope_scaling):
 if __name__ == '__main__':
     opts = dict(out_dir='out', ckpt='', device='auto', rope_scaling=None, mults=[1, 2, 4, 8, 16], tokens=32768,
                 stride=0, sliding_tokens=0, last_k=0, last_k_spans=0, batch_tokens=2**14, quick=False,
-                name='', wandb_log=False, wandb_project='nanoPE')
+                name='', wandb_log=False, wandb_project='nanoPE', doc_aware=False)
     for arg in sys.argv[1:]:
         if not arg.startswith('--') or '=' not in arg:
             sys.exit(f"bad argument {arg!r}: use --key=value with key in {', '.join(opts)}")
@@ -354,10 +362,18 @@ if __name__ == '__main__':
     cfg = ckpt['config']
     data = np.memmap(os.path.join(cfg['data_dir'], 'val.bin'), dtype=np.uint16, mode='r')
     L = model.config.block_size
+    doc_eot = None
+    if o.doc_aware:  # whole documents (e.g. PG-19 books): needs a BPE corpus whose meta names its EOT
+        import pickle
+        with open(os.path.join(cfg['data_dir'], 'meta.pkl'), 'rb') as f:
+            doc_eot = pickle.load(f).get('eot_token')
+        if doc_eot is None:
+            sys.exit(f"--doc_aware=True needs an EOT token in {cfg['data_dir']}/meta.pkl (BPE corpora from "
+                     f"data/*/prepare.py have one; char corpora have no document boundaries)")
     print(f"scheme {model.config.pos_encoding} (iter {ckpt.get('iter_num')}), trained with rope_scaling="
           f"{ckpt['model_args'].get('rope_scaling')}, evaluating with rope_scaling={getattr(model.pe, 'scaling', None)}")
     res = evaluate(model, data, L, tuple(o.mults), o.tokens, o.stride, o.sliding_tokens, o.last_k, o.last_k_spans,
-                   o.quick, o.batch_tokens, o.device, progress=True)
+                   o.quick, o.batch_tokens, o.device, progress=True, doc_eot=doc_eot)
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
            'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'iter': ckpt.get('iter_num'), 'out_dir': o.out_dir, **res}
     for k, v in flat_metrics(res).items():

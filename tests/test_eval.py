@@ -217,3 +217,28 @@ def test_compare_report_from_fixture_jsons(tmp_path):
         p = tmp_path / 'report' / png
         assert p.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and p.stat().st_size > 5000
         assert f'({png})' in md
+
+
+def test_doc_aware_windows_never_cross_eot(monkeypatch):
+    """evaluate(doc_eot=...) scores only windows inside one document, each from its start."""
+    import eval as E
+    from conftest import tiny_model
+    eot = 0
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 37, size=n) for n in (40, 75, 9, 130, 64)]
+    data = np.concatenate([np.append(d, eot) for d in docs]).astype(np.uint16)
+    seen = []
+    real = E.window_losses
+
+    def spy(model, data_, T, starts, n_score, **kw):
+        seen.append((T, list(starts)))
+        return real(model, data_, T, starts, n_score, **kw)
+    monkeypatch.setattr(E, 'window_losses', spy)
+    doc_starts = set(np.concatenate(([0], np.flatnonzero(data == eot) + 1)).tolist())
+    E.evaluate(tiny_model('alibi').eval(), data, 16, mults=(1, 2), tokens=512, quick=True, doc_eot=eot)
+    assert [T for T, _ in seen] == [16, 32]
+    for T, starts in seen:
+        assert starts
+        for s in starts:
+            assert eot not in data[s:s + T + 1]                      # inputs and targets in one document
+            assert any((s - d) % T == 0 and s >= d and eot not in data[d:s] for d in doc_starts)  # tiled from its start
