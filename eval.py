@@ -333,6 +333,23 @@ def load_checkpoint(path, device='cpu', **overrides):
     return model.to(device).eval(), ckpt
 
 
+def parse_options(argv, opts):
+    """The scripts' `--key=value` options over a dict of defaults (values parsed as Python
+    literals, else kept as strings); an unknown key or a malformed argument is an error."""
+    opts = dict(opts)
+    for arg in argv:
+        if not arg.startswith('--') or '=' not in arg:
+            sys.exit(f"bad argument {arg!r}: use --key=value with key in {', '.join(opts)}")
+        k, v = arg[2:].split('=', 1)
+        if k not in opts:
+            sys.exit(f"unknown option {k!r}; valid: {', '.join(opts)}")
+        try:
+            opts[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            opts[k] = v
+    return opts
+
+
 def scaling_tag(rope_scaling):
     """File-name tag of a rope_scaling dict: {'type': 'yarn', 'factor': 16} -> 'yarn_x16'."""
     if not rope_scaling:
@@ -345,17 +362,7 @@ if __name__ == '__main__':
     opts = dict(out_dir='out', ckpt='', device='auto', rope_scaling=None, mults=[1, 2, 4, 8, 16], tokens=32768,
                 stride=0, sliding_tokens=0, last_k=0, last_k_spans=0, batch_tokens=2**14, quick=False,
                 name='', wandb_log=False, wandb_project='nanoPE', doc_aware=False)
-    for arg in sys.argv[1:]:
-        if not arg.startswith('--') or '=' not in arg:
-            sys.exit(f"bad argument {arg!r}: use --key=value with key in {', '.join(opts)}")
-        k, v = arg[2:].split('=', 1)
-        if k not in opts:
-            sys.exit(f"unknown option {k!r}; valid: {', '.join(opts)}")
-        try:
-            opts[k] = ast.literal_eval(v)
-        except (ValueError, SyntaxError):
-            opts[k] = v
-    o = type('Opts', (), opts)
+    o = type('Opts', (), parse_options(sys.argv[1:], opts))
     if o.device == 'auto':
         o.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     model, ckpt = load_checkpoint(o.ckpt or os.path.join(o.out_dir, 'ckpt.pt'), o.device, rope_scaling=o.rope_scaling)

@@ -23,7 +23,6 @@ Accuracy = all 5 digits right under greedy decoding: the argmax at every answer
 position, given the correct digits before it (teacher forcing is exactly greedy
 decoding as long as every earlier digit is right).
 """
-import ast
 import json
 import os
 import pickle
@@ -224,17 +223,8 @@ if __name__ == '__main__':
     opts = dict(out_dir='out', device='auto', iters=300, lr=1e-3, batch_size=32, train_len=0, retrain=False,
                 mults=[1, 2, 4, 8, 16], depths=[0.0, 0.25, 0.5, 0.75, 1.0], trials=20, seed=0,
                 batch_tokens=2**14, rope_scaling=None, name='')
-    for arg in sys.argv[1:]:
-        if not arg.startswith('--') or '=' not in arg:
-            sys.exit(f"bad argument {arg!r}: use --key=value with key in {', '.join(opts)}")
-        k, v = arg[2:].split('=', 1)
-        if k not in opts:
-            sys.exit(f"unknown option {k!r}; valid: {', '.join(opts)}")
-        try:
-            opts[k] = ast.literal_eval(v)
-        except (ValueError, SyntaxError):
-            opts[k] = v
-    o = type('Opts', (), opts)
+    from eval import parse_options
+    o = type('Opts', (), parse_options(sys.argv[1:], opts))
     if o.device == 'auto':
         o.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     from eval import load_checkpoint, scaling_tag

@@ -8,14 +8,13 @@ Decoding uses a KV cache: each new token costs one position. A scheme with a
 finite position table (learned) cannot address positions past it: it falls back
 to a sliding window over its last max_len tokens, and says so.
 """
-import ast
 import os
 import pickle
 import sys
 
 import torch
 
-from eval import load_checkpoint
+from eval import load_checkpoint, parse_options
 
 out_dir = 'out'
 start = '\n'              # prompt text, or FILE:path
@@ -30,17 +29,7 @@ use_cache = True
 opts = dict(out_dir=out_dir, start=start, num_samples=num_samples, max_new_tokens=max_new_tokens,
             temperature=temperature, top_k=top_k, seed=seed, device=device, rope_scaling=rope_scaling,
             use_cache=use_cache)
-for arg in sys.argv[1:]:
-    if not arg.startswith('--') or '=' not in arg:
-        sys.exit(f"bad argument {arg!r}: use --key=value with key in {', '.join(opts)}")
-    k, v = arg[2:].split('=', 1)
-    if k not in opts:
-        sys.exit(f"unknown option {k!r}; valid: {', '.join(opts)}")
-    try:
-        opts[k] = ast.literal_eval(v)
-    except (ValueError, SyntaxError):
-        opts[k] = v
-globals().update(opts)
+globals().update(parse_options(sys.argv[1:], opts))
 
 torch.manual_seed(seed)
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
