@@ -227,7 +227,7 @@ if __name__ == '__main__':
     o = type('Opts', (), parse_options(sys.argv[1:], opts))
     if o.device == 'auto':
         o.device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    from eval import load_checkpoint, scaling_tag
+    from eval import atomic_save, load_checkpoint, scaling_tag
     base, tuned = os.path.join(o.out_dir, 'ckpt.pt'), os.path.join(o.out_dir, 'passkey_ckpt.pt')
     torch.manual_seed(o.seed)
     if os.path.exists(tuned) and not o.retrain:
@@ -242,7 +242,7 @@ if __name__ == '__main__':
         ckpt = {**ckpt, 'model': model.state_dict(), 'optimizer': None,
                 'passkey': {'iters': o.iters, 'lr': o.lr, 'batch_size': o.batch_size,
                             'train_len': o.train_len or L, 'final_loss': float(np.mean(hist[-20:])) if hist else None}}
-        torch.save(ckpt, tuned)
+        atomic_save(ckpt, tuned)  # a kill mid-save must not leave a broken passkey_ckpt.pt to be reused
     model, ckpt = load_checkpoint(tuned, o.device, rope_scaling=o.rope_scaling)
     encode = get_codec(ckpt['config']['data_dir'])
     L = model.config.block_size

