@@ -1,6 +1,7 @@
 """Run under torchrun (2 ranks, gloo). Each rank does train.py's DDP step on its share
 of a fixed global batch (grad accumulation with no_sync on all micro-steps but the
 last); rank 0 compares the all-reduced gradients with one process on the whole batch."""
+import gc
 import os
 import sys
 
@@ -35,5 +36,9 @@ if rank == 0:
                for p, q in zip(model.module.parameters(), ref.parameters()))
     with open(out, 'w') as f:
         f.write(repr(diff))
+# train.py's teardown order: a DDP wrapper still alive at interpreter exit makes gloo
+# abort a rank in a fraction of runs
+dist.barrier()
 del model
+gc.collect()
 dist.destroy_process_group()
