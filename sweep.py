@@ -87,7 +87,7 @@ def main(argv):
             sys.exit(f"bad argument {arg!r}: use --key=value (sweep keys: {', '.join(sweep)}; others go to train.py)")
         k, v = arg[2:].split('=', 1)
         if k in sweep:
-            if k == 'passkey' or isinstance(sweep[k], bool):
+            if sweep[k] is None or isinstance(sweep[k], bool):  # passkey's None = decided by --gpu
                 if v not in ('True', 'False'):
                     sys.exit(f"--{k} takes True or False, got {v!r}")
                 sweep[k] = v == 'True'
