@@ -140,6 +140,16 @@ def _styles(labels):
     return out
 
 
+def _save(fig, path, legend_ax=None, dpi=120):
+    """Legend outside the axes on the right (many runs), tight layout, write, close."""
+    import matplotlib.pyplot as plt
+    if legend_ax is not None:
+        legend_ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def plot_lengths(evals, path):
     import matplotlib.pyplot as plt
     keys = [k for k in ('nonoverlap', 'sliding') if any(r.get(k) for r in evals)]
@@ -156,10 +166,7 @@ def plot_lengths(evals, path):
         ax.set_title('non-overlapping windows' if key == 'nonoverlap'
                      else f"sliding windows (stride {evals[0].get('stride')})")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, legend_ax=axes[0][-1])
 
 
 def plot_position(evals, path):
@@ -182,10 +189,7 @@ def plot_position(evals, path):
     ax.set_ylabel('val loss (mean over windows and a bin)')
     ax.set_title('loss by position (non-overlapping windows of the longest eval length)')
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, legend_ax=ax)
 
 
 def plot_last_k(evals, path):
@@ -202,10 +206,7 @@ def plot_last_k(evals, path):
     ax.set_ylabel('val loss')
     ax.set_title(f"loss on the same last {runs[0]['last_k']['k']} tokens as the context grows")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, legend_ax=ax)
 
 
 def plot_passkeys(passkeys, path):
@@ -219,9 +220,7 @@ def plot_passkeys(passkeys, path):
         plot_heatmap(r, ax=ax, title=r['label'])
     for ax in list(axes.flat)[n:]:
         ax.axis('off')
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, dpi=110)
 
 
 def make_report(dirs, report_dir, title='nanoPE comparison', notes=''):
