@@ -2,17 +2,23 @@
 One-file GPT for nanoPE. Pre-LN blocks, tied embeddings, GPT-2 init, a KV cache,
 and an attention that asks positional.py for everything position-related.
 
-Attention paths (chosen per call, same logits on all of them):
+Attention paths (chosen per call, same logits on all of them; key j is visible to
+query i when j <= i + Tk - Tq, i.e. the queries are the last Tq keys):
   - no score bias            -> F.scaled_dot_product_attention(is_causal=True)
   - score bias, FlexAttention -> flex_attention(score_mod=..., block_mask=causal)
     (CUDA always; CPU only for no-grad forwards, compiled, since torch 2.13 has
     no FlexAttention backward on CPU). Never builds a TxT bias.
   - score bias, dense        -> the same score_mod evaluated on broadcast index
-    tensors into a [B|1, H, Tq, Tk] additive mask for SDPA.
+    tensors into a float32 [B|1, H, Tq, Tk] additive mask, attention in float32
+    (a bf16 bias would not equal the kernel's float32 one: -500.3 becomes -500).
+    Without gradients, long inputs go through in query chunks (O(chunk x T) memory).
   - value term (Shaw)        -> the scheme adds a term to the output that needs each
-    row's logsumexp: FlexAttention returns it (AuxRequest(lse=True), CUDA only: compiled
-    flex on CPU does not support it in torch 2.13); the dense path then computes
-    the softmax explicitly instead of calling SDPA.
+    row's logsumexp: FlexAttention returns it (CUDA; compiled flex on CPU cannot
+    in torch 2.13, so Shaw runs dense on CPU).
+Attention dropout with a bias: the dropped keys come from a hash of (seed, b, h, i, j),
+so FlexAttention and the dense path drop the same ones; FlexAttention then rescales
+by exp(lse_kept - lse_all), which turns its softmax over the kept keys into dropout's
+softmax over all of them.
 """
 
 import inspect
@@ -30,6 +36,7 @@ import positional
 class GPTConfig:
     block_size: int = 256          # training context length L
     vocab_size: int = 50304
+    vocab_multiple: int = 1        # pad embedding/lm_head rows to a multiple (64 for GPT-2 BPE); never scored
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
@@ -49,88 +56,155 @@ FLEX_CPU_MIN_BIAS_BYTES = 256 * 2**20
 # Compiled FlexAttention on CPU cannot return the logsumexp (torch 2.13: "return_lse is
 # not supported yet"), so a scheme with a value term (Shaw) runs dense on CPU.
 FLEX_LSE_ON_CPU = False
+# The dense path without gradients scores queries in chunks whose float32 bias stays below
+# this (where FlexAttention cannot run: Shaw on CPU, or attn_backend='dense').
+DENSE_CHUNK_BYTES = 256 * 2**20
+FLEX_BLOCK = 128  # FlexAttention's default sparse block size
 _compiled = {}
-_block_masks = {}
 
 
-def _flex(fn='flex_attention'):
-    """Compiled flex_attention / create_block_mask: eager FlexAttention materialises
-    the full score matrix (13 GiB and 24 s at T=8192 on CPU; compiled 0.6 GiB, 1.3 s)."""
-    if fn not in _compiled:
-        import torch.nn.attention.flex_attention as fa
-        _compiled[fn] = torch.compile(getattr(fa, fn), dynamic=False)
-    return _compiled[fn]
+def _flex():
+    """Compiled flex_attention: eager FlexAttention materialises the full score matrix
+    (13 GiB and 24 s at T=8192 on CPU; compiled 0.6 GiB, 1.3 s)."""
+    if 'flex' not in _compiled:
+        from torch.nn.attention.flex_attention import flex_attention
+        _compiled['flex'] = torch.compile(flex_attention, dynamic=False)
+    return _compiled['flex']
 
 
-def causal_block_mask(Tq, Tk, q0, k0, device):
-    """Block mask for key position <= query position; built once per shape and reused."""
-    key = (Tq, Tk, q0, k0, str(device))
-    if key not in _block_masks:
-        def causal(b, h, qi, ki):
-            return ki + k0 <= qi + q0
-        _block_masks[key] = _flex('create_block_mask')(causal, B=None, H=None, Q_LEN=Tq, KV_LEN=Tk,
-                                                       device=device)
-    return _block_masks[key]
+def causal_block_mask(Tq, Tk, device):
+    """FlexAttention BlockMask for key j <= query i + (Tk - Tq), from block counts: a few
+    tensor ops on (T/128)^2 integers, so a compiled model traces it with no graph break
+    and no Python-side cache (equals create_block_mask; tested)."""
+    from torch.nn.attention.flex_attention import BlockMask
+    off, BS = Tk - Tq, FLEX_BLOCK
+    m = torch.arange(-(-Tq // BS), device=device)[:, None]  # query blocks
+    n = torch.arange(-(-Tk // BS), device=device)[None, :]  # key blocks
+    q_lo, q_hi = m * BS, torch.clamp((m + 1) * BS, max=Tq) - 1
+    full = ((n + 1) * BS - 1 <= q_lo + off) & ((m + 1) * BS <= Tq) & ((n + 1) * BS <= Tk)  # no mask needed
+    part = (n * BS <= q_hi + off) & ~full  # some keys visible: mask_mod decides
+
+    def blocks(sel):  # counts, and the selected block indices first (ascending)
+        idx = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True)
+        return sel.sum(-1).to(torch.int32)[None, None], idx.to(torch.int32)[None, None]
+    return BlockMask.from_kv_blocks(*blocks(part), *blocks(full), BLOCK_SIZE=BS,
+                                    mask_mod=lambda b, h, i, j: j <= i + off, seq_lengths=(Tq, Tk))
 
 
-def use_flex(q, k, backend):
+def use_flex(q, k, backend, vmod):
+    if backend == 'dense' or (vmod is not None and q.device.type == 'cpu' and not FLEX_LSE_ON_CPU):
+        return False
     if backend == 'flex':
         return True
-    if backend == 'dense':
+    if q.size(2) == 1:  # a decoding step: its bias is one row per head, cheaper dense
         return False
-    if q.size(2) == 1:  # a decoding step: its bias is one row per head, and a block mask
-        return False    # per cache length would be rebuilt (and recompiled) every token
     if q.device.type == 'cuda':
         return True
     B, H, Tq, _ = q.shape
     return (not torch.is_grad_enabled()) and B * H * Tq * k.size(2) * 4 >= FLEX_CPU_MIN_BIAS_BYTES
 
 
-def dense_bias(mod, ctx, B, H, device, dtype):
-    """Evaluate a positional score_mod on broadcast indices -> additive causal mask."""
+def _mix(x):
+    """One round of a 31-bit integer hash (xorshift-multiply); exact int64 arithmetic,
+    so every device and both attention paths get the same bits."""
+    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & 0x7FFFFFFF
+    x = ((x ^ (x >> 12)) * 0x297A2D39) & 0x7FFFFFFF
+    return x ^ (x >> 15)
+
+
+def dropout_keep(seed, p, b, h, i, j):
+    """Attention dropout's keep mask as a pure function of (seed, batch, head, query, key)."""
+    return _mix(_mix(_mix(_mix(seed + b) + h) + i) + j) >= int(p * 2**31)
+
+
+def dense_bias(mod, B, H, Tq, Tk, device):
+    """Evaluate a score_mod on broadcast indices -> float32 additive causal mask [B|1, H|1, Tq, Tk]."""
     b = torch.arange(B, device=device).view(B, 1, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1, 1)
-    qp = ctx.q_pos.view(1, 1, -1, 1)
-    kp = ctx.k_pos.view(1, 1, 1, -1)
-    bias = mod(torch.zeros((), device=device, dtype=torch.float32), b, h, qp, kp)
-    bias = bias.float().masked_fill(kp > qp, float('-inf'))
-    return bias.to(dtype)
+    i = torch.arange(Tq, device=device).view(1, 1, Tq, 1)
+    j = torch.arange(Tk, device=device).view(1, 1, 1, Tk)
+    bias = mod(torch.zeros((), device=device), b, h, i, j) if mod is not None else torch.zeros((), device=device)
+    return bias.float().masked_fill(j > i + (Tk - Tq), float('-inf'))
 
 
-def attend(q, k, v, mod, ctx, backend='auto', dropout_p=0.0, vmod=None):
-    """Causal attention with an optional score bias `mod` and an optional value term
-    `vmod(lse) -> [B, H, Tq, Dv]` added to the output (lse = each row's logsumexp)."""
+def _dense(q, k, v, mod, dropout_p, seed, need_lse):
+    """float32 attention with a dense bias -> (y in float32, lse or None)."""
+    B, H, Tq, d = q.shape
+    bias = dense_bias(mod, B, H, Tq, k.size(2), q.device)
+    if not (dropout_p or need_lse):  # SDPA's fused softmax; float32 inputs so the bias stays float32
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias), None
+    att = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(d) + bias
+    lse = att.logsumexp(-1)
+    p = (att - lse.unsqueeze(-1)).exp()
+    if dropout_p:
+        ix = [torch.arange(n, device=q.device).view(*[-1 if a == ax else 1 for a in range(4)])
+              for ax, n in enumerate((B, H, Tq, k.size(2)))]
+        p = p * dropout_keep(seed, dropout_p, *ix) / (1 - dropout_p)
+    return p @ v.float(), lse
+
+
+def _dense_chunked(q, k, v, mod, need_lse):
+    """No-grad dense attention over query chunks: query rows s..e-1 see keys [:e + off],
+    so each chunk is the same problem, smaller (its indices shifted back by s)."""
+    B, H, Tq, _ = q.shape
+    off, rows = k.size(2) - Tq, max(1, DENSE_CHUNK_BYTES // (4 * B * H * k.size(2)))
+    ys, lses = [], []
+    for s in range(0, Tq, rows):
+        e = min(Tq, s + rows)
+        cmod = None if mod is None else (lambda score, b, h, i, j, s=s: mod(score, b, h, i + s, j))
+        y, lse = _dense(q[:, :, s:e], k[:, :, :e + off], v[:, :, :e + off], cmod, 0.0, None, need_lse)
+        ys.append(y)
+        lses.append(lse)
+    return torch.cat(ys, 2), (torch.cat(lses, 2) if need_lse else None)
+
+
+def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse):
+    """FlexAttention -> (y, lse or None); with dropout, the kept keys' softmax rescaled to all keys'."""
+    from torch.nn.attention import flex_attention as fa
+    bm = causal_block_mask(q.size(2), k.size(2), q.device)
+
+    def run(score_mod, lse):
+        if not lse:
+            return _flex()(q, k, v, score_mod=score_mod, block_mask=bm), None
+        if hasattr(fa, 'AuxRequest'):  # torch >= 2.9
+            y, aux = _flex()(q, k, v, score_mod=score_mod, block_mask=bm, return_aux=fa.AuxRequest(lse=True))
+            return y, aux.lse  # natural-log lse, differentiable
+        return _flex()(q, k, v, score_mod=score_mod, block_mask=bm, return_lse=True)
+    if not dropout_p:
+        return run(mod, need_lse)
+
+    def dropped(score, b, h, i, j):
+        s = mod(score, b, h, i, j) if mod is not None else score
+        return torch.where(dropout_keep(seed, dropout_p, b, h, i, j), s, float('-inf'))
+    y, lse_kept = run(dropped, True)
+    _, lse = run(mod, True)
+    scale = (lse_kept - lse).exp().unsqueeze(-1) / (1 - dropout_p)  # 0 for a row with every key dropped
+    return y * scale.to(y.dtype), lse
+
+
+def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0):
+    """Causal attention with an optional score bias `mod(score, b, h, i, j)` and an optional
+    value term `vmod(lse) -> [B, H, Tq, Dv]` added to the output (lse = each row's logsumexp)."""
     Tq, Tk = q.size(2), k.size(2)
     if mod is None and vmod is None:
         if Tq == Tk:  # no cache: plain causal
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         if Tq == 1:  # one new token after the cache sees every key: no mask to build
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-        mask = ctx.k_pos[None, :] <= ctx.q_pos[:, None]
+        mask = torch.arange(Tk, device=q.device)[None, :] <= torch.arange(Tq, device=q.device)[:, None] + (Tk - Tq)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    if use_flex(q, k, backend) and (vmod is None or q.device.type != 'cpu' or FLEX_LSE_ON_CPU):
-        q0, k0 = int(ctx.q_pos[0]), int(ctx.k_pos[0])  # positions are contiguous ranges
-
-        def score_mod(score, b, h, qi, ki):
-            return mod(score, b, h, qi + q0, ki + k0)
-        bm = causal_block_mask(Tq, Tk, q0, k0, q.device)
-        if vmod is None:
-            return _flex()(q, k, v, score_mod=score_mod if mod is not None else None, block_mask=bm)
-        from torch.nn.attention.flex_attention import AuxRequest
-        y, aux = _flex()(q, k, v, score_mod=score_mod if mod is not None else None, block_mask=bm,
-                         return_aux=AuxRequest(lse=True))  # natural-log lse, differentiable
-        return y + vmod(aux.lse).to(y.dtype)
-    if mod is not None:
-        bias = dense_bias(mod, ctx, q.size(0), q.size(1), q.device, q.dtype)
+    # a fresh dropout seed per call from torch's RNG: on the device, no host sync, restored on resume
+    seed = torch.randint(0, 2**31 - 1, (), device=q.device) if dropout_p else None
+    need_lse = vmod is not None
+    if use_flex(q, k, backend, vmod):
+        y, lse = _flex_attend(q, k, v, mod, dropout_p, seed, need_lse)
+    elif not torch.is_grad_enabled() and q.size(0) * q.size(1) * Tq * Tk * 4 > DENSE_CHUNK_BYTES:
+        y, lse = _dense_chunked(q, k, v, mod, need_lse)
     else:
-        bias = torch.zeros((), device=q.device).masked_fill(ctx.k_pos[None, :] > ctx.q_pos[:, None], float('-inf'))
-    if vmod is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
-    # value term: SDPA does not return the logsumexp, so do the softmax by hand here
-    att = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.size(-1)) + bias.float()
-    lse = att.logsumexp(-1)
-    p = F.dropout((att - lse.unsqueeze(-1)).exp(), dropout_p)
-    return (p.to(v.dtype) @ v) + vmod(lse).to(v.dtype)
+        y, lse = _dense(q, k, v, mod, dropout_p, seed, need_lse)
+    if vmod is not None:
+        y = y + vmod(lse).to(y.dtype)
+    return y.to(q.dtype)
 
 
 # --- the model ------------------------------------------------------------------
@@ -157,9 +231,9 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.append(k, v)
         if pe.transform_after_cache:  # the cache holds raw keys; all keys are transformed each forward
             q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
-        mod = pe.score_mod(q, ctx, self.pe_layer)
-        vmod = pe.value_mod(q, k, ctx, self.pe_layer)
-        y = attend(q, k, v, mod, ctx, self.backend, self.dropout if self.training else 0.0, vmod)
+        mod = pe.score_mod(q, k, ctx, self.pe_layer)
+        vmod = pe.value_mod(q, k, ctx, self.pe_layer, mod)
+        y = attend(q, k, v, mod, vmod, self.backend, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -201,13 +275,19 @@ class GPT(nn.Module):
                              f"({', '.join(map(str, ok))}) or an n_embd that is a multiple of {config.n_head}")
         self.config = config
         self.pe = positional.build(config)  # shared by all layers
+        # GPT-2's 50257 tokens padded to 50304 (a multiple of 64) make the lm_head matmul
+        # faster on GPUs (nanoGPT); the padding ids get logit -inf, so they are never scored or sampled
+        mult = max(1, config.vocab_multiple)
+        n_rows = -(-config.vocab_size // mult) * mult
+        self.register_buffer('vocab_mask', None if n_rows == config.vocab_size else torch.cat((
+            torch.zeros(config.vocab_size), torch.full((n_rows - config.vocab_size,), float('-inf')))), persistent=False)
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wte=nn.Embedding(n_rows, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, self.pe) for _ in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, n_rows, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         # GPT-2 init for the transformer; positional modules initialise themselves
         for name, m in self.named_modules():
@@ -229,24 +309,33 @@ class GPT(nn.Module):
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, cache=None, reduction='mean'):
-        """idx [B, T]. With `cache` (from new_cache()), positions continue after the
-        cached tokens. No cap at block_size: evaluating past L is the point."""
+    def forward(self, idx, targets=None, cache=None, reduction='mean', pos=None, n_pos=None):
+        """idx [B, T]. Positions are 0..T-1, or continue after the cached tokens with
+        `cache` (from new_cache()), or are given: pos [T] sorted (e.g. randomized
+        positions), n_pos a Python-int bound on them (else found with a host sync).
+        No cap at block_size: evaluating past L is the point."""
         B, T = idx.size()
         start = cache.length if cache is not None else 0
-        q_pos = torch.arange(start, start + T, device=idx.device)
-        k_pos = torch.arange(0, start + T, device=idx.device) if cache is not None else q_pos
+        if pos is None:
+            q_pos, n_pos = torch.arange(start, start + T, device=idx.device), start + T
+        else:
+            q_pos, n_pos = pos, n_pos or int(pos.max()) + 1
+        if cache is not None:
+            k_pos, n_pos = cache.add_positions(q_pos, n_pos)
+        else:
+            k_pos = q_pos
+        self.pe.check_positions(n_pos)  # a Python int: a finite table refuses before any work
         x = self.pe.embed(self.transformer.wte(idx), q_pos)
         x = self.transformer.drop(x)
-        ctx = self.pe.context(q_pos, k_pos)  # once per forward, shared by every layer
+        ctx = self.pe.context(q_pos, k_pos, n_pos)  # once per forward, shared by every layer
         for i, block in enumerate(self.transformer.h):
             x = block(x, self.pe, ctx, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.length += T
         x = self.transformer.ln_f(x)
+        logits = F.linear(x, self.lm_head.weight, self.vocab_mask)  # vocab_mask: -inf on padding ids, or None
         if targets is None:
-            return self.lm_head(x), None
-        logits = self.lm_head(x)
+            return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1),
                                ignore_index=-1, reduction=reduction)
         return logits, loss
@@ -297,11 +386,19 @@ class GPT(nn.Module):
 
 
 class KVCache:
-    """Per-layer keys and values (keys already position-transformed) and the length so far."""
+    """Per-layer keys and values (keys already position-transformed), their positions
+    and the length so far."""
 
     def __init__(self, n_layer):
         self.layers = [LayerKV() for _ in range(n_layer)]
         self.length = 0
+        self.k_pos, self.n_pos = None, 0
+
+    def add_positions(self, q_pos, n_pos):
+        """Positions of all keys once q_pos's tokens are added, and the bound on them."""
+        self.k_pos = q_pos if self.k_pos is None else torch.cat((self.k_pos, q_pos))
+        self.n_pos = max(self.n_pos, n_pos)
+        return self.k_pos, self.n_pos
 
 
 class LayerKV:

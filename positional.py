@@ -5,26 +5,37 @@ the name used in config (`pos_encoding = 'rope'`).
 The attention code in model.py never asks *which* scheme it runs. It asks the
 scheme for up to four things, each of which defaults to "nothing":
 
-  embed(x, pos)                -> x         add/alter token embeddings before block 0
-  context(q_pos, k_pos)        -> ctx       per-forward precomputation shared by all layers
-  transform_qk(q, k, ctx, lyr) -> (q, k)    rotate/scale queries and keys (RoPE family)
-  score_mod(q, ctx, lyr)       -> f | None  additive logit bias f(score, b, h, q_pos, k_pos)
+  embed(x, pos)                   -> x         add/alter token embeddings before block 0
+  context(q_pos, k_pos, n_pos)    -> ctx       per-forward precomputation shared by all layers
+  transform_qk(q, k, ctx, lyr)    -> (q, k)    rotate/scale queries and keys (RoPE family)
+  score_mod(q, k, ctx, lyr)       -> f | None  additive logit bias f(score, b, h, i, j)
 
-`score_mod` returns a function in FlexAttention's `score_mod` form but written on
-*absolute positions*. model.py either hands it to FlexAttention (one scalar at a
-time, never building a TxT tensor) or calls it once on broadcast index tensors
-to build a dense additive mask for SDPA. One definition, both paths, same logits.
+`score_mod` returns a function in FlexAttention's `score_mod` form: b, h index the
+batch and head, i and j index the queries and keys, whose absolute positions are
+ctx.q_pos[i] and ctx.k_pos[j] (ctx.dist(i, j) = query - key position, >= 0 for the
+causal past). model.py either hands it to FlexAttention (one scalar at a time,
+never building a TxT tensor) or calls it once on broadcast index tensors to build
+a dense additive mask for SDPA. One definition, both paths, same logits.
+Rules that keep it fast and differentiable on the GPU (tests check all three):
+  - no Python int() / .item() of a tensor (a host sync and a graph break): sizes
+    come from shapes or from ctx.n_pos, a Python int bound on every position;
+  - a tensor that needs gradients is indexed once inside f, never used bare:
+    FlexAttention's backward scatters each score's gradient into it with one
+    atomic add, so learned biases are tabulated outside f (per distance, O(T)),
+    and autograd carries the table's gradient back to the parameters;
+  - biases stay float32 (model.py evaluates them in float32 under autocast).
 
 Per-layer parameters (if a scheme has any) live in the module returned by
 `new_layer()`, which each attention layer owns and passes back as `lyr`.
 
 Two rarer hooks, both off by default:
-  value_mod(q, k, ctx, lyr)    -> g | None  g(lse) is added to the attention output;
-                                            lse [B, H, Tq] is each row's logsumexp (Shaw's values)
+  value_mod(q, k, ctx, lyr, f) -> g | None  g(lse) is added to the attention output;
+                                            lse [B, H, Tq] is each row's logsumexp, f the
+                                            scheme's score_mod (Shaw's relative values)
   transform_after_cache = True              the KV cache keeps raw keys and transform_qk sees
                                             all keys (positions ctx.k_pos) every forward (xPos)
 
-Shapes: q, k are [B, n_head, T, head_dim]; positions are int64 tensors.
+Shapes: q, k are [B, n_head, T, head_dim]; positions are int64 tensors, sorted.
 
 Adding a scheme = write a subclass here, decorate it with @register('name'),
 add config/name.py. Nothing else changes.
@@ -73,6 +84,19 @@ class Context:
     q_pos: torch.Tensor  # [Tq] absolute positions of the queries (= of the new keys)
     k_pos: torch.Tensor  # [Tk] absolute positions of all keys (cache + new)
     extra: dict = None   # scheme-specific precomputation (e.g. cos/sin)
+    n_pos: int = None    # every position is < n_pos (a Python int, so tables need no host sync)
+
+    def dist(self, i, j):
+        """Query position minus key position for query index i and key index j, clamped at 0
+        (future keys are masked anyway; the clamp keeps table lookups in range)."""
+        return (self.q_pos[i] - self.k_pos[j]).clamp(min=0)
+
+
+def make_context(q_pos, k_pos, n_pos=None, **extra):
+    """A Context; n_pos defaults to 1 + the largest position (a host sync: model.py passes it)."""
+    if n_pos is None:
+        n_pos = int(torch.maximum(q_pos.max(), k_pos.max())) + 1 if k_pos.numel() else 0
+    return Context(q_pos, k_pos, extra, n_pos)
 
 
 # -----------------------------------------------------------------------------
@@ -266,22 +290,32 @@ class PositionalEncoding(nn.Module):
     def max_len(self):
         return self.max_len_of()
 
+    def check_positions(self, n_pos):
+        """model.py calls this with the Python-int bound on the positions of a forward,
+        so a scheme with a finite table refuses them before any tensor work."""
+        if self.max_len is not None and n_pos > self.max_len:
+            raise ValueError(
+                f"{self.name} position embeddings have {self.max_len} positions, but position "
+                f"{n_pos - 1} was requested. Evaluate/sample with at most {self.max_len} tokens "
+                f"of context (sample.py does this with a sliding window), or train a scheme that "
+                f"extrapolates: {', '.join(extrapolating_schemes())}")
+
     def embed(self, x, pos):
         return x
 
     def new_layer(self):
         return None
 
-    def context(self, q_pos, k_pos):
-        return Context(q_pos, k_pos, {})
+    def context(self, q_pos, k_pos, n_pos=None):
+        return make_context(q_pos, k_pos, n_pos)
 
     def transform_qk(self, q, k, ctx, layer):
         return q, k
 
-    def score_mod(self, q, ctx, layer):
+    def score_mod(self, q, k, ctx, layer):
         return None
 
-    def value_mod(self, q, k, ctx, layer):
+    def value_mod(self, q, k, ctx, layer, score_mod):
         return None
 
     transform_after_cache = False
@@ -302,7 +336,7 @@ class Learned(PositionalEncoding):
     """Learned absolute position embeddings (GPT-2 / GPT, Radford et al. 2018/2019;
     also arXiv 1706.03762 section 3.5). x_p = tok_p + W[p], W a [max_len, n_embd]
     table initialised N(0, 0.02). Cannot address positions >= max_len (default
-    block_size): asking for them is an error, not a silent clamp.
+    block_size): asking for them is an error (check_positions), not a silent clamp.
     Options: max_len (int, default block_size)."""
 
     def __init__(self, config, max_len=None):
@@ -315,13 +349,7 @@ class Learned(PositionalEncoding):
         return self.table_len
 
     def embed(self, x, pos):
-        if pos.numel() and int(pos.max()) >= self.table_len:
-            raise ValueError(
-                f"learned position embeddings have {self.table_len} positions, but position "
-                f"{int(pos.max())} was requested. Evaluate/sample with at most {self.table_len} tokens "
-                f"of context (sample.py does this with a sliding window), or train a scheme that "
-                f"extrapolates: {', '.join(extrapolating_schemes())}")
-        return x + self.wpe(pos)
+        return x + self.wpe(pos)  # model.py has checked the positions against the table
 
 
 @register('sinusoidal')
@@ -348,9 +376,10 @@ class RoPE(PositionalEncoding):
     original_max_len defaults to block_size).
 
     cos/sin (float32, times the attention factor) are computed once per forward,
-    shared by all layers, from a table cached by length and extended on demand.
-    The table is keyed on the frequencies: fixed for every type but 'dynamic',
-    whose frequencies follow the current length len(k_pos) (cache + new tokens).
+    shared by all layers, from the positions themselves: T x rot_dim/2 angles cost
+    nothing next to attention, and a cached table mutated inside forward would make
+    torch.compile recompile. 'dynamic' recomputes its frequencies from the current
+    length ctx.n_pos; every other type keeps them in a buffer.
 
     Dynamic NTK with a KV cache (a deliberate choice, as in HF transformers): each
     forward uses the frequencies of its current total length for its queries and
@@ -374,32 +403,16 @@ class RoPE(PositionalEncoding):
         self.dynamic = scaling is not None and scaling['type'] == 'dynamic'
         inv_freq, self.attention_factor = rope_frequencies(self.rot_dim, self.base, self.scaling)
         self.register_buffer('inv_freq', inv_freq, persistent=False)  # at lengths <= L
-        self._table = (None, None, None)  # (key, cos, sin); not a buffer: stays float32
 
-    def freq_key(self, seq_len):
-        """What the frequencies depend on: nothing, or (dynamic) the effective length."""
-        return max(seq_len, self.scaling['original_max_len']) if self.dynamic else 0
-
-    def cos_sin(self, n, device):
-        """cos, sin [>= n, rot_dim] for positions 0.. with the frequencies of length n."""
-        key = (self.freq_key(n), str(device))
-        old_key, cos, sin = self._table
-        if old_key != key or cos.size(0) < n:
-            inv = self.inv_freq
-            if self.dynamic and key[0] > self.scaling['original_max_len']:
-                inv = rope_frequencies(self.rot_dim, self.base, self.scaling, seq_len=n)[0].to(device)
-            # static frequencies: grow geometrically, so decoding extends the table rarely
-            size = n if self.dynamic else max(n, 2 * cos.size(0) if old_key == key else 0)
-            ang = torch.arange(size, device=device, dtype=torch.float32)[:, None] * inv.float().to(device)[None, :]
-            emb = torch.cat((ang, ang), dim=-1)
-            cos, sin = emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
-            self._table = (key, cos, sin)
-        return cos, sin
-
-    def context(self, q_pos, k_pos):
-        # model.py's keys are positions 0..Tk-1, so the current length is len(k_pos)
-        cos, sin = self.cos_sin(max(k_pos.numel(), q_pos.numel()), q_pos.device)
-        return Context(q_pos, k_pos, {'cos': cos[q_pos], 'sin': sin[q_pos]})
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        inv = self.inv_freq
+        if self.dynamic and ctx.n_pos > self.scaling['original_max_len']:
+            inv = rope_frequencies(self.rot_dim, self.base, self.scaling, seq_len=ctx.n_pos)[0].to(q_pos.device)
+        ang = q_pos.float()[:, None] * inv[None, :]  # float32 angles, as the paper's precision note asks
+        emb = torch.cat((ang, ang), dim=-1)
+        ctx.extra.update(cos=emb.cos() * self.attention_factor, sin=emb.sin() * self.attention_factor)
+        return ctx
 
     def transform_qk(self, q, k, ctx, layer):
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
@@ -416,19 +429,20 @@ class ALiBi(PositionalEncoding):
         super().__init__(config)
         self.register_buffer('slopes', alibi_slopes(config.n_head), persistent=False)
 
-    def score_mod(self, q, ctx, layer):
-        slopes = self.slopes
+    def score_mod(self, q, k, ctx, layer):
+        slopes, q_pos, k_pos = self.slopes, ctx.q_pos, ctx.k_pos
 
-        def mod(score, b, h, qp, kp):
-            return score + slopes[h] * (kp - qp)
+        def mod(score, b, h, i, j):
+            return score + slopes[h] * (k_pos[j] - q_pos[i])
         return mod
 
 
 # =============================================================================
 # the zoo: learned and fixed relative biases, relative keys/values, rotary variants.
-# Every bias is a function of absolute (query, key) positions evaluated inside
-# score_mod, so FlexAttention never builds a TxT tensor. Relative distance
-# conventions follow each paper (see positional-facts: T5/Shaw use key - query).
+# A bias that depends only on the distance is tabulated once per forward for the
+# distances 0..n_pos-1 (O(T)) and looked up in score_mod, so FlexAttention never
+# builds a TxT tensor and its backward scatters into that small table. Relative
+# distance conventions follow each paper (see positional-facts: T5/Shaw use key - query).
 
 def t5_bucket(relative_position, num_buckets=32, max_distance=128, bidirectional=False):
     """T5's relative-position bucket (Raffel et al., arXiv 1910.10683, as in Mesh TF).
@@ -474,11 +488,17 @@ class T5Bias(PositionalEncoding):
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Parameter(torch.randn(num_buckets, config.n_head) * config.n_embd ** -0.5)
 
-    def score_mod(self, q, ctx, layer):
-        table, nb, md = self.table, self.num_buckets, self.max_distance
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        r = torch.arange(ctx.n_pos, device=q_pos.device)  # every distance this forward can see
+        ctx.extra['bias'] = self.table[t5_bucket(-r, self.num_buckets, self.max_distance)].t()  # [H, n_pos]
+        return ctx
 
-        def mod(score, b, h, qp, kp):
-            return score + table[t5_bucket(kp - qp, nb, md), h]
+    def score_mod(self, q, k, ctx, layer):
+        bias = ctx.extra['bias']
+
+        def mod(score, b, h, i, j):
+            return score + bias[h, ctx.dist(i, j)]
         return mod
 
 
@@ -501,8 +521,9 @@ class Shaw(PositionalEncoding):
     in score_mod. Value term: sum_j a_ij aV[r] needs only the attention weights of
     the k nearest keys (the rest share aV[k] with weight 1 - their sum), which come
     from each row's logsumexp: a_ij = exp(e_ij - lse_i) (the value_mod hook), so
-    FlexAttention can run this scheme too. Attention dropout is not applied to the
-    value term."""
+    FlexAttention can run this scheme too. Those k logits are q_i.k_{i-r} on shifted
+    views of q and k (no copies kept for backward) plus the key term, read through
+    score_mod itself. Attention dropout is not applied to the value term."""
 
     def __init__(self, config, max_distance=16):
         super().__init__(config)
@@ -513,22 +534,26 @@ class Shaw(PositionalEncoding):
     def new_layer(self):
         return _ShawLayer(self.k + 1, self.head_dim)
 
-    def score_mod(self, q, ctx, layer):
+    def score_mod(self, q, k, ctx, layer):
         qa = (q.float() @ layer.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
-        q0, kmax = ctx.q_pos[0], self.k
+        kmax = self.k
 
-        def mod(score, b, h, qp, kp):
-            return score + qa[b, h, qp - q0, (qp - kp).clamp(0, kmax)]
+        def mod(score, b, h, i, j):
+            return score + qa[b, h, i, ctx.dist(i, j).clamp(max=kmax)]
         return mod
 
-    def value_mod(self, q, k, ctx, layer):
-        d, K = self.head_dim, self.k
-        qi = ctx.q_pos - ctx.k_pos[0]  # index of each query's own key in k
-        e = []  # logits of the keys at distance r = 0..K-1 (the ones with their own aV[r])
+    def value_mod(self, q, k, ctx, layer, score_mod):
+        B, H, Tq, d = q.shape
+        K, off = self.k, k.size(2) - Tq  # query i is key i + off
+        qf, kf = q.float(), k.float()
+        e = qf.new_full((B, H, Tq, K), float('-inf'))  # logits at distance r = 0..K-1 (their own aV[r])
+        b, h = torch.arange(B, device=q.device)[:, None, None], torch.arange(H, device=q.device)[None, :, None]
         for r in range(K):
-            kr = k[:, :, (qi - r).clamp(min=0)].float() + layer.rel_k[r]
-            e.append((q.float() * kr).sum(-1) / math.sqrt(d))
-        e = torch.stack(e, -1).masked_fill((qi[:, None] - torch.arange(K, device=q.device)) < 0, float('-inf'))
+            n = min(Tq, Tq + off - r)  # queries that have a key r back
+            if n > 0:  # views of q and k: autograd keeps no per-r copies
+                raw = (qf[:, :, Tq - n:] * kf[:, :, Tq + off - r - n:Tq + off - r]).sum(-1) / math.sqrt(d)
+                i = torch.arange(Tq - n, Tq, device=q.device)
+                e[:, :, Tq - n:, r] = score_mod(raw, b, h, i, i + off - r)
 
         def g(lse):
             p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
@@ -568,9 +593,9 @@ class TransformerXL(PositionalEncoding):
         nn.init.normal_(w_r.weight, std=0.02)
         return w_r
 
-    def context(self, q_pos, k_pos):
+    def context(self, q_pos, k_pos, n_pos=None):
         ang = q_pos.float()[:, None] * self.inv_freq[None, :]  # [T, r_dim/2], float32
-        return Context(q_pos, k_pos, {'cos': ang.cos(), 'sin': ang.sin()})
+        return make_context(q_pos, k_pos, n_pos, cos=ang.cos(), sin=ang.sin())
 
     def transform_qk(self, q, k, ctx, layer):
         B, H, T, d = q.shape
@@ -604,15 +629,15 @@ class _Kerple(PositionalEncoding):
     def new_layer(self):
         return _KerpleLayer(self.n_head)
 
-    def score_mod(self, q, ctx, layer):
+    def score_mod(self, q, k, ctx, layer):
         with torch.no_grad():  # clamp the parameters themselves, so gradients still flow at the boundary
             layer.p.clamp_(min=self.eps, max=self.p_max)
             layer.a.clamp_(min=self.eps)
-        p, a, kernel = layer.p, layer.a, self.kernel
+        r = torch.arange(ctx.n_pos, device=q.device).float()
+        bias = -self.kernel(r[None, :], layer.p[:, None], layer.a[:, None])  # [H, n_pos], once per layer
 
-        def mod(score, b, h, qp, kp):
-            r = (qp - kp).clamp(min=0).float()  # future keys are masked anyway
-            return score - kernel(r, p[h], a[h])
+        def mod(score, b, h, i, j):
+            return score + bias[h, ctx.dist(i, j)]
         return mod
 
 
@@ -656,8 +681,13 @@ class FIRE(PositionalEncoding):
     L_thr = |m * L0| learned through m (init 1, L0 = 512): distances are normalised by
     the query position ("progressive interpolation") but never by less than L_thr,
     so the MLP input stays in [0, 1] at any length. psi of the normaliser gets +1e-6.
-    One FIRE module per layer, as in the paper's default. The MLP runs inside
-    score_mod as `width` scalar ReLU units (FlexAttention needs pointwise code).
+    One FIRE module per layer, as in the paper's default. The bias depends on the
+    query position as well as the distance, so it cannot be tabulated per distance:
+    without gradients (evaluation at any length) the MLP runs inside score_mod as
+    `width` scalar ReLU units, O(T) memory; with gradients it is tabulated as
+    [H, Tq, Tk] once per layer (the paper's dense bias, by the same code, so the two
+    agree bit for bit), because FlexAttention's backward can only scatter a score's
+    gradient into a tensor it indexes once.
     Note: with the default L0 = 512 and a training length below 512, training
     never reaches the interpolating regime; set init_L (e.g. block_size / 4 as
     the paper's 512 / 2048) to study it. Options: width, init_c, init_L."""
@@ -669,19 +699,31 @@ class FIRE(PositionalEncoding):
     def new_layer(self):
         return _FireLayer(self.n_head, self.width, self.init_c, self.init_L)
 
-    def score_mod(self, q, ctx, layer):
+    @staticmethod
+    def bias(layer, h, qp, r):
+        """bias_h for query positions qp and distances r (broadcast tensors)."""
         w1, b1 = layer.fc1.weight[:, 0], layer.fc1.bias
         w2, b2 = layer.fc2.weight, layer.fc2.bias
         c, thr = layer.c, (layer.L_mult * layer.init_L).abs()
+        rel = torch.log(torch.abs(c * r.float()) + 1)
+        norm = torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6
+        x = rel / norm
+        out = b2[h]
+        for u in range(w1.size(0)):  # the MLP, one hidden unit at a time
+            out = out + w2[h, u] * torch.relu(w1[u] * x + b1[u])
+        return out
 
-        def mod(score, b, h, qp, kp):
-            rel = torch.log(torch.abs(c * (qp - kp).clamp(min=0).float()) + 1)
-            norm = torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6
-            x = rel / norm
-            out = b2[h]
-            for u in range(w1.size(0)):  # the MLP, one hidden unit at a time
-                out = out + w2[h, u] * torch.relu(w1[u] * x + b1[u])
-            return score + out
+    def score_mod(self, q, k, ctx, layer):
+        if not torch.is_grad_enabled():
+            def mod(score, b, h, i, j):
+                return score + self.bias(layer, h, ctx.q_pos[i], ctx.dist(i, j))
+            return mod
+        h = torch.arange(self.n_head, device=q.device)[:, None, None]
+        i, j = torch.arange(q.size(2), device=q.device)[:, None], torch.arange(k.size(2), device=q.device)
+        table = self.bias(layer, h, ctx.q_pos[i], ctx.dist(i, j))  # [H, Tq, Tk]
+
+        def mod(score, b, h, i, j):
+            return score + table[h, i, j]
         return mod
 
 
@@ -693,7 +735,7 @@ class Sandwich(PositionalEncoding):
     h = 1..H, d = n_embd by default (option dim). It is 0 at distance 0 and <= 0
     elsewhere; the 8h/H divisor mirrors ALiBi's head slopes. Since the bias depends
     only on the distance, context() tabulates it once per forward for distances
-    0..Tk-1 (O(T) memory) and score_mod indexes the table."""
+    0..n_pos-1 (O(T) memory) and score_mod indexes the table."""
 
     def __init__(self, config, dim=None):
         super().__init__(config)
@@ -705,27 +747,29 @@ class Sandwich(PositionalEncoding):
         h = torch.arange(1, config.n_head + 1, dtype=torch.float32)
         self.register_buffer('head_div', 8 * h / config.n_head, persistent=False)
 
-    def context(self, q_pos, k_pos):
-        r = torch.arange(k_pos.numel(), device=k_pos.device, dtype=torch.float64)
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        r = torch.arange(ctx.n_pos, device=k_pos.device, dtype=torch.float64)
         table = torch.cos(r[:, None] * self.inv_freq[None, :]).sum(-1) - self.dim / 2  # float64: sums of d/2 cosines
-        return Context(q_pos, k_pos, {'table': table.float()})
+        ctx.extra['table'] = table.float()
+        return ctx
 
-    def score_mod(self, q, ctx, layer):
+    def score_mod(self, q, k, ctx, layer):
         table, div = ctx.extra['table'], self.head_div
 
-        def mod(score, b, h, qp, kp):
-            return score + table[(qp - kp).clamp(min=0)] / div[h]
+        def mod(score, b, h, i, j):
+            return score + table[ctx.dist(i, j)] / div[h]
         return mod
 
 
-def _rope_freqs(scheme, dim, k_pos):
+def _rope_freqs(scheme, dim, ctx):
     """(inv_freq, attention factor) of a rotary scheme: its buffer, or, with
-    config.rope_scaling set, rope_frequencies() at the current length (which the
-    dynamic methods need)."""
+    config.rope_scaling set, rope_frequencies() at the current length ctx.n_pos
+    (which the length-dependent methods need)."""
     if scheme.scaling is None:
         return scheme.inv_freq, scheme.attention_factor
-    inv, factor = rope_frequencies(dim, scheme.base, scheme.scaling, seq_len=int(k_pos[-1]) + 1)
-    return inv.to(k_pos.device), factor
+    inv, factor = rope_frequencies(dim, scheme.base, scheme.scaling, seq_len=ctx.n_pos)
+    return inv.to(ctx.k_pos.device), factor
 
 
 @register('xpos')
@@ -761,8 +805,9 @@ class XPos(PositionalEncoding):
         zeta = (torch.arange(0, d, 2, dtype=torch.float32) + 0.4 * d) / (1.4 * d)
         self.register_buffer('zeta', zeta, persistent=False)
 
-    def context(self, q_pos, k_pos):
-        inv_freq, factor = _rope_freqs(self, self.head_dim, k_pos)
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        inv_freq, factor = _rope_freqs(self, self.head_dim, ctx)
         centre = (k_pos[0] + k_pos[-1]) // 2
 
         def tables(pos):
@@ -770,20 +815,21 @@ class XPos(PositionalEncoding):
             scale = self.zeta[None, :] ** ((pos - centre).float()[:, None] / self.gamma)
             emb, scale = torch.cat((ang, ang), -1), torch.cat((scale, scale), -1)
             return emb.cos() * factor, emb.sin() * factor, scale
-        return Context(q_pos, k_pos, {'q': tables(q_pos), 'k': tables(k_pos)})
+        ctx.extra.update(q=tables(q_pos), k=tables(k_pos))
+        return ctx
 
     def transform_qk(self, q, k, ctx, layer):
         cq, sq, zq = ctx.extra['q']
         ck, sk, zk = ctx.extra['k']
         return apply_rotary(q, cq * zq, sq * zq), apply_rotary(k, ck / zk, sk / zk)
 
-    def score_mod(self, q, ctx, layer):
+    def score_mod(self, q, k, ctx, layer):
         if not self.blockwise or self.training:
             return None
         w = self.bca_block
 
-        def mod(score, b, h, qp, kp):  # -inf outside own and previous block (the diagonal is always kept)
-            return torch.where(kp // w >= qp // w - 1, score, float('-inf'))
+        def mod(score, b, h, i, j):  # -inf outside own and previous block (the diagonal is always kept)
+            return torch.where(ctx.k_pos[j] // w >= ctx.q_pos[i] // w - 1, score, float('-inf'))
         return mod
 
 
@@ -804,15 +850,17 @@ class _SectionRoPE(PositionalEncoding):
         axis = torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections))
         self.register_buffer('axis_of_pair', axis, persistent=False)
 
-    def freqs(self, k_pos):
-        return _rope_freqs(self, self.head_dim, k_pos)
+    def freqs(self, ctx):
+        return _rope_freqs(self, self.head_dim, ctx)
 
-    def context(self, q_pos, k_pos):
-        inv_freq, factor = self.freqs(k_pos)  # [d/2] frequencies, section by section
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        inv_freq, factor = self.freqs(ctx)  # [d/2] frequencies, section by section
         pos = self.axis_positions(q_pos).float()  # [n_axes, T]
         ang = pos[self.axis_of_pair].t() * inv_freq[None, :]  # [T, d/2], float32
         emb = torch.cat((ang, ang), dim=-1)
-        return Context(q_pos, k_pos, {'cos': emb.cos() * factor, 'sin': emb.sin() * factor})
+        ctx.extra.update(cos=emb.cos() * factor, sin=emb.sin() * factor)
+        return ctx
 
     def transform_qk(self, q, k, ctx, layer):
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
@@ -868,11 +916,11 @@ class RoPE2D(_SectionRoPE):
         inv, self.attention_factor = rope_frequencies(self.head_dim // 2, self.base, self.scaling)
         self.set_sections(torch.cat((inv, inv)), [self.head_dim // 4] * 2)
 
-    def freqs(self, k_pos):
+    def freqs(self, ctx):
         if self.scaling is None:
             return self.inv_freq, self.attention_factor
-        inv, factor = rope_frequencies(self.head_dim // 2, self.base, self.scaling, seq_len=int(k_pos[-1]) + 1)
-        return torch.cat((inv, inv)).to(k_pos.device), factor  # both axes, same frequencies
+        inv, factor = rope_frequencies(self.head_dim // 2, self.base, self.scaling, seq_len=ctx.n_pos)
+        return torch.cat((inv, inv)).to(ctx.k_pos.device), factor  # both axes, same frequencies
 
     def axis_positions(self, pos):
         return torch.stack((pos // self.width, pos % self.width))

@@ -17,13 +17,13 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import runtime
 from model import GPT, GPTConfig
 from eval import atomic_save, eval_lengths, evaluate, flat_metrics, log_wandb, read_checkpoint
 
@@ -42,8 +42,9 @@ wandb_run_name = ''       # default: the scheme name
 # data
 dataset = 'shakespeare_char'
 data_dir = ''             # default: data/<dataset>
-gradient_accumulation_steps = 1  # total over all ranks
-batch_size = 32           # per micro-step per rank
+gradient_accumulation_steps = 1  # global batch = gradient_accumulation_steps * batch_size sequences,
+batch_size = 32           # the same on any number of ranks (split as evenly as the sizes allow);
+                          # no rank runs a micro-step of more than batch_size sequences
 block_size = 128          # the training length L
 # model
 n_layer = 4
@@ -161,35 +162,39 @@ if init_from == 'resume':
 
 # DDP setup: torchrun sets RANK/WORLD_SIZE
 ddp = int(os.environ.get('RANK', -1)) != -1
-if device == 'auto':
-    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+if ddp and device in ('auto', 'cuda') and torch.cuda.is_available():
+    device = f'cuda:{int(os.environ["LOCAL_RANK"])}'
+    torch.cuda.set_device(device)
+try:
+    rt = runtime.setup(device, dtype)
+except ValueError as e:
+    sys.exit(f"bad device/dtype: {e}")
+device, device_type, dtype, autocast = rt.device, rt.device_type, rt.dtype, rt.autocast
+ptdtype = rt.ptdtype
 if ddp:
-    if device.startswith('cuda'):
-        device = f'cuda:{int(os.environ["LOCAL_RANK"])}'
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
+    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
     rank, world_size = dist.get_rank(), dist.get_world_size()
 else:
     rank, world_size = 0, 1
 master = rank == 0
-if gradient_accumulation_steps % world_size:
-    sys.exit(f"gradient_accumulation_steps={gradient_accumulation_steps} must be divisible by the "
-             f"number of ranks ({world_size})")
-accum = gradient_accumulation_steps // world_size   # micro-steps per rank
-tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
-device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-if dtype == 'auto':
-    dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-autocast = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type=device_type, dtype=ptdtype)
+# The global batch (rows of block_size tokens) is split over the ranks as evenly as the sizes allow,
+# and each rank's share into micro-steps of at most batch_size rows. Each micro-step's mean loss is
+# weighted by its share of the global batch's targets (x world_size, since DDP averages gradients
+# over ranks), so any number of ranks computes the single-process gradient of the same batch.
+rows = gradient_accumulation_steps * batch_size
+try:
+    row0, micro = runtime.split_batch(rows, world_size, rank, batch_size)  # this rank's first row, micro-step sizes
+except ValueError as e:
+    sys.exit(f"{e} (gradient_accumulation_steps={gradient_accumulation_steps} x batch_size={batch_size}): raise one of them")
+accum = len(micro)
+tokens_per_iter = rows * block_size
 torch.manual_seed(seed)
-if device_type == 'cuda':
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
 if master:
     os.makedirs(out_dir, exist_ok=True)
-    print(f"tokens per iteration: {tokens_per_iter:,} ({world_size} rank(s) x {accum} micro-steps x "
-          f"{batch_size} x {block_size})")
+    print(f"tokens per iteration: {tokens_per_iter:,} (global batch {rows} x {block_size}; "
+          + (f"{world_size} ranks of {rows // world_size}-{-(-rows // world_size)} rows, rank 0 in "
+             f"{accum} micro-step(s) of {micro[0]})" if ddp else f"{accum} micro-step(s) of {micro[0]} rows)")
+          + f"; {device}, {dtype}")
 
 # data: the default corpus is prepared on first use
 default_data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
@@ -224,23 +229,30 @@ val_data = np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r
 
 
 def get_batch(it):
-    """This rank's micro-batches for iteration `it`. The global batch is drawn from a
-    generator seeded by (seed, it) and split across ranks and micro-steps, so any
-    number of ranks sees the same global batch (DDP == single process) and a resumed
-    run sees the same data as an uninterrupted one."""
+    """This rank's micro-batches for iteration `it` -> (x, y, weight). The global batch is
+    drawn from a generator seeded by (seed, it) and split across ranks and micro-steps, so
+    any number of ranks sees the same global batch (DDP == single process) and a resumed
+    run sees the same data as an uninterrupted one. weight = the micro-step's share of the
+    global batch's targets x world_size (exactly 1.0 for one process, one micro-step)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + it)
-    ix = torch.randint(len(train_data) - block_size - 1, (gradient_accumulation_steps * batch_size,), generator=g)
-    for m in range(accum):
-        rows = ix[(m * world_size + rank) * batch_size:(m * world_size + rank + 1) * batch_size].tolist()
-        x = torch.stack([torch.from_numpy(train_data[i:i + block_size].astype(np.int64)) for i in rows])
-        y = torch.stack([torch.from_numpy(train_data[i + 1:i + 1 + block_size].astype(np.int64)) for i in rows])
-        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    ix = torch.randint(len(train_data) - block_size - 1, (rows,), generator=g)
+    start = row0
+    for n in micro:
+        sel = ix[start:start + n].tolist()
+        start += n
+        x = torch.stack([torch.from_numpy(train_data[i:i + block_size].astype(np.int64)) for i in sel])
+        y = torch.stack([torch.from_numpy(train_data[i + 1:i + 1 + block_size].astype(np.int64)) for i in sel])
+        if device_type == 'cuda':  # pinned memory: the copy runs asynchronously, no host sync
+            x, y = x.pin_memory(), y.pin_memory()
+        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True), n * world_size / rows
 
 
 # model
+# GPT-2 BPE's 50257 tokens are padded to 50304 (nanoGPT's GPU speedup); a char vocab (84) stays as it is
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
-                  vocab_size=vocab_size or 50304, dropout=dropout, pos_encoding=pos_encoding,
-                  pos_options=pos_options, rope_scaling=rope_scaling, attn_backend=attn_backend)
+                  vocab_size=vocab_size or 50304, vocab_multiple=64 if (vocab_size or 50304) > 1024 else 1,
+                  dropout=dropout, pos_encoding=pos_encoding, pos_options=pos_options,
+                  rope_scaling=rope_scaling, attn_backend=attn_backend)
 iter_num, best_val_loss, resume_state = 0, 1e9, {}
 if ckpt is not None:
     if init_from == 'resume':
@@ -248,11 +260,13 @@ if ckpt is not None:
             sys.exit(f"cannot resume {ckpt_path}: it was trained with vocab_size={ckpt['model_args']['vocab_size']}, "
                      f"but {data_dir} has {vocab_size}; resume on the run's own data (drop --data_dir/--dataset)")
         model_args['vocab_size'] = ckpt['model_args']['vocab_size']
+        model_args['vocab_multiple'] = ckpt['model_args'].get('vocab_multiple', 1)  # (older checkpoints: unpadded)
         iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
         resume_state = {k: ckpt.get(k) for k in ('rng', 'scaler', 'wandb_id')}
     else:                       # fine-tune: same weights, this config's length/scaling
         keep = ('block_size', 'rope_scaling', 'attn_backend', 'dropout')
         model_args.update({k: v for k, v in ckpt['model_args'].items() if k not in keep})
+        model_args['vocab_multiple'] = ckpt['model_args'].get('vocab_multiple', 1)  # (older checkpoints: unpadded)
         if master:
             print(f"fine-tuning from {ckpt_path} (trained with block_size={ckpt['model_args']['block_size']}, "
                   f"rope_scaling={ckpt['model_args'].get('rope_scaling')}) at block_size={block_size}, "
@@ -368,11 +382,7 @@ if master and os.path.exists(metrics_path):
         f.writelines(keep)
     os.replace(metrics_path + '.tmp', metrics_path)
 wandb_run = setup_wandb() if (wandb_log and master) else None
-PEAK_FLOPS = {'H100': 989e12, 'H200': 989e12, 'A100': 312e12}  # dense bf16
-peak_flops = None
-if device_type == 'cuda':
-    name = torch.cuda.get_device_name()
-    peak_flops = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
 
 # -----------------------------------------------------------------------------
 # Runs that survive. SIGTERM/SIGINT only set a flag: the loop finishes its iteration, saves
@@ -496,12 +506,12 @@ while True:
         break
 
     loss_sum = torch.zeros((), device=device)
-    for micro_step, (X, Y) in enumerate(get_batch(iter_num)):
+    for micro_step, (X, Y, weight) in enumerate(get_batch(iter_num)):
         if ddp:  # all-reduce gradients only on the last micro-step (forward and backward)
             model.require_backward_grad_sync = micro_step == accum - 1
         with autocast:
             _, loss = model(X, Y)
-            loss = loss / accum
+            loss = loss * weight
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
     if grad_clip != 0.0:
@@ -522,7 +532,8 @@ while True:
         t0 = t1
         if master:
             tps = tokens_per_iter / dt
-            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt, peak_flops) if peak_flops else None
+            # per GPU: this rank's share of the global batch against one GPU's peak
+            mfu = raw_model.estimate_mfu(rows / world_size, dt, peak_flops) if peak_flops else None
             print(f"iter {iter_num}: loss {vals[-1]:.4f}, {dt * 1000:.1f} ms/iter, {tps:,.0f} tok/s"
                   + (f", mfu {mfu * 100:.1f}%" if mfu else ''))
             log_metrics({'iter': iter_num, 'train/loss': vals[-1], 'lr': lr, 'ms_per_iter': dt * 1000,

@@ -1,6 +1,8 @@
-"""Run under torchrun (2 ranks, gloo). Each rank does train.py's DDP step on its share
-of a fixed global batch (grad accumulation with no_sync on all micro-steps but the
-last); rank 0 compares the all-reduced gradients with one process on the whole batch."""
+"""Run under torchrun (gloo, any number of ranks). Each rank does train.py's DDP step on
+its share of a fixed global batch of 11 rows (runtime.split_batch: uneven shares,
+micro-steps of at most 3 rows, no_sync on all but the last, each micro-step's mean loss
+weighted by its rows * world / 11); rank 0 compares the all-reduced gradients with one
+process on the whole batch."""
 import gc
 import os
 import sys
@@ -10,28 +12,29 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from conftest import tiny_model  # noqa: E402
+from runtime import split_batch  # noqa: E402
 
 scheme, out = sys.argv[1], sys.argv[2]
 dist.init_process_group('gloo')
 rank, world = dist.get_rank(), dist.get_world_size()
-accum_total, bs = 4, 3                       # 4 micro-batches of 3 over all ranks
+rows, bs = 11, 3
 g = torch.Generator().manual_seed(0)
-X = torch.randint(0, 37, (accum_total * bs, 17), generator=g)
-accum = accum_total // world
+X = torch.randint(0, 37, (rows, 17), generator=g)
+row0, micro = split_batch(rows, world, rank, bs)
 
 model = DDP(tiny_model(scheme, seed=0))
-for m in range(accum):
-    rows = slice((m * world + rank) * bs, (m * world + rank + 1) * bs)  # as train.py's get_batch
-    model.require_backward_grad_sync = m == accum - 1
-    _, loss = model(X[rows, :-1], X[rows, 1:])
-    (loss / accum).backward()
+for m, n in enumerate(micro):
+    model.require_backward_grad_sync = m == len(micro) - 1
+    _, loss = model(X[row0:row0 + n, :-1], X[row0:row0 + n, 1:])
+    (loss * n * world / rows).backward()
+    row0 += n
 
 if rank == 0:
     ref = tiny_model(scheme, seed=0)
-    for m in range(accum_total):
-        _, loss = ref(X[m * bs:(m + 1) * bs, :-1], X[m * bs:(m + 1) * bs, 1:])
-        (loss / accum_total).backward()
+    _, loss = ref(X[:, :-1], X[:, 1:])
+    loss.backward()
     diff = max((p.grad - q.grad).abs().max().item()
                for p, q in zip(model.module.parameters(), ref.parameters()))
     with open(out, 'w') as f:

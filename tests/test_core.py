@@ -36,7 +36,7 @@ def test_alibi_bias_is_minus_slope_times_distance():
     pe = m.pe
     q_pos = torch.arange(6)
     ctx = pe.context(q_pos, q_pos)
-    bias = dense_bias(pe.score_mod(None, ctx, None), ctx, 1, 4, 'cpu', torch.float32)[0]
+    bias = dense_bias(pe.score_mod(None, None, ctx, None), 1, 4, 6, 6, 'cpu')[0]
     slopes = positional.alibi_slopes(4)
     for h in range(4):
         for i in range(6):

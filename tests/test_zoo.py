@@ -17,7 +17,8 @@ from conftest import tiny_config, tiny_model
 def dense_bias(pe, layer, q, q_pos, k_pos):
     """The scheme's score bias as a dense [B|1, H, Tq, Tk] tensor (future = -inf)."""
     ctx = pe.context(q_pos, k_pos)
-    return M.dense_bias(pe.score_mod(q, ctx, layer), ctx, q.size(0), q.size(1), q.device, torch.float32)
+    k = torch.zeros(q.size(0), q.size(1), len(k_pos), q.size(3))
+    return M.dense_bias(pe.score_mod(q, k, ctx, layer), q.size(0), q.size(1), len(q_pos), len(k_pos), q.device)
 
 
 # --- T5 -----------------------------------------------------------------------
@@ -93,7 +94,8 @@ def shaw_reference(q, k, v, aK, aV, K, q_pos, k_pos):
 
 def shaw_attention(pe, layer, q, k, v, q_pos, k_pos, backend='dense'):
     ctx = pe.context(q_pos, k_pos)
-    return M.attend(q, k, v, pe.score_mod(q, ctx, layer), ctx, backend, 0.0, pe.value_mod(q, k, ctx, layer))
+    mod = pe.score_mod(q, k, ctx, layer)
+    return M.attend(q, k, v, mod, pe.value_mod(q, k, ctx, layer, mod), backend)
 
 
 @pytest.mark.parametrize('q0', [0, 6])  # 6: the last queries of a cached sequence
@@ -116,18 +118,10 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
     """FlexAttention (eager, with uncompiled block masks: cheap on CPU) gives the dense
     path's outputs for every new bias scheme, including Shaw's value term fed by
     flex's logsumexp (which compiled flex cannot return on CPU, hence eager)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-    masks = {}
-
-    def causal_block_mask(Tq, Tk, q0, k0, device):
-        if (Tq, Tk, q0, k0) not in masks:
-            masks[Tq, Tk, q0, k0] = create_block_mask(lambda b, h, qi, ki: ki + k0 <= qi + q0,
-                                                      None, None, Tq, Tk, device=device)
-        return masks[Tq, Tk, q0, k0]
-    monkeypatch.setitem(M._compiled, 'flex_attention', flex_attention)
+    monkeypatch.setitem(M._compiled, 'flex', flex_attention)
     monkeypatch.setattr(M, 'FLEX_LSE_ON_CPU', True)
-    monkeypatch.setattr(M, 'causal_block_mask', causal_block_mask)
     schemes = [('t5', {'num_buckets': 8, 'max_distance': 10}), ('shaw', {'max_distance': 4}), ('kerple_log', {}),
                ('kerple_power', {}), ('fire', {'init_L': 6.0, 'width': 4}), ('sandwich', {}),
                ('xpos', {'blockwise': True, 'bca_block': 4})]
@@ -140,10 +134,11 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
         for qp in ((q_pos, q_pos[9:]) if name == 'shaw' else (q_pos[9:],)):  # the last queries over a cache
             ctx = pe.context(qp, k_pos)
             qq, kk = pe.transform_qk(q[:, :, qp], k, ctx, layer)  # xPos: all keys (transform_after_cache)
-            mod, vmod = pe.score_mod(qq, ctx, layer), pe.value_mod(qq, kk, ctx, layer)
             with torch.no_grad():
-                dense = M.attend(qq, kk, v, mod, ctx, 'dense', 0.0, vmod)
-                flex = M.attend(qq, kk, v, mod, ctx, 'flex', 0.0, vmod)
+                mod = pe.score_mod(qq, kk, ctx, layer)
+                vmod = pe.value_mod(qq, kk, ctx, layer, mod)
+                dense = M.attend(qq, kk, v, mod, vmod, 'dense')
+                flex = M.attend(qq, kk, v, mod, vmod, 'flex')
             assert torch.allclose(flex, dense, atol=1e-5), name
 
 
@@ -312,7 +307,7 @@ def test_xpos_blockwise_attention():
         steps = [bca(x[:, :28], cache=cache)[0]] + [bca(x[:, t:t + 1], cache=cache)[0] for t in range(28, 40)]
         assert torch.allclose(torch.cat(steps, 1), b, atol=1e-5)
     bca.train()
-    assert bca.pe.score_mod(None, None, None) is None  # training uses plain causal attention
+    assert bca.pe.score_mod(None, None, None, None) is None  # training uses plain causal attention
     pe = bca.pe.eval()
     q, pos = torch.randn(1, 4, 40, 8), torch.arange(40)
     bias = dense_bias(pe, None, q, pos, pos)[0, 0]

@@ -1,0 +1,79 @@
+"""
+Device, precision and peak FLOP/s: the one place every script (train, eval, sample,
+passkey, bench, extend_table) gets them from, so a GPU run of each uses the same
+bf16 autocast and TF32 settings and the tables they write are comparable.
+
+  rt = runtime.setup('auto', 'auto')   # CUDA + bf16 autocast where available, else CPU float32
+  with rt.autocast: logits, loss = model(x, y)
+"""
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+# Dense bf16 tensor-core peak FLOP/s, no sparsity (NVIDIA datasheets), matched against
+# torch.cuda.get_device_name() in this order (the PCIe and NVL H100s are slower than SXM).
+PEAK_BF16_FLOPS = [('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', 989e12), ('H200', 989e12),
+                   ('GH200', 989e12), ('A100', 312e12), ('L40S', 362e12), ('A10G', 70e12)]
+DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+
+
+@dataclass
+class Runtime:
+    device: str            # 'cpu', 'cuda', 'cuda:1', ...
+    device_type: str       # 'cpu' | 'cuda'
+    dtype: str             # 'float32' | 'bfloat16' | 'float16' (autocast's; weights stay float32)
+    autocast: object       # a context manager: torch.autocast, or a no-op for float32
+
+    @property
+    def ptdtype(self):
+        return DTYPES[self.dtype]
+
+
+def setup(device='auto', dtype='auto'):
+    """Resolve 'auto' (CUDA if available; bf16 on a GPU that has it, else float32) and
+    turn TF32 on for CUDA matmuls (float32 work that is left, e.g. the loss, gets tensor cores)."""
+    if device == 'auto':
+        device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+    if device_type == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but torch sees no CUDA GPU (torch {torch.__version__}); "
+                         f"use device='cpu' or 'auto'")
+    if dtype == 'auto':
+        dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: use 'auto', {', '.join(map(repr, DTYPES))}")
+    if device_type == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=DTYPES[dtype])
+    return Runtime(device, device_type, dtype, ctx)
+
+
+def peak_flops(device_name):
+    """Dense bf16 peak FLOP/s of one GPU named `device_name`, or None if unknown."""
+    return next((v for k, v in PEAK_BF16_FLOPS if k in device_name), None)
+
+
+def device_name(rt):
+    if rt.device_type == 'cuda':
+        return torch.cuda.get_device_name(rt.device)
+    import platform
+    try:
+        cpu = next(l for l in open('/proc/cpuinfo') if l.startswith('model name')).split(':')[1].strip()
+    except (OSError, StopIteration):
+        cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {torch.get_num_threads()} thread(s)"
+
+
+def split_batch(rows, world_size, rank, batch_size):
+    """The global batch of `rows` sequences over `world_size` ranks: this rank's first row
+    and its micro-steps' sizes (each <= batch_size), as even as the sizes allow. train.py
+    weights each micro-step's mean loss by its rows * world_size / rows (DDP averages
+    over ranks), so the ranks together compute the single-process gradient of the batch."""
+    if rows < world_size:
+        raise ValueError(f"a global batch of {rows} sequences cannot be split over {world_size} ranks")
+    share = [rows // world_size + (r < rows % world_size) for r in range(world_size)]
+    n = share[rank]
+    accum = -(-n // batch_size)
+    return sum(share[:rank]), [n // accum + (m < n % accum) for m in range(accum)]
