@@ -128,7 +128,13 @@ def dense_bias(mod, B, H, Tq, Tk, device):
 
 
 def _dense(q, k, v, mod, dropout_p, seed, need_lse):
-    """float32 attention with a dense bias -> (y in float32, lse or None)."""
+    """float32 attention with a dense bias -> (y in float32, lse or None). Autocast is off
+    inside: it would cast the float32 inputs (and so the bias's effect) back to bf16."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse)
+
+
+def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse):
     B, H, Tq, d = q.shape
     bias = dense_bias(mod, B, H, Tq, k.size(2), q.device)
     if not (dropout_p or need_lse):  # SDPA's fused softmax; float32 inputs so the bias stays float32

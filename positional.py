@@ -535,7 +535,8 @@ class Shaw(PositionalEncoding):
         return _ShawLayer(self.k + 1, self.head_dim)
 
     def score_mod(self, q, k, ctx, layer):
-        qa = (q.float() @ layer.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
+        with torch.autocast(q.device.type, enabled=False):  # a bias: float32 even under autocast
+            qa = (q.float() @ layer.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
         kmax = self.k
 
         def mod(score, b, h, i, j):

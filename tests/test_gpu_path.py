@@ -1,0 +1,218 @@
+"""The CUDA path's failure modes, caught on CPU: FlexAttention's backward graph for every
+score_mod (built and validated as Inductor does before it writes the CUDA kernel), graph
+breaks in compiled forwards, bf16 autocast, dropout on every attention path, the padded
+vocabulary, and one peak-FLOPs table."""
+import math
+
+import pytest
+import torch
+import torch.nn.attention.flex_attention as fa
+
+import model as M
+import positional
+import runtime
+from conftest import SCHEMES, tiny_model
+
+MOD_SCHEMES = [s for s in SCHEMES if positional.REGISTRY[s].score_mod is not positional.PositionalEncoding.score_mod
+               or positional.REGISTRY[s].value_mod is not positional.PositionalEncoding.value_mod]
+
+
+class _Validated(Exception):
+    pass
+
+
+def _validating_backend(counts):
+    """An AOT-autograd backend whose backward compiler runs Inductor's validate_joint_graph on
+    every flex_attention_backward node -- the check the CUDA lowering runs first (it raised
+    'multiple indexing operations on the same tensor that requires gradients' for FIRE) --
+    then stops: the kernel itself needs a GPU."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.kernel.flex.flex_attention import validate_joint_graph
+
+    def bw(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.target is torch.ops.higher_order.flex_attention_backward:
+                validate_joint_graph(getattr(gm, node.args[8].target).graph)
+                counts.append(node)
+        raise _Validated
+    return aot_autograd(fw_compiler=lambda gm, ex: gm, bw_compiler=bw)
+
+
+@pytest.fixture
+def flex_with_grad_on_cpu(monkeypatch):
+    """FlexAttention refuses inputs that need gradients on CPU before building anything; lift
+    that check (and let Shaw's value term take flex's logsumexp) so the graph gets built."""
+    monkeypatch.setattr(fa, '_validate_device', lambda *a: None)
+    monkeypatch.setattr(M, 'FLEX_LSE_ON_CPU', True)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _has_training_mod(scheme):
+    m = tiny_model(scheme)
+    pe, layer = m.pe, m.transformer.h[0].attn.pe_layer
+    pos = torch.arange(8)
+    q = torch.randn(1, 4, 8, 8)
+    return pe.score_mod(q, q, pe.context(pos, pos), layer) is not None or \
+        pe.value_mod(q, q, pe.context(pos, pos), layer, None) is not None
+
+
+@pytest.mark.parametrize('scheme', MOD_SCHEMES)
+def test_flex_backward_graph_validates_and_gradients_equal_dense(scheme, flex_with_grad_on_cpu, monkeypatch):
+    """Training through FlexAttention, with attention dropout: (1) Inductor accepts the joint
+    graph of every score_mod (two flex calls per layer: dropout's kept-keys pass and the lse
+    pass); (2) FlexAttention's own (eager) backward gives the dense path's loss and gradients."""
+    x = torch.randint(0, 37, (2, 64), generator=torch.Generator().manual_seed(0))
+    counts = []
+    m = tiny_model(scheme, block_size=64, attn_backend='flex', dropout=0.1)
+    with pytest.raises(_Validated):
+        _, loss = torch.compile(m, backend=_validating_backend(counts))(x, x)
+        loss.backward()
+    assert len(counts) == (2 * m.config.n_layer if _has_training_mod(scheme) else 0)
+
+    monkeypatch.setitem(M._compiled, 'flex', fa.flex_attention)  # eager flex: its backward runs on CPU
+    out = {}
+    for backend in ('flex', 'dense'):
+        m = tiny_model(scheme, block_size=64, attn_backend=backend, dropout=0.1)
+        torch.manual_seed(1)  # the same dropout seeds on both paths
+        _, loss = m(x, x)
+        loss.backward()
+        out[backend] = loss.item(), {n: p.grad for n, p in m.named_parameters()}
+    (lf, gf), (ld, gd) = out['flex'], out['dense']
+    assert lf == pytest.approx(ld, abs=1e-6)
+    for n in gd:
+        assert gf[n] is not None and torch.allclose(gf[n], gd[n], atol=1e-6), n
+
+
+@pytest.mark.parametrize('scheme', SCHEMES)
+def test_compiled_forward_has_no_graph_breaks(scheme):
+    """A training forward (grad, the backend train.py uses) and a no-grad FlexAttention forward
+    (eval's long lengths) compile to one graph: no int()/.item() host sync, no Python state
+    mutated inside forward."""
+    x = torch.randint(0, 37, (2, 64))
+    for backend, grad in (('auto', True), ('flex', False)):
+        torch._dynamo.reset()
+        m = tiny_model(scheme, block_size=64, attn_backend=backend)
+        m.train(grad)
+        with torch.set_grad_enabled(grad):
+            ex = torch._dynamo.explain(m)(x, x)
+        assert ex.graph_break_count == 0, (backend, [str(b.reason)[:200] for b in ex.break_reasons])
+        assert ex.graph_count == 1
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize('scheme', SCHEMES)
+def test_bf16_autocast_train_step_and_kv_cache(scheme):
+    m = tiny_model(scheme)
+    opt = m.configure_optimizers(0.0, 3e-3, (0.9, 0.99), 'cpu')
+    x = torch.randint(0, 37, (4, 17), generator=torch.Generator().manual_seed(0))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        logits, loss = m(x[:, :-1], x[:, 1:])
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+    opt.step()
+    m.eval()
+    T = 16 if m.pe.max_len else 30
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        full = m(x[:, :1].repeat(1, T) if T > 17 else x[:, :T])[0].float()
+        xs = x[:, :1].repeat(1, T) if T > 17 else x[:, :T]
+        cache = m.new_cache()
+        steps = [m(xs[:, :5], cache=cache)[0]] + [m(xs[:, t:t + 1], cache=cache)[0] for t in range(5, T)]
+    decoded = torch.cat(steps, 1).float()
+    assert (decoded - full).abs().max() < 0.1  # bf16 matmuls; the biases themselves are float32
+
+
+def test_dense_bias_stays_float32_under_autocast():
+    """Two keys biased -500.3 and -501.2: their softmax weights depend on the 0.9 between them,
+    which a bf16 bias (spacing 2 at 500) rounds away (it became 0.88/0.12 instead of 0.71/0.29)."""
+    q = torch.zeros(1, 1, 1, 8)
+    k = torch.zeros(1, 1, 2, 8)
+    v = torch.tensor([1.0, 0.0]).view(1, 1, 2, 1).expand(1, 1, 2, 8).contiguous()
+    table = torch.tensor([-501.2, -500.3])  # bias by key index
+
+    def mod(score, b, h, i, j):
+        return score + table[j]
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        y = M.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), mod, backend='dense')
+    want = 1 / (1 + math.exp(0.9))  # weight of key 0
+    assert y[0, 0, 0, 0].item() == pytest.approx(want, abs=1e-2)
+    assert M.dense_bias(mod, 1, 1, 1, 2, 'cpu').dtype == torch.float32
+
+
+@pytest.mark.parametrize('path', ['sdpa', 'dense', 'flex'])
+def test_attention_dropout_on_every_path(path, monkeypatch):
+    """Dropout changes the output in training on every path, keeps its expectation (the mean
+    over many draws approaches the undropped attention), and drops the fraction asked for."""
+    monkeypatch.setitem(M._compiled, 'flex', fa.flex_attention)
+    monkeypatch.setattr(fa, '_validate_device', lambda *a: None)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 2, 12, 8).unbind(0)
+    mod = None if path == 'sdpa' else (lambda score, b, h, i, j: score - 0.1 * (i - j))
+    backend = 'dense' if path == 'sdpa' else path
+    ref = M.attend(q, k, v, mod, backend=backend)
+    draws = torch.stack([M.attend(q, k, v, mod, backend=backend, dropout_p=0.3) for _ in range(400)])
+    assert (draws[0] - ref).abs().max() > 1e-2
+    assert (draws.mean(0) - ref).abs().mean() < 0.04  # (without the 1/(1-p) rescale: 0.16)
+    keep = M.dropout_keep(torch.tensor(12345), 0.3, torch.arange(4)[:, None, None, None],
+                          torch.arange(8)[:, None, None], torch.arange(64)[:, None], torch.arange(64))
+    assert keep.float().mean().item() == pytest.approx(0.7, abs=0.01)
+
+
+def test_flex_dropout_equals_dense_dropout(monkeypatch):
+    """With the same seed FlexAttention and the dense path drop the same keys and rescale alike."""
+    monkeypatch.setitem(M._compiled, 'flex', fa.flex_attention)
+    monkeypatch.setattr(fa, '_validate_device', lambda *a: None)
+    q, k, v = torch.randn(3, 2, 2, 20, 8).unbind(0)
+    mod = lambda score, b, h, i, j: score + 0.05 * (j - i) * (h + 1)  # noqa: E731
+    outs = []
+    for backend in ('flex', 'dense'):
+        torch.manual_seed(3)
+        outs.append(M.attend(q, k, v, mod, backend=backend, dropout_p=0.4))
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+
+
+def test_causal_block_mask_equals_create_block_mask():
+    for Tq, Tk in [(64, 64), (300, 300), (1, 300), (100, 356), (256, 1024), (129, 129)]:
+        ours = M.causal_block_mask(Tq, Tk, 'cpu')
+        off = Tk - Tq
+        ref = fa.create_block_mask(lambda b, h, i, j: j <= i + off, None, None, Tq, Tk, device='cpu')
+        assert torch.equal(ours.to_dense(), ref.to_dense())
+        assert torch.equal(ours.full_kv_num_blocks, ref.full_kv_num_blocks)
+
+
+def test_padded_vocab_is_never_scored_or_sampled():
+    m = tiny_model('rope', vocab_size=50, vocab_multiple=64)
+    assert m.lm_head.weight.shape[0] == 64 and m.transformer.wte.weight.shape[0] == 64
+    x = torch.randint(0, 50, (2, 16))
+    logits, loss = m(x, x)
+    assert torch.isinf(logits[..., 50:]).all() and torch.isfinite(logits[..., :50]).all()
+    ref = torch.nn.functional.cross_entropy(logits[..., :50].reshape(-1, 50), x.reshape(-1))
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    torch.manual_seed(0)
+    out = m.eval().generate(x[:, :2], 200, temperature=5.0)  # hot: every real id gets sampled
+    assert out.max() < 50 and len(out.unique()) > 40
+
+
+def test_peak_flops_table():
+    assert runtime.peak_flops('NVIDIA H100 80GB HBM3') == 989e12
+    assert runtime.peak_flops('NVIDIA H100 PCIe') == 756e12
+    assert runtime.peak_flops('NVIDIA H200') == 989e12
+    assert runtime.peak_flops('NVIDIA A100-SXM4-80GB') == 312e12
+    assert runtime.peak_flops('Tesla T4') is None
+
+
+def test_split_batch_covers_the_global_batch():
+    for rows, world, bs in [(32, 1, 32), (32, 2, 32), (32, 3, 32), (512, 8, 16), (11, 2, 3), (7, 7, 1)]:
+        spans = []
+        for r in range(world):
+            row0, micro = runtime.split_batch(rows, world, r, bs)
+            assert max(micro) <= bs and min(micro) >= 1 and max(micro) - min(micro) <= 1
+            spans.append((row0, row0 + sum(micro)))
+        assert spans[0][0] == 0 and spans[-1][1] == rows
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous, no overlap
+        sizes = [b - a for a, b in spans]
+        assert max(sizes) - min(sizes) <= 1
+    with pytest.raises(ValueError):
+        runtime.split_batch(3, 4, 0, 1)
