@@ -63,7 +63,6 @@ TASKS = {}
 def task(name):
     def deco(fn):
         TASKS[name] = fn
-        fn.task_name = name
         return fn
     return deco
 
@@ -94,7 +93,7 @@ def addition(n, rng):
     """Decimal addition, every number least-significant digit first (Zhou et al., arXiv 2402.09371).
     Two n-digit operands with i.i.d. digits (leading zeros allowed, so all columns are alike);
     the answer is always n+1 digits, its last one the final carry (possibly 0).
-    47 + 85 = 132:  '74+58=' -> '231'. (No index hints; the paper adds them for FIRE.)"""
+    47 + 85 = 132:  '74+58=' -> '231'. (The paper's recipe also adds index hints; not here.)"""
     a, b = rand_str(rng, DIGITS, n), rand_str(rng, DIGITS, n)
     total = str(int(a[::-1]) + int(b[::-1])).zfill(n + 1)
     return encode(a + PLUS + b + SEP), encode(total[::-1])
@@ -177,20 +176,22 @@ def sample(name, n, rng):
     return prompt, answer, scored
 
 
-# Default training size N per task: learnable to >= 95% exact match in-distribution by a
-# ~0.2M-parameter 2-4 layer model in a few CPU minutes (issue 15), with 4N still cheap.
-# Longest sequence at 4N (prompt + answer, tokens) in the trailing comment.
+# Default training size N per task, aimed at >= 95% exact match in-distribution for a
+# ~0.2M-parameter model in a few CPU minutes, with 4N still cheap. Trailing comments: the
+# longest sequence at 4N (tokens), then a short check (3 layers, d=64, 0.15M params, rope,
+# batch 64, AdamW 3e-3 cosine, 2 CPU cores): in-distribution exact match after that many steps.
+# addition and mqar did not get there: they need a longer budget (or leave them out).
 DEFAULT_N = {
-    'copy': 16,         # 129
-    'reverse': 16,      # 129
-    'duplicate': 12,    # 145
-    'addition': 8,      # 99
-    'parity': 8,        # 34
-    'sort': 12,         # 97
-    'bucket_sort': 12,  # 97
-    'stack': 12,        # <= 98
-    'mqar': 6,          # 97  (4N = 24 <= 26 letter keys)
-    'passkey': 32,      # 138
+    'copy': 12,         # 4N: 97  | 0.89 @ 2000 steps (N=16: 0.87)
+    'reverse': 12,      # 97      | 1.00 @ 2000
+    'duplicate': 8,     # 97      | 0.98 @ 2000
+    'addition': 4,      # 51      | 0.50 @ 2500 (n <= 2 solved; N=8: 0.02 @ 2000)
+    'parity': 8,        # 34      | 1.00 @ 800
+    'sort': 12,         # 97      | 1.00 @ 1500
+    'bucket_sort': 12,  # 97      | 1.00 @ 1500
+    'stack': 12,        # <= 98   | 0.97 @ 1500
+    'mqar': 4,          # 65      | 0.44 @ 5000 (lr 1e-3; N=6: 0.33 @ 2500; 0.8M params: 0.42 @ 2000)
+    'passkey': 32,      # 138     | 1.00 @ 1500
 }
 
 
@@ -309,6 +310,7 @@ def randomized_positions(T, max_pos, generator=None, batch=None, device=None):
     paper, and plain arange)."""
     if max_pos < T:
         raise ValueError(f"randomized_positions: need max_pos >= T, got max_pos={max_pos} < T={T}")
+    # generator must live on `device`
     if batch is None:
         pos = torch.randperm(max_pos, generator=generator, device=device)[:T]
     else:  # independent subsets per row: argsort of uniform noise is a random permutation per row
