@@ -1,0 +1,226 @@
+"""Tests for tasks.py: every answer against an independent computation, the answer mask,
+sampling distributions, scoring on hand-made logits, and the position tricks."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import tasks  # noqa: E402
+
+SIZES = [1, 2, 3, 5, 8, 13, 24]
+
+
+def text(ids):
+    return ''.join(tasks.VOCAB[i] for i in ids)
+
+
+def examples(name, sizes=SIZES, seeds=range(5)):
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        for n in sizes:
+            p, a, scored = tasks.sample(name, n, rng)
+            assert text(p).endswith('=') and text(p).count('=') == 1, text(p)
+            yield n, text(p)[:-1], text(a), scored
+
+
+def test_vocab():
+    assert len(set(tasks.VOCAB)) == len(tasks.VOCAB) == tasks.vocab_size < 64
+    assert all(tasks.itos[tasks.stoi[c]] == c for c in tasks.VOCAB)
+    assert tasks.VOCAB[tasks.PAD_ID] == tasks.PAD and tasks.VOCAB[tasks.SEP_ID] == '='
+
+
+def test_registry_and_defaults():
+    expected = {'copy', 'reverse', 'duplicate', 'addition', 'parity', 'sort', 'bucket_sort',
+                'stack', 'mqar', 'passkey'}
+    assert set(tasks.TASKS) == expected == set(tasks.DEFAULT_N)
+    for name, N in tasks.DEFAULT_N.items():
+        assert tasks.max_len(name, 4 * N) < 600
+    assert 4 * tasks.DEFAULT_N['mqar'] <= 26  # one letter per key
+
+
+@pytest.mark.parametrize('name', ['copy', 'reverse', 'duplicate', 'sort', 'bucket_sort'])
+def test_string_tasks(name):
+    for n, body, ans, scored in examples(name):
+        assert len(body) == n and all(scored)
+        assert set(body) <= set('abcdefgh')
+        want = {'copy': body, 'reverse': body[::-1], 'duplicate': body + body,
+                'sort': ''.join(sorted(body)), 'bucket_sort': ''.join(sorted(body))}[name]
+        assert ans == want
+    if name == 'bucket_sort':  # Delétang's 5-symbol alphabet
+        assert set(''.join(b for _, b, _, _ in examples(name, [30]))) == set('abcde')
+
+
+def test_addition():
+    carries = 0
+    for n, body, ans, _ in examples('addition'):
+        a, b = body.split('+')
+        assert len(a) == len(b) == n and len(ans) == n + 1
+        assert int(ans[::-1]) == int(a[::-1]) + int(b[::-1])  # digits least significant first
+        carries += ans[-1] == '1'
+    assert carries > 0  # the final carry digit is exercised
+
+
+def test_parity():
+    for n, body, ans, _ in examples('parity'):
+        assert len(body) == n and set(body) <= {'0', '1'}
+        assert ans == str(sum(int(c) for c in body) % 2)
+
+
+def test_stack():
+    seen_empty = False
+    for n, body, ans, _ in examples('stack', sizes=SIZES + [40], seeds=range(20)):
+        assert len(body) == n
+        k = len(body) - len(body.lstrip('ab'))  # the initial stack is the leading run of a/b
+        assert k >= 1 and (n == 1 or k < n)
+        st = list(body[:k])
+        for op in body[k:]:
+            assert op in '^AB'
+            if op == '^':
+                if st:
+                    st.pop()
+            else:
+                st.append({'A': 'a', 'B': 'b'}[op])
+        assert ans == ''.join(st[::-1]) + '$'  # top of stack first
+        assert len(ans) + len(body) + 1 <= tasks.max_len('stack', n)
+        seen_empty |= ans == '$'
+    assert seen_empty
+
+
+def test_mqar():
+    for n, body, ans, scored in examples('mqar', sizes=[1, 2, 5, 13, 26]):
+        pairs = dict(zip(body[0::2], body[1::2]))
+        assert len(body) == 2 * n and len(pairs) == n  # distinct keys
+        assert all(k.isalpha() and v.isdigit() for k, v in pairs.items())
+        assert sorted(ans[0::2]) == sorted(pairs)  # every key queried once
+        assert all(pairs[k] == v for k, v in zip(ans[0::2], ans[1::2]))
+        assert scored == [False, True] * n  # only the values are targets
+
+
+def test_passkey_answer_and_depth():
+    depths = []
+    for n, body, ans, _ in examples('passkey', sizes=[40], seeds=range(600)):
+        i = body.index('#')
+        assert ans == body[i + 1:i + 1 + len(ans)] and ans.isdigit() and len(ans) == tasks.KEY_LEN
+        filler = body[:i] + body[i + 1 + len(ans):]
+        assert len(filler) == n and filler.isalpha()
+        depths.append(i / n)
+    depths = np.array(depths)
+    for lo, hi in [(0, 0.2), (0.4, 0.6), (0.8, 1.0001)]:  # start, middle, end all covered
+        assert 0.12 < np.mean((depths >= lo) & (depths < hi)) < 0.28
+    assert depths.min() == 0 and depths.max() == 1  # both extremes reachable
+
+
+@pytest.mark.parametrize('name', sorted(tasks.TASKS))
+def test_make_batch_mask_and_padding(name):
+    ns = [1, 7, 3, 12, 2]
+    x, y, n_out = tasks.make_batch(name, ns, np.random.default_rng(3))
+    rng = np.random.default_rng(3)  # the same draws, one example at a time
+    rows = [tasks.sample(name, n, rng) for n in ns]
+    assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape
+    assert x.shape[1] == max(len(p) + len(a) for p, a, _ in rows) - 1
+    assert n_out.tolist() == ns
+    for b, (p, a, scored) in enumerate(rows):
+        seq = p + a
+        assert x[b, :len(seq) - 1].tolist() == seq[:-1]
+        assert (x[b, len(seq) - 1:] == tasks.PAD_ID).all()
+        targets = {t: tok for t, tok in enumerate(seq[1:]) if t >= len(p) - 1 and scored[t - len(p) + 1]}
+        for t in range(x.shape[1]):
+            assert y[b, t].item() == targets.get(t, -1)
+        # the unmasked targets read back as the (scored part of the) answer
+        assert text(y[b][y[b] != -1].tolist()) == text([tok for tok, s in zip(a, scored) if s])
+    assert not (y == tasks.PAD_ID).any()
+
+
+def test_determinism():
+    ns = [4, 9, 2, 16]
+    for name in tasks.TASKS:
+        a = tasks.make_batch(name, ns, np.random.default_rng(11))
+        b = tasks.make_batch(name, ns, np.random.default_rng(11))
+        c = tasks.make_batch(name, ns, np.random.default_rng(12))
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
+        assert a[0].shape != c[0].shape or not torch.equal(a[0], c[0])
+
+
+def test_train_sizes_uniform():
+    N, B = 10, 20000
+    n = tasks.train_sizes(B, N, np.random.default_rng(0))
+    counts = np.bincount(n, minlength=N + 2)
+    assert counts[0] == 0 and counts[N + 1:].sum() == 0 and (counts[1:N + 1] > 0).all()
+    expected = B / N
+    chi2 = ((counts[1:N + 1] - expected) ** 2 / expected).sum()
+    assert chi2 < 27.9  # 99.9% quantile of chi-square with 9 degrees of freedom
+
+
+def test_bin_edges_and_eval_sizes():
+    for N in [1, 6, 8, 9, 12, 32]:
+        e = tasks.bin_edges(N)
+        assert e[0] == 1 and e[-1] == 4 * N + 1 and N + 1 in e
+        assert all(a < b for a, b in zip(e, e[1:]))
+        assert sorted(set(tasks.eval_sizes(N))) == list(range(1, 4 * N + 1))
+    assert tasks.bin_edges(8) == [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33]
+
+
+def onehot(pred, V=tasks.vocab_size):
+    return torch.nn.functional.one_hot(torch.tensor(pred), V).float()
+
+
+def test_score_hand_made():
+    y = torch.tensor([[-1, -1, 5, 6, -1],   # answer 5 6, all right; a wrong token outside
+                      [-1, -1, 5, 6, -1],   # one answer token wrong
+                      [-1, 3, -1, -1, -1]])  # single-token answer, right
+    pred = [[9, 9, 5, 6, 9],
+            [0, 0, 5, 7, 0],
+            [0, 3, 1, 1, 1]]
+    exact, correct, total = tasks.score(onehot(pred), y)
+    assert exact.tolist() == [True, False, True]
+    assert correct.tolist() == [2, 1, 1] and total.tolist() == [2, 2, 1]
+    # already-argmaxed predictions give the same answer
+    assert tasks.score(torch.tensor(pred), y)[0].tolist() == [True, False, True]
+
+
+def test_bin_scores():
+    acc = tasks.BinScores([1, 3, 5])  # bins {1, 2} and {3, 4}
+    y = torch.tensor([[-1, 4, 4], [-1, 4, 4], [-1, 4, 4], [-1, 4, 4], [-1, 4, 4]])
+    pred = [[0, 4, 4], [0, 4, 0], [0, 4, 4], [0, 0, 0], [0, 4, 4]]
+    acc.add(onehot(pred[:3]), y[:3], [1, 2, 3])  # two batches accumulate
+    acc.add(onehot(pred[3:]), y[3:], [4, 9])     # n = 9 lies outside the edges: ignored
+    res = acc.result()
+    assert res == [dict(lo=1, hi=2, rows=2, exact=0.5, token_acc=0.75),
+                   dict(lo=3, hi=4, rows=2, exact=0.5, token_acc=0.5)]
+    json.dumps(res)
+
+
+def test_randomized_positions():
+    g = torch.Generator().manual_seed(0)
+    T, max_pos = 20, 200
+    draws = torch.stack([tasks.randomized_positions(T, max_pos, g) for _ in range(500)])
+    assert draws.dtype == torch.int64 and draws.shape == (500, T)
+    assert (draws[:, 1:] > draws[:, :-1]).all()  # sorted, distinct
+    assert draws.min() >= 0 and draws.max() < max_pos
+    # not degenerate: the start moves, and all of [0, max_pos) is used about evenly
+    assert draws[:, 0].float().std() > 3 and len(set(draws[:, 0].tolist())) > 20
+    quarters = np.bincount(draws.flatten().numpy() * 4 // max_pos, minlength=4) / draws.numel()
+    assert (np.abs(quarters - 0.25) < 0.03).all()
+    rows = tasks.randomized_positions(T, max_pos, g, batch=8)  # one subset per row
+    assert rows.shape == (8, T) and (rows[:, 1:] > rows[:, :-1]).all() and rows.max() < max_pos
+    assert len({tuple(r) for r in rows.tolist()}) == 8
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(tasks.randomized_positions(T, max_pos, g1), tasks.randomized_positions(T, max_pos, g2))
+    assert torch.equal(tasks.randomized_positions(T, T, g), torch.arange(T))
+    with pytest.raises(ValueError):
+        tasks.randomized_positions(T, T - 1, g)
+
+
+def test_random_offset():
+    g = torch.Generator().manual_seed(0)
+    ks = []
+    for _ in range(400):
+        pos = tasks.random_offset(10, 3, g)
+        assert pos.dtype == torch.int64 and pos.shape == (10,)
+        assert torch.equal(pos - pos[0], torch.arange(10))
+        ks.append(pos[0].item())
+    assert set(ks) == {0, 1, 2, 3}
