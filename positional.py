@@ -374,16 +374,17 @@ def self_extend_positions(q_pos, k_pos, window, group):
     distance each (query i, key j) pair is scored at, [Tq, Tk] int64. With r = i - j:
       r < window:  r  (neighbour attention: exact positions)
       otherwise:   i//G - j//G + (window - window//G)  (grouped attention, G = group)
-    The merge is strict (r < window is exact), as the authors' code: its neighbour
-    mask is the causal triangle minus the triangle j <= i - window. The shift makes
-    the grouped distances continue where the window ends; the paper writes it
-    w - w/G, the authors' first patch and their flash-attention decode path use
-    w - w//G (integer positions, used here), their later eager patch w - w/G in
-    float: identical when G divides w. Keys after the query (r < 0, masked by
-    causality) get r. The largest distance at n tokens is about window + n/G, so
-    a model trained at L covers n up to about G*(L - window) + window.
+    The merge is strict (r < window is exact), as the authors' code
+    (github.com/datamllab/LongLM): its neighbour mask is the causal triangle minus
+    the triangle j <= i - window. The shift makes the grouped distances continue
+    where the window ends; the authors' first patch and their flash-attention
+    decode path use window - window//G (integer positions, used here), their later
+    eager patch window - window/G in float: identical when G divides the window.
+    Keys after the query (r < 0, masked by causality) get r. The largest distance
+    at n tokens is about window + n/G, so a model trained at L covers n up to
+    about G*(L - window) + window.
 
-    Realised with RoPE (the lead's attention side): two rotations and two logit maps,
+    Realised with RoPE (attention side): two rotations and two logit maps,
       neighbour: q rotated at i,                               k at j
       grouped:   q rotated at i//G + window - window//G,       k at j//G
     (RoPE scores depend only on the difference of the two positions, so the
@@ -407,20 +408,21 @@ def rerope_positions(q_pos, k_pos, window, leaky_k=None):
     the relative distance each (query i, key j) pair is scored at, [Tq, Tk]. With r = i - j:
       ReRoPE (leaky_k=None): min(r, window), int64 -- every key at or beyond the
         window is scored as if it were exactly `window` back;
-      Leaky ReRoPE (leaky_k = k >= 1; Su uses 16): r for r < window, else window + (r - window)/k,
-        float64 (continuous at r = window; distances beyond grow k times slower).
+      Leaky ReRoPE (leaky_k = k >= 1; Su uses 16): r for r < window, else
+        window + (r - window)/k, float64 (continuous at r = window; distances
+        beyond grow k times slower).
     Keys after the query (r < 0, masked by causality) get r.
 
-    Realised with RoPE (the lead's attention side; Su's patches): two logit maps,
+    Realised with RoPE (attention side, as Su's patches): two logit maps,
       exact:   q rotated at i, k at j                                     (r < window)
       ReRoPE:  q rotated at position `window`, k not rotated (position 0)
       leaky:   RoPE with inv_freq / k (linear scaling by k),
                q rotated at i + window*(k - 1), k at j
-    then logits = where(i - j < window, exact, second), causal mask, softmax. The
-    second map depends on the query position in a way no fixed per-key rotation
-    can cache, so with a KV cache keep *unrotated* keys and, per decoded query,
-    rotate each cached key by -d_ij (d = this map) with q unrotated -- one pass
-    per step, O(cache) rotations. Su's patches also multiply q by
+    then logits = where(i - j < window, exact, second), causal mask, softmax. Every
+    key rotation depends on j only, so a KV cache can hold both rotated copies of
+    the keys; Su's patches instead cache unrotated keys and, per decoded query,
+    rotate each cached key by -d_ij (d = this map) with q unrotated -- one
+    attention pass per step, O(cache) rotations. Su's patches also multiply q by
     max(1, log(i + 1)/log(L)) (log-n scaling, L = training length); that is a
     separate choice, not part of this map."""
     if not _number(window) or int(window) != window or window < 1:
