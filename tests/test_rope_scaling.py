@@ -143,7 +143,7 @@ def test_llama3_is_continuous_at_the_regime_boundaries():
 
 
 @pytest.mark.parametrize('bad, msg', [
-    ({'type': 'rotary', 'factor': 2}, 'valid types: linear, ntk, dynamic, yarn, llama3'),
+    ({'type': 'rotary', 'factor': 2}, 'valid types: linear, ntk, dynamic, yarn, llama3, longrope'),
     ({'type': 'linear'}, "needs 'factor'"),
     ({'type': 'ntk', 'factor': 'two'}, "'factor' must be a number"),
     ({'type': 'linear', 'factor': 0.5}, 'factor must be >= 1'),
@@ -325,3 +325,331 @@ def test_mrope_with_scaling_equals_rope_with_scaling_for_text(scaling):
     with torch.no_grad():
         assert torch.allclose(a(x)[0], b(x)[0], atol=1e-5)
         assert not torch.equal(b.pe.inv_freq, tiny_model('mrope').pe.inv_freq)  # the scaling is applied
+
+
+# --- LongRoPE (HF 'longrope') ------------------------------------------------------
+
+SHORT = [1.0 + 0.1 * i for i in range(D // 2)]   # any distinct per-pair factors
+LONG = [1.0 + 0.5 * i for i in range(D // 2)]
+
+
+def longrope(**kw):
+    return {'type': 'longrope', 'short_factor': SHORT, 'long_factor': LONG, 'original_max_len': L, 'factor': 4, **kw}
+
+
+def test_longrope_short_list_up_to_L_long_list_strictly_beyond():
+    """HF: long_factor iff seq_len > original_max_position_embeddings (seq_len =
+    max(position_ids) + 1); short at init (seq_len None) and at seq_len == L."""
+    short = [1 / (SHORT[i] * BASE ** (2 * i / D)) for i in range(D // 2)]
+    long = [1 / (LONG[i] * BASE ** (2 * i / D)) for i in range(D // 2)]
+    for n in (None, 1, L - 1, L):
+        close(rope_frequencies(D, BASE, longrope(), seq_len=n)[0], short)
+    for n in (L + 1, 4 * L, 100 * L):
+        close(rope_frequencies(D, BASE, longrope(), seq_len=n)[0], long)
+
+
+def test_longrope_attention_factor():
+    # default sqrt(1 + ln s / ln L): s = 4, L = 128 = 2^7 -> sqrt(1 + 2/7) = sqrt(9/7) = 1.1339
+    for n in (None, 2 * L):                                # same factor for both lists
+        close(rope_frequencies(D, BASE, longrope(), seq_len=n)[1], math.sqrt(9 / 7))
+    assert rope_frequencies(D, BASE, longrope(factor=1))[1] == 1.0
+    assert rope_frequencies(D, BASE, longrope(attention_factor=1.5), seq_len=2 * L)[1] == 1.5
+    # Phi-3-mini-128k's numbers: s = 131072 / 4096 = 32 -> sqrt(1 + ln 32 / ln 4096) = sqrt(1 + 5/12)
+    sc = longrope(factor=32, original_max_len=4096)
+    close(rope_frequencies(D, BASE, sc)[1], math.sqrt(17 / 12))
+
+
+def test_longrope_through_the_rope_scheme():
+    """block_size 32 fine-tuned from L = 16 with no 'factor': s = block_size / L = 2
+    (HF: max_position_embeddings / original_max_position_embeddings); the cos/sin
+    of a forward of T <= L use the short list, T > L the long one."""
+    sh, lo = [1.0, 1.5, 2.0, 3.0], [1.0, 2.0, 4.0, 8.0]     # head_dim 8 -> 4 pairs
+    m = tiny_model('rope', block_size=32, rope_scaling={'type': 'longrope', 'short_factor': sh,
+                                                         'long_factor': lo, 'original_max_len': 16})
+    assert m.pe.scaling['factor'] == 2.0
+    af = math.sqrt(1 + math.log(2) / math.log(16))          # sqrt(1.25)
+    close(m.pe.attention_factor, math.sqrt(1.25))
+    for T, ext in ((8, sh), (16, sh), (17, lo), (32, lo), (16, sh)):
+        pos = torch.arange(T)
+        cos = m.pe.context(pos, pos).extra['cos']
+        inv = torch.tensor([1 / (ext[i] * 10000.0 ** (2 * i / 8)) for i in range(4)], dtype=torch.float64)
+        want, _ = half_split_cos_sin(pos, inv, af)
+        torch.testing.assert_close(cos, want, rtol=1e-5, atol=1e-6)
+    # a run-time override on a model trained at its block_size: s = 1, attention factor 1
+    m = tiny_model('rope', rope_scaling={'type': 'longrope', 'short_factor': sh, 'long_factor': lo})
+    assert m.pe.scaling['factor'] == 1.0 and m.pe.attention_factor == 1.0
+
+
+# --- YaRN options (HF 'yarn': attention_factor, mscale, mscale_all_dim, truncate) ---------
+
+def mscale(s, m=1.0):
+    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+
+def yarn(**kw):
+    return {'type': 'yarn', 'factor': 4, 'original_max_len': L, **kw}
+
+
+def test_yarn_explicit_attention_factor_overrides_everything():
+    base_inv, _ = rope_frequencies(D, BASE, yarn())
+    for extra in ({}, {'mscale': 0.707, 'mscale_all_dim': 1.0}):
+        inv, af = rope_frequencies(D, BASE, yarn(attention_factor=1.25, **extra))
+        assert af == 1.25
+        assert torch.equal(inv, base_inv)                    # frequencies untouched
+
+
+@pytest.mark.parametrize('s, ms, msa, want', [
+    (40, 1.0, 1.0, 1.0),                                     # DeepSeek-V3: equal -> 1
+    (40, 0.707, 0.707, 1.0),                                 # DeepSeek-V2
+    (40, 1.0, 0.707, (0.1 * math.log(40) + 1) / (0.0707 * math.log(40) + 1)),  # 1.0798
+    (40, 0.707, 1.0, (0.0707 * math.log(40) + 1) / (0.1 * math.log(40) + 1)),
+    (40, 1.0, None, 0.1 * math.log(40) + 1),                 # only one given: HF ignores it
+    (40, None, 0.707, 0.1 * math.log(40) + 1),
+    (40, 0, 1.0, 0.1 * math.log(40) + 1),                    # 0 is falsy in HF: "not given"
+    (1, 1.0, 0.707, 1.0),                                    # s <= 1: every mscale is 1
+])
+def test_yarn_mscale_combinations_as_hf(s, ms, msa, want):
+    kw = {k: v for k, v in (('mscale', ms), ('mscale_all_dim', msa)) if v is not None}
+    _, af = rope_frequencies(64, BASE, {'type': 'yarn', 'factor': s, 'original_max_len': 4096, **kw})
+    close(af, want, rtol=1e-12)
+    close(mscale(s, ms or 1) / mscale(s, msa or 1) if ms and msa else mscale(s), want, rtol=1e-12)
+
+
+def yarn_ref(d, base, s, Lo, truncate, bf=32, bs=1):
+    """YaRN frequencies from the paper's formulas, with HF's truncate switch."""
+    corr = lambda n: d * math.log(Lo / (2 * math.pi * n)) / (2 * math.log(base))  # noqa: E731
+    lo, hi = corr(bf), corr(bs)
+    if truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    if lo == hi:
+        hi += 0.001
+    inv = np.array([base ** (-2 * i / d) for i in range(d // 2)])
+    ramp = np.clip((np.arange(d // 2) - lo) / (hi - lo), 0, 1)
+    return inv * (1 - ramp) + inv / s * ramp, (lo, hi)
+
+
+def test_yarn_truncate_false_keeps_the_correction_range_fractional():
+    """gpt-oss (head_dim 64, base 150000, L = 4096, s = 32, truncate False):
+    corr(32) = 8.09 and corr(1) = 17.40; truncated, the range would be [8, 18]."""
+    d, base, s, Lo = 64, 150000.0, 32, 4096
+    ref_f, (lo, hi) = yarn_ref(d, base, s, Lo, truncate=False)
+    ref_t, rng_t = yarn_ref(d, base, s, Lo, truncate=True)
+    assert 8.0 < lo < 8.1 and 17.3 < hi < 17.5 and rng_t == (8, 18)
+    sc = {'type': 'yarn', 'factor': s, 'original_max_len': Lo}
+    inv_f, af = rope_frequencies(d, base, {**sc, 'truncate': False})
+    inv_t, _ = rope_frequencies(d, base, {**sc, 'truncate': True})
+    close(inv_f, ref_f, rtol=1e-6)
+    close(inv_t, ref_t, rtol=1e-6)
+    assert torch.equal(inv_t, rope_frequencies(d, base, sc)[0])  # True is the default
+    p = plain(d, base)
+    ramp_f = (p - inv_f.double().numpy()) / (p - p / s)
+    ramp_t = (p - inv_t.double().numpy()) / (p - p / s)
+    assert abs(ramp_f[16] - ramp_t[16]) > 0.04               # 0.850 vs 0.800: the rounding matters
+    close(ramp_f[9:18], (np.arange(9, 18) - lo) / (hi - lo), rtol=1e-5)  # (i - 8.09)/(17.40 - 8.09)
+    close(af, 0.1 * math.log(32) + 1)
+
+
+# --- p-RoPE (Barbero et al. 2410.06205; HF 'proportional') ----------------------------
+
+@pytest.mark.parametrize('p, n_rot', [(0.25, 4), (0.3, 4), (0.5, 8), (1.0, 16), (0.0, 0)])
+def test_p_rope_frequencies_over_full_head_dim(p, n_rot):
+    inv, af = rope_frequencies(D, BASE, p_rope=p)
+    assert math.floor(p * D / 2) == n_rot
+    want = [BASE ** (-2 * i / D) if i < n_rot else 0.0 for i in range(D // 2)]  # denominator: full D
+    close(inv, want)
+    assert af == 1.0
+    # HF proportional's `factor` divides every inv_freq (zeros stay zero): nanoPE's linear scaling
+    inv2, _ = rope_frequencies(D, BASE, {'type': 'linear', 'factor': 8}, p_rope=p)
+    close(inv2, [w / 8 for w in want])
+
+
+def test_p_rope_is_not_rotary_pct():
+    pr = tiny_model('rope', pos_options={'p_rope': 0.5}).pe          # head_dim 8: 2 of 4 pairs rotated
+    rp = tiny_model('rope', pos_options={'rotary_pct': 0.5}).pe      # rotates 4 dims as a RoPE of dim 4
+    close(pr.inv_freq, [1.0, 10000 ** (-2 / 8), 0.0, 0.0])           # [1, 0.1, 0, 0]
+    close(rp.inv_freq, [1.0, 10000 ** (-2 / 4)])                     # [1, 0.01]
+    assert pr.rot_dim == 8 and rp.rot_dim == 4
+
+
+def test_p_rope_unrotated_dims_pass_through_apply_rotary():
+    """Half-split over the full head: pair i is dims (i, i + 4). Pairs 2, 3 have
+    frequency 0, so dims 2, 3, 6, 7 come out unchanged; 0, 1, 4, 5 are rotated."""
+    torch.manual_seed(0)
+    m = tiny_model('rope', pos_options={'p_rope': 0.5})
+    T = 40                                                    # past block_size too
+    pos = torch.arange(T)
+    ctx = m.pe.context(pos, pos)
+    x = torch.randn(2, 4, T, 8)
+    y = positional.apply_rotary(x, ctx.extra['cos'], ctx.extra['sin'])
+    keep = [2, 3, 6, 7]
+    assert torch.equal(y[..., keep], x[..., keep])
+    for i, theta in ((0, 1.0), (1, 0.1)):                     # pair (i, i + 4) rotated by pos * theta
+        a = pos.double() * theta
+        c, s_ = a.cos().float(), a.sin().float()
+        torch.testing.assert_close(y[..., i], x[..., i] * c - x[..., i + 4] * s_, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(y[..., i + 4], x[..., i + 4] * c + x[..., i] * s_, rtol=1e-5, atol=1e-5)
+    q2, k2 = m.pe.transform_qk(x, x, ctx, None)
+    assert torch.equal(q2[..., keep], x[..., keep])
+
+
+def test_p_rope_with_dynamic_scaling_keeps_the_zeros():
+    m = tiny_model('rope', pos_options={'p_rope': 0.5}, rope_scaling={'type': 'dynamic', 'factor': 4})
+    pos = torch.arange(64)                                    # 4L: dynamic frequencies recomputed
+    cos = m.pe.context(pos, pos).extra['cos']
+    assert (cos[:, [2, 3, 6, 7]] == 1).all() and not (cos[:, [1, 5]] == 1).all()
+
+
+# --- Self-Extend and ReRoPE distance maps ------------------------------------------
+
+def self_extend_loop(qs, ks, w, G):
+    """Jin et al. 2401.01325: neighbour distance i - j if i - j < w, else the grouped
+    distance i//G - j//G + w - w//G."""
+    return [[(i - j) if i - j < w else (i // G - j // G + w - w // G) for j in ks] for i in qs]
+
+
+@pytest.mark.parametrize('w, G', [(4, 2), (5, 3), (1, 1), (3, 4), (8, 2)])
+def test_self_extend_map_against_the_paper(w, G):
+    T = 20
+    got = positional.self_extend_positions(torch.arange(T), torch.arange(T), w, G)
+    assert got.dtype == torch.int64 and got.shape == (T, T)
+    assert got.tolist() == self_extend_loop(range(T), range(T), w, G)
+    # one decoded query against the whole cache = the last row
+    last = positional.self_extend_positions(torch.tensor([T - 1]), torch.arange(T), w, G)
+    assert last.tolist() == [got[-1].tolist()]
+
+
+def test_self_extend_by_hand():
+    # w = 4, G = 2, query 9: keys 6..9 exact (3, 2, 1, 0); keys 0..5: 9//2 - j//2 + 4 - 2
+    got = positional.self_extend_positions(torch.tensor([9]), torch.arange(10), 4, 2)
+    assert got.tolist() == [[6, 6, 5, 5, 4, 4, 3, 2, 1, 0]]
+    # G = 1 is plain RoPE
+    assert torch.equal(positional.self_extend_positions(torch.arange(9), torch.arange(9), 3, 1),
+                       torch.arange(9)[:, None] - torch.arange(9)[None, :])
+
+
+def rerope_loop(qs, ks, w, k=None):
+    out = []
+    for i in qs:
+        row = []
+        for j in ks:
+            r = i - j
+            row.append(min(r, w) if k is None else (r if r < w else w + (r - w) / k))
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize('w, k', [(3, None), (1, None), (6, None), (3, 4.0), (5, 16), (2, 1.5)])
+def test_rerope_map_against_su(w, k):
+    T = 16
+    got = positional.rerope_positions(torch.arange(T), torch.arange(T), w, leaky_k=k)
+    assert got.dtype == (torch.int64 if k is None else torch.float64)
+    np.testing.assert_allclose(got.numpy(), np.array(rerope_loop(range(T), range(T), w, k)), rtol=1e-15, atol=0)
+
+
+def test_rerope_by_hand():
+    got = positional.rerope_positions(torch.tensor([7]), torch.arange(8), 3)
+    assert got.tolist() == [[3, 3, 3, 3, 3, 2, 1, 0]]
+    got = positional.rerope_positions(torch.tensor([7]), torch.arange(8), 3, leaky_k=4)
+    assert got.tolist() == [[4.0, 3.75, 3.5, 3.25, 3.0, 2.0, 1.0, 0.0]]
+
+
+def rope_at(x, pos, inv):
+    """Half-split rotation of x [T, d] at (possibly fractional) positions pos [T]."""
+    ang = torch.as_tensor(pos, dtype=torch.float64)[:, None] * inv.double()[None, :]
+    cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()  # float64 throughout
+    return x * cos + torch.cat((-x[..., inv.numel():], x[..., :inv.numel()]), -1) * sin
+
+
+def scores_at_distances(q, k, dist, inv):
+    """Reference: the RoPE logit of query i and key j at relative distance dist[i, j]
+    (rotate q by dist, leave k): one pair at a time."""
+    T = q.size(0)
+    out = torch.empty(T, T, dtype=torch.float64)
+    for i in range(T):
+        for j in range(T):
+            out[i, j] = rope_at(q[i:i + 1], torch.tensor([float(dist[i, j])]), inv)[0] @ k[j]
+    return out
+
+
+def test_self_extend_two_rotations_merge_reproduce_the_map():
+    """The recipe in self_extend_positions' docstring: neighbour and grouped RoPE
+    logits merged by i - j < w give the RoPE logit at the map's distance for every
+    pair, and equal plain RoPE's inside the window."""
+    torch.manual_seed(0)
+    T, d, w, G = 24, 16, 5, 3
+    inv = torch.tensor(plain(d), dtype=torch.float64)
+    q, k = torch.randn(T, d, dtype=torch.float64), torch.randn(T, d, dtype=torch.float64)
+    i = torch.arange(T)
+    neighbour = rope_at(q, i, inv) @ rope_at(k, i, inv).T
+    grouped = rope_at(q, i // G + w - w // G, inv) @ rope_at(k, i // G, inv).T
+    r = i[:, None] - i[None, :]
+    merged = torch.where(r < w, neighbour, grouped)
+    dist = positional.self_extend_positions(i, i, w, G)
+    causal = r >= 0
+    torch.testing.assert_close(merged[causal], scores_at_distances(q, k, dist, inv)[causal])
+    inside = causal & (r < w)
+    torch.testing.assert_close(merged[inside], neighbour[inside])
+    assert (merged[causal & (r >= w)] - neighbour[causal & (r >= w)]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize('leaky_k', [None, 4.0])
+def test_rerope_two_maps_reproduce_the_map(leaky_k):
+    """Su's recipe: exact logits inside the window; beyond it q at w and k unrotated
+    (ReRoPE), or RoPE with inv/k with q at i + w(k - 1), k at j (leaky)."""
+    torch.manual_seed(0)
+    T, d, w = 20, 16, 6
+    inv = torch.tensor(plain(d), dtype=torch.float64)
+    q, k = torch.randn(T, d, dtype=torch.float64), torch.randn(T, d, dtype=torch.float64)
+    i = torch.arange(T)
+    exact = rope_at(q, i, inv) @ rope_at(k, i, inv).T
+    if leaky_k is None:
+        second = rope_at(q, torch.full((T,), w), inv) @ k.T
+    else:
+        second = rope_at(q, i + w * (leaky_k - 1), inv / leaky_k) @ rope_at(k, i, inv / leaky_k).T
+    r = i[:, None] - i[None, :]
+    merged = torch.where(r < w, exact, second)
+    dist = positional.rerope_positions(i, i, w, leaky_k=leaky_k)
+    causal = r >= 0
+    torch.testing.assert_close(merged[causal], scores_at_distances(q, k, dist, inv)[causal])
+
+
+# --- validation of the new options --------------------------------------------------
+
+@pytest.mark.parametrize('bad, msg', [
+    ({'type': 'longrope', 'long_factor': LONG, 'original_max_len': L, 'factor': 4}, "needs 'short_factor'"),
+    ({'type': 'longrope', 'short_factor': SHORT, 'long_factor': LONG, 'original_max_len': L},
+     "needs 'factor'"),
+    (longrope(short_factor=2.0), "'short_factor' must be a non-empty list of positive numbers"),
+    (longrope(long_factor=LONG[:-1] + [0.0]), "'long_factor' must be a non-empty list of positive numbers"),
+    (longrope(long_factor=LONG[:-1] + ['x']), "'long_factor' must be a non-empty list"),
+    (longrope(short_factor=SHORT[:3], long_factor=LONG[:3]),
+     "'short_factor' has 3 entries, but the rotary dimension 32 has 16 pairs"),
+    (longrope(short_factor=SHORT[:3]), 'must have the same length'),
+    (longrope(beta_fast=32), 'does not take'),
+    (longrope(attention_factor=0), 'attention_factor multiplies cos and sin and must be > 0'),
+    (yarn(truncate='no'), "'truncate' must be True or False"),
+    (yarn(truncate=0), "'truncate' must be True or False"),
+    (yarn(attention_factor=-1.0), 'must be > 0'),
+    (yarn(mscale=-0.5), 'yarn mscale must be >= 0'),
+    (yarn(mscale_all_dim='1'), "'mscale_all_dim' must be a number"),
+    ({'type': 'linear', 'factor': 2, 'truncate': False}, 'does not take'),
+])
+def test_bad_new_scaling_options_are_clear_errors(bad, msg):
+    with pytest.raises(ValueError, match=msg.replace('(', r'\(').replace(')', r'\)').replace('[', r'\[')):
+        rope_frequencies(D, BASE, bad)
+
+
+def test_bad_p_rope_and_extension_maps_are_clear_errors():
+    with pytest.raises(ValueError, match=r'p_rope is the fraction of rotary pairs rotated and must be in \[0, 1\]'):
+        rope_frequencies(D, BASE, p_rope=1.5)
+    with pytest.raises(ValueError, match='give one of them'):
+        tiny_model('rope', pos_options={'p_rope': 0.5, 'rotary_pct': 0.5})
+    with pytest.raises(ValueError, match='integer window >= 1 and group >= 1'):
+        positional.self_extend_positions(torch.arange(4), torch.arange(4), 0, 2)
+    with pytest.raises(ValueError, match='integer window >= 1 and group >= 1'):
+        positional.self_extend_positions(torch.arange(4), torch.arange(4), 4, 1.5)
+    with pytest.raises(ValueError, match='rerope window must be a positive integer'):
+        positional.rerope_positions(torch.arange(4), torch.arange(4), 0)
+    with pytest.raises(ValueError, match='leaky_k divides the distances beyond the window and must be >= 1'):
+        positional.rerope_positions(torch.arange(4), torch.arange(4), 2, leaky_k=0.5)
