@@ -15,12 +15,16 @@ query i when j <= i + Tk - Tq, i.e. the queries are the last Tq keys):
   - value term (Shaw)        -> the scheme adds a term to the output that needs each
     row's logsumexp: FlexAttention returns it (CUDA; compiled flex on CPU cannot
     in torch 2.13, so Shaw runs dense on CPU).
+  - the scheme's own attention (its `attention` hook): it builds a score_mod from the
+    layer input or per-key state kept in the cache and calls attend (FoX, CoPE), or
+    computes the output itself without a softmax (stick-breaking).
 Attention dropout with a bias: the dropped keys come from a hash of (seed, b, h, i, j),
 so FlexAttention and the dense path drop the same ones; FlexAttention then rescales
 by exp(lse_kept - lse_all), which turns its softmax over the kept keys into dropout's
 softmax over all of them.
 """
 
+import functools
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -237,9 +241,10 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.append(k, v)
         if pe.transform_after_cache:  # the cache holds raw keys; all keys are transformed each forward
             q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
-        mod = pe.score_mod(q, k, ctx, self.pe_layer)
-        vmod = pe.value_mod(q, k, ctx, self.pe_layer, mod)
-        y = attend(q, k, v, mod, vmod, self.backend, self.dropout if self.training else 0.0)
+        # the scheme's attention hook (default: attend with its score_mod/value_mod), given this
+        # layer's input x, its cache (per-key state) and attend bound to this layer's backend and dropout
+        run = functools.partial(attend, backend=self.backend, dropout_p=self.dropout if self.training else 0.0)
+        y = pe.attention(q, k, v, x, ctx, self.pe_layer, cache, run)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -412,11 +417,14 @@ class LayerKV:
     They live in buffers that grow by doubling, so appending a token copies that token
     only; torch.cat would copy the whole cache every token (O(n^2) over a generation).
     Under autograd every append gets a fresh buffer instead, since writing into one that
-    an earlier step saved for backward would break that backward."""
+    an earlier step saved for backward would break that backward.
+    `state` belongs to the positional scheme: per-key tensors it keeps next to the keys
+    (e.g. FoX's log forget gates), one entry per key along dim 2, appended by the scheme."""
 
     def __init__(self):
         self.k = self.v = None
         self.n = 0
+        self.state = {}
 
     def __getitem__(self, i):
         return None if self.k is None else (self.k, self.v)[i][:, :, :self.n]

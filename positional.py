@@ -28,12 +28,27 @@ Rules that keep it fast and differentiable on the GPU (tests check all three):
 Per-layer parameters (if a scheme has any) live in the module returned by
 `new_layer()`, which each attention layer owns and passes back as `lyr`.
 
-Two rarer hooks, both off by default:
+Three rarer hooks, all off by default:
   value_mod(q, k, ctx, lyr, f) -> g | None  g(lse) is added to the attention output;
                                             lse [B, H, Tq] is each row's logsumexp, f the
                                             scheme's score_mod (Shaw's relative values)
   transform_after_cache = True              the KV cache keeps raw keys and transform_qk sees
                                             all keys (positions ctx.k_pos) every forward (xPos)
+  attention(q, k, v, x, ctx, lyr, cache, attend) -> y
+                                            the layer's attention output [B, H, Tq, Dv]
+The default `attention` is attend(q, k, v, score_mod, value_mod): the hooks above. A
+scheme overrides it when it needs what they do not give, and gets
+  x       [B, Tq, C], the layer's (normalised) input for the new tokens, from which q,
+          k, v were projected (FoX's forget gates);
+  cache   this layer's KV cache with the new keys already appended (None without a
+          cache); cache.state is a dict the scheme owns for per-key tensors kept next
+          to the keys, one entry per key along dim 2 (FoX's log forget gates);
+  attend  attend(q, k, v, mod=None, vmod=None) -> y, model.py's causal attention
+          bound to this layer's backend and dropout: a scheme that builds its own
+          score_mod (same rules as above) still runs on FlexAttention or the dense path
+          (FoX, CoPE). A scheme that replaces the softmax computes y itself and applies
+          attention dropout itself while training (stick-breaking).
+q and k are what transform_qk returned; the queries are the last Tq keys.
 
 Shapes: q, k are [B, n_head, T, head_dim]; positions are int64 tensors, sorted.
 
@@ -46,6 +61,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 REGISTRY = {}
 
@@ -510,6 +526,10 @@ class PositionalEncoding(nn.Module):
 
     def value_mod(self, q, k, ctx, layer, score_mod):
         return None
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        mod = self.score_mod(q, k, ctx, layer)
+        return attend(q, k, v, mod, self.value_mod(q, k, ctx, layer, mod))
 
     transform_after_cache = False
 
@@ -1137,3 +1157,328 @@ class RoPE2D(_SectionRoPE):
 
     def axis_positions(self, pos):
         return torch.stack((pos // self.width, pos % self.width))
+
+
+# =============================================================================
+# data-dependent and contextual positions (issue 16): FoX, CoPE, PoPE, stick-breaking,
+# DeBERTa. FoX, CoPE and stick-breaking need more than the four basic hooks and use
+# `attention`; PoPE is a transform_qk, DeBERTa a transform_qk plus a score_mod.
+
+# The O(T^2) schemes (CoPE, stick-breaking) build [B, H, Tq, Tk] tensors outside any kernel;
+# without gradients they go through in query chunks whose float32 [B, H, rows, Tk] tensor
+# stays below this.
+QUERY_CHUNK_BYTES = 32 * 2**20
+
+
+def chunk_queries(fn, q, k, v):
+    """fn(q, k, v) -> [B, H, Tq, D], over query chunks when there are no gradients and one
+    float32 [B, H, Tq, Tk] tensor would exceed QUERY_CHUNK_BYTES. Query rows s..e-1 see the
+    keys [:e + Tk - Tq] (the queries are the last Tq keys), so each chunk is the same
+    problem, smaller; fn gets the chunk's queries and the keys/values it can see."""
+    B, H, Tq, _ = q.shape
+    Tk = k.size(2)
+    if torch.is_grad_enabled() or B * H * Tq * Tk * 4 <= QUERY_CHUNK_BYTES:
+        return fn(q, k, v)
+    off, rows = Tk - Tq, max(1, QUERY_CHUNK_BYTES // (4 * B * H * Tk))
+    return torch.cat([fn(q[:, :, s:s + rows], k[:, :, :s + rows + off], v[:, :, :s + rows + off])
+                      for s in range(0, Tq, rows)], 2)
+
+
+def _visible(Tq, Tk, device, strict=False):
+    """[Tq, Tk] bool: key j is visible to query i (j <= i + Tk - Tq; j < i + Tk - Tq if strict)."""
+    i = torch.arange(Tq, device=device)[:, None] + (Tk - Tq)
+    j = torch.arange(Tk, device=device)[None, :]
+    return j < i if strict else j <= i
+
+
+class _FoxLayer(nn.Module):
+    def __init__(self, n_embd, n_head, bias_init):
+        super().__init__()
+        self.fgate = nn.Linear(n_embd, n_head)  # row h: w_h, bias: b_h
+        nn.init.normal_(self.fgate.weight, std=0.02)
+        nn.init.constant_(self.fgate.bias, float(bias_init))
+
+
+@register('fox')
+class FoX(PositionalEncoding):
+    """Forgetting Transformer (Lin et al., arXiv 2503.02130): a data-dependent forget gate
+    per head and token, f_t = sigmoid(w_h . x_t + b_h) with x_t the attention layer's input
+    (the one q, k, v are projected from), and
+        logit_ij = q_i . k_j / sqrt(d) + sum_{l=j+1..i} log f_l = q_i . k_j / sqrt(d) + c_i - c_j,
+    c_t = sum_{l<=t} log f_l (float32 prefix sums). No other position signal: the decay
+    is the position information (the paper's "FoX (LLaMA)" block, without the "Pro"
+    extras). Defaults as the authors' code (github.com/zhixuan-lin/forgetting-transformer,
+    fgate_type='full'): one Linear(n_embd, n_head) per layer, weight N(0, 0.02), bias 0,
+    so f is about 1/2 at init (x-transformers' data-dependent ALiBi uses bias 5; the
+    authors' special bias init is for their data-independent gates only). Option:
+    bias_init.
+    Runs through `attention`: the gates need x, and the log gates of cached tokens live
+    in cache.state (one per key), so decoding recomputes c over all keys. The score_mod
+    reads c at the query and at the key from two tensors (c's last Tq entries and c), each
+    indexed once, so FlexAttention's backward takes it; memory O(T) beyond attention."""
+
+    def __init__(self, config, bias_init=0.0):
+        super().__init__(config)
+        self.bias_init = float(bias_init)
+
+    def new_layer(self):
+        return _FoxLayer(self.n_embd, self.n_head, self.bias_init)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        with torch.autocast(x.device.type, enabled=False):  # the bias stays float32
+            log_f = F.logsigmoid(layer.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
+        if cache is not None:
+            if 'fox_log_f' in cache.state:
+                log_f = torch.cat((cache.state['fox_log_f'], log_f), 2)  # [B, H, Tk]: every key's log f
+            cache.state['fox_log_f'] = log_f
+        c = log_f.cumsum(-1)  # c_j = sum_{l<=j} log f_l
+        c_q = c[..., c.size(-1) - q.size(2):]  # at the queries (the last Tq keys)
+
+        def mod(score, b, h, i, j):
+            return score + (c_q[b, h, i] - c[b, h, j])
+        return attend(q, k, v, mod)
+
+
+class _CopeLayer(nn.Module):
+    def __init__(self, npos_max, head_dim):
+        super().__init__()
+        self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))  # e[0..npos_max-1], the paper's zero init
+
+
+@register('cope')
+class CoPE(PositionalEncoding):
+    """Contextual position encoding (Golovneva et al., arXiv 2405.18719):
+        g_ij = sigmoid(q_i . k_j / sqrt(d))     gates, per head (from the scaled logits, as
+                                                the paper's code; future keys get 0)
+        p_ij = sum_{t=j..i} g_it                the contextual position of key j seen from
+                                                query i (counting from the query back), clipped
+                                                at npos_max - 1
+        logit_ij = q_i . k_j / sqrt(d) + q_i . e[p_ij]
+    with e[p] interpolated linearly between the learned vectors e[floor p] and e[ceil p];
+    computed cheaply as the scalars z_i[m] = q_i . e[m] for every integer m, interpolated.
+    The CoPE term is not divided by sqrt(d) (as the paper's code). One table e
+    [npos_max, head_dim] per layer, shared by the heads (the paper's code keeps one
+    pos_emb per attention layer, applied to every head's query), zero init.
+    Default npos_max = 64: the paper clips at small values; at the default training
+    length 128 a position count reaches about 64 when half the gates are open.
+    Option: npos_max.
+    Where it runs: the gates, positions and bias are dense [B, H, Tq, Tk] float32 tensors
+    built in PyTorch outside the kernel (O(T^2) memory; without gradients in query chunks,
+    QUERY_CHUNK_BYTES), then attend() adds the bias through a score_mod that indexes it
+    once: FlexAttention on CUDA, the dense path on CPU."""
+
+    def __init__(self, config, npos_max=64):
+        super().__init__(config)
+        if int(npos_max) != npos_max or npos_max < 2:
+            raise ValueError(f"cope npos_max (number of position embeddings) must be an integer >= 2, got {npos_max!r}")
+        self.npos_max = int(npos_max)
+
+    def new_layer(self):
+        return _CopeLayer(self.npos_max, self.head_dim)
+
+    def bias(self, q, k, layer):
+        """The CoPE term q_i . e[p_ij], [B, H, Tq, Tk] float32 (queries = the last Tq keys)."""
+        with torch.autocast(q.device.type, enabled=False):
+            qf = q.float()
+            z = qf @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+            g = torch.sigmoid(z).masked_fill(~_visible(q.size(2), k.size(2), q.device), 0.0)
+            p = g.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # p_ij = sum_{t>=j} g_it
+            lo = p.detach().floor()
+            w = p - lo  # carries the gradient to p
+            qe = qf @ layer.pos_emb.float().t()  # [B, H, Tq, npos_max]: q_i . e[m]
+            return qe.gather(-1, p.detach().ceil().long()) * w + qe.gather(-1, lo.long()) * (1 - w)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        def run(q, k, v):
+            bias = self.bias(q, k, layer)
+
+            def mod(score, b, h, i, j):
+                return score + bias[b, h, i, j]
+            return attend(q, k, v, mod)
+        return chunk_queries(run, q, k, v)
+
+
+class _PopeLayer(nn.Module):
+    def __init__(self, n_head, head_dim, uniform):
+        super().__init__()
+        self.delta = nn.Parameter(torch.zeros(n_head, head_dim))  # phase bias delta_c per head
+        if uniform:
+            nn.init.uniform_(self.delta, -2 * math.pi, 0.0)
+
+
+@register('pope')
+class PoPE(PositionalEncoding):
+    """Polar coordinate position embeddings (Gopalakrishnan et al., arXiv 2509.10534):
+    every query/key component c is a complex number with magnitude softplus(q_c)
+    (softplus(k_c)) -- the "what" -- and phase t*theta_c for a query at t, s*theta_c +
+    delta_c for a key at s -- the "where" --, and the score is Re[q^H k] / sqrt(d):
+        a_ts = sum_{c=1..d} softplus(q_tc) softplus(k_sc) cos((s - t) theta_c + delta_c) / sqrt(d),
+    theta_c = base^(-(c-1)/d): d frequencies over all d components (RoPE has d/2 pairs).
+    delta_c is learned, clamped to [-2 pi, 0] in every forward, zero init (the paper's
+    choice for length extrapolation; option delta_init='uniform' draws U(-2 pi, 0), its
+    in-distribution choice); here one delta [n_head, head_dim] per layer. The sign of
+    delta, the frequencies, the clamp and the 1/sqrt(d) of the original head dim follow
+    x-transformers' and lucidrains/PoPE-pytorch's implementations of the paper (the key
+    carries phase s*theta + delta).
+    Realised as transform_qk: q -> sqrt(2) [mag cos(t theta) | mag sin(t theta)],
+    k -> [mag cos(s theta + delta) | mag sin(s theta + delta)] (head dim 2d, like `xl`), so
+    plain causal SDPA's 1/sqrt(2d) becomes the paper's 1/sqrt(d); computed in float32.
+    Keys depend on their own position only, so the KV cache keeps them transformed.
+    Options: base (10000), delta_init ('zero' | 'uniform')."""
+
+    def __init__(self, config, base=10000.0, delta_init='zero'):
+        super().__init__(config)
+        if delta_init not in ('zero', 'uniform'):
+            raise ValueError(f"pope delta_init must be 'zero' or 'uniform', got {delta_init!r}")
+        self.base, self.delta_init = float(base), delta_init
+        inv = self.base ** (-torch.arange(self.head_dim, dtype=torch.float64) / self.head_dim)
+        self.register_buffer('inv_freq', inv.float(), persistent=False)
+
+    def new_layer(self):
+        return _PopeLayer(self.n_head, self.head_dim, self.delta_init == 'uniform')
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        return make_context(q_pos, k_pos, n_pos, angle=q_pos.float()[:, None] * self.inv_freq[None, :])  # [T, d]
+
+    def transform_qk(self, q, k, ctx, layer):
+        with torch.autocast(q.device.type, enabled=False):
+            ang = ctx.extra['angle']  # new keys sit at the query positions
+            ang_k = ang[None] + layer.delta.float().clamp(-2 * math.pi, 0.0)[:, None]  # [H, T, d]
+            mq, mk = F.softplus(q.float()), F.softplus(k.float())
+            q2 = torch.cat((mq * ang.cos(), mq * ang.sin()), -1) * math.sqrt(2.0)
+            k2 = torch.cat((mk * ang_k.cos(), mk * ang_k.sin()), -1)
+        return q2.to(q.dtype), k2.to(k.dtype)
+
+
+@register('stick_breaking')
+class StickBreaking(PositionalEncoding):
+    """Stick-breaking attention (Tan et al., arXiv 2410.17980), no softmax and no
+    positional encoding. With z_ij = q_i . k_j / sqrt(d) and beta_ij = sigmoid(z_ij), the
+    nearest key breaks off its share of the stick first:
+        A_ij = beta_ij prod_{j<l<i} (1 - beta_il)       keys j < i (the paper's default)
+        o_i  = sum_{j<i} A_ij v_j + (1 - sum_j A_ij) v_i
+    The last term gives the stick left over, prod_{j<i} (1 - beta_ij), to the query's own
+    value (the authors' reference tests and their model code's sb_remainder option;
+    option remainder=False drops it, as flash-linear-attention's layer). Option
+    attend_current=True lets j = i take part (j <= i, product over j < l <= i; the
+    authors' kernel option, off by default).
+    Computed in log space in float32 (log A_ij = log sigmoid(z_ij) - sum_{j<l<i}
+    softplus(z_il), a reversed cumulative sum), O(T^2) memory, in query chunks without
+    gradients (QUERY_CHUNK_BYTES). There is no FlexAttention path: `attention` computes
+    the output itself, applies attention dropout to A while training (config.dropout;
+    the remainder term is not dropped), and ignores attn_backend."""
+
+    def __init__(self, config, attend_current=False, remainder=True):
+        super().__init__(config)
+        self.attend_current, self.remainder = bool(attend_current), bool(remainder)
+        self.dropout = config.dropout
+
+    def weights(self, q, k):
+        """(A [B, H, Tq, Tk], the stick left over [B, H, Tq]) in float32; queries = the last Tq keys."""
+        with torch.autocast(q.device.type, enabled=False):
+            z = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+            vis = _visible(q.size(2), k.size(2), q.device, strict=not self.attend_current)
+            log_keep = F.logsigmoid(-z).masked_fill(~vis, 0.0)  # log(1 - beta_il); 0 = no break
+            after = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum_{l>=j}
+            after = F.pad(after[..., 1:], (0, 1))  # sum_{l>j}
+            A = (F.logsigmoid(z) + after).exp().masked_fill(~vis, 0.0)
+            return A, log_keep.sum(-1).exp()
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        p = self.dropout if self.training else 0.0
+
+        def run(q, k, v):
+            A, rest = self.weights(q, k)
+            with torch.autocast(q.device.type, enabled=False):
+                if p:
+                    A = F.dropout(A, p)
+                y = A @ v.float()
+                if self.remainder:
+                    y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
+            return y
+        return chunk_queries(run, q, k, v).to(q.dtype)
+
+
+def deberta_log_bucket(rel, bucket_size, max_position):
+    """DeBERTa-v2/v3's log-bucketed relative position (He et al., arXiv 2006.03654; the
+    authors' make_log_bucket_position): rel clamped to +-(max_position - 1); with
+    mid = bucket_size // 2, |rel| <= mid is kept exactly, larger distances become
+    sign(rel) * (mid + ceil(log(|rel|/mid) / log((max_position - 1)/mid) * (mid - 1))),
+    so |rel| = max_position - 1 lands on bucket_size - 1. Odd in rel. float64 logs."""
+    mid = bucket_size // 2
+    rel = torch.as_tensor(rel).long().clamp(-(max_position - 1), max_position - 1)
+    a = rel.abs()
+    log_pos = torch.ceil(torch.log(a.clamp(min=mid).double() / mid) / math.log((max_position - 1) / mid)
+                         * (mid - 1)).long() + mid
+    return torch.where(a <= mid, rel, log_pos * rel.sign())
+
+
+class _DebertaLayer(nn.Module):
+    def __init__(self, n_embd):
+        super().__init__()
+        self.pos_k = nn.Linear(n_embd, n_embd, bias=False)  # W_{k,r}: K^r = P W_{k,r}
+        self.pos_q = nn.Linear(n_embd, n_embd, bias=False)  # W_{q,r}: Q^r = P W_{q,r}
+        nn.init.normal_(self.pos_k.weight, std=0.02)
+        nn.init.normal_(self.pos_q.weight, std=0.02)
+
+
+@register('deberta')
+class DeBERTa(PositionalEncoding):
+    """Disentangled attention of DeBERTa (He et al., arXiv 2006.03654, eq. 4), causal:
+        z_ij = (Q_i . K_j + Q_i . K^r_{d(i,j)} + K_j . Q^r_{d(j,i)}) / sqrt(3d)
+    content-to-content, content-to-position (c2p) and position-to-content (p2c), with
+    K^r = P W_{k,r}, Q^r = P W_{q,r} per layer and the relative embeddings P
+    [2k, n_embd] shared by all layers, d(i, j) = k + bucket(i - j) clamped to [0, 2k)
+    (k = position_buckets; bucket = deberta_log_bucket, the v2/v3 log buckets).
+    The paper's attention is bidirectional; this is the causal restriction of the same
+    score: keys j <= i only, so c2p reads P's rows k.. (i - j >= 0) and p2c its rows
+    ..k (d(j, i) = k - bucket(i - j)), and every row stays in use. The authors' code
+    (and HF's) effectively indexes p2c with d(i, j) like c2p (microsoft/DeBERTa issue
+    #162); this follows the paper's d(j, i). No absolute position embedding, no biases
+    on the position projections (eq. 4), init N(0, 0.02) (DeBERTa's initializer_range).
+    Defaults scale DeBERTa-v3's 256 buckets / 512 relative positions at training length
+    512 to block_size L: position_buckets = L // 2 (distances up to L/4 exact),
+    max_relative_positions = L (beyond L - 1 every key shares the last bucket).
+    Realisation: transform_qk divides q by sqrt(3), so the usual q.k / sqrt(d) is the
+    content term over sqrt(3d); score_mod adds the two position terms from tables
+    Q_i . K^r_m / sqrt(3d) [B, H, Tq, 2k] and K_j . Q^r_m / sqrt(3d) [B, H, Tk, 2k] (float32,
+    each indexed once) through bucket indices tabulated per distance in context().
+    Options: position_buckets, max_relative_positions."""
+
+    def __init__(self, config, position_buckets=None, max_relative_positions=None):
+        super().__init__(config)
+        self.buckets = int(position_buckets or max(2, config.block_size // 2))
+        self.max_rel = int(max_relative_positions or config.block_size)
+        if self.buckets < 2 or self.max_rel - 1 <= self.buckets // 2:
+            raise ValueError(f"deberta needs position_buckets >= 2 and max_relative_positions - 1 > position_buckets // 2 "
+                             f"(the last exact distance), got position_buckets={self.buckets}, "
+                             f"max_relative_positions={self.max_rel}")
+        self.rel_emb = nn.Parameter(torch.randn(2 * self.buckets, config.n_embd) * 0.02)  # P
+
+    def new_layer(self):
+        return _DebertaLayer(self.n_embd)
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        b = deberta_log_bucket(torch.arange(ctx.n_pos, device=q_pos.device), self.buckets, self.max_rel)
+        top = 2 * self.buckets - 1
+        ctx.extra.update(c2p=(self.buckets + b).clamp(0, top), p2c=(self.buckets - b).clamp(0, top))
+        return ctx
+
+    def transform_qk(self, q, k, ctx, layer):
+        return q / math.sqrt(3.0), k
+
+    def score_mod(self, q, k, ctx, layer):
+        H, d = self.n_head, self.head_dim
+        with torch.autocast(q.device.type, enabled=False):  # biases stay float32
+            P = self.rel_emb.float()
+            k_r = (P @ layer.pos_k.weight.float().t()).view(-1, H, d).transpose(0, 1)  # [H, 2k, d]
+            q_r = (P @ layer.pos_q.weight.float().t()).view(-1, H, d).transpose(0, 1)
+            c2p = q.float() @ k_r.transpose(-1, -2) / math.sqrt(d)  # q was divided by sqrt(3): / sqrt(3d)
+            p2c = k.float() @ q_r.transpose(-1, -2) / math.sqrt(3 * d)
+        ci, pi = ctx.extra['c2p'], ctx.extra['p2c']
+
+        def mod(score, b, h, i, j):
+            r = ctx.dist(i, j)
+            return score + c2p[b, h, i, ci[r]] + p2c[b, h, j, pi[r]]
+        return mod

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import positional
-from conftest import SCHEMES, tiny_model
+from conftest import SCHEMES, has_attention_mod, tiny_model
 from model import dense_bias
 
 
@@ -184,8 +184,7 @@ def test_generate_with_cache_equals_without(scheme):
     assert torch.equal(a, b)
 
 
-BIAS_SCHEMES = [s for s in SCHEMES
-                if positional.REGISTRY[s].score_mod is not positional.PositionalEncoding.score_mod]
+BIAS_SCHEMES = [s for s in SCHEMES if has_attention_mod(s)]  # derived from the hooks, not the name
 
 
 @pytest.mark.parametrize('scheme', BIAS_SCHEMES)

@@ -9,12 +9,11 @@ import torch
 import torch.nn.attention.flex_attention as fa
 
 import model as M
-import positional
 import runtime
-from conftest import SCHEMES, tiny_model
+from conftest import SCHEMES, attend_mods, has_attention_mod, tiny_model
 
-MOD_SCHEMES = [s for s in SCHEMES if positional.REGISTRY[s].score_mod is not positional.PositionalEncoding.score_mod
-               or positional.REGISTRY[s].value_mod is not positional.PositionalEncoding.value_mod]
+# schemes that hand model.attend a score_mod or value_mod (stick-breaking, with its own attention, does not)
+MOD_SCHEMES = [s for s in SCHEMES if has_attention_mod(s) or has_attention_mod(s, train=True)]
 
 
 class _Validated(Exception):
@@ -50,12 +49,7 @@ def flex_with_grad_on_cpu(monkeypatch):
 
 
 def _has_training_mod(scheme):
-    m = tiny_model(scheme)
-    pe, layer = m.pe, m.transformer.h[0].attn.pe_layer
-    pos = torch.arange(8)
-    q = torch.randn(1, 4, 8, 8)
-    return pe.score_mod(q, q, pe.context(pos, pos), layer) is not None or \
-        pe.value_mod(q, q, pe.context(pos, pos), layer, None) is not None
+    return any(mod is not None or vmod is not None for mod, vmod in attend_mods(scheme, train=True))
 
 
 @pytest.mark.parametrize('scheme', MOD_SCHEMES)
