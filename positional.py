@@ -1324,7 +1324,7 @@ class PoPE(PositionalEncoding):
     k -> [mag cos(s theta + delta) | mag sin(s theta + delta)] (head dim 2d, like `xl`), so
     plain causal SDPA's 1/sqrt(2d) becomes the paper's 1/sqrt(d); computed in float32.
     Keys depend on their own position only, so the KV cache keeps them transformed.
-    Options: base (10000), delta_init ('zero' | 'uniform')."""
+    Options: base (default 10000), delta_init ('zero' | 'uniform', default 'zero')."""
 
     def __init__(self, config, base=10000.0, delta_init='zero'):
         super().__init__(config)
