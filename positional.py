@@ -1256,12 +1256,13 @@ class CoPE(PositionalEncoding):
         logit_ij = q_i . k_j / sqrt(d) + q_i . e[p_ij]
     with e[p] interpolated linearly between the learned vectors e[floor p] and e[ceil p];
     computed cheaply as the scalars z_i[m] = q_i . e[m] for every integer m, interpolated.
-    The CoPE term is not divided by sqrt(d) (as the paper's code). One table e
-    [npos_max, head_dim] per layer, shared by the heads (the paper's code keeps one
-    pos_emb per attention layer, applied to every head's query), zero init.
-    Default npos_max = 64: the paper clips at small values; at the default training
-    length 128 a position count reaches about 64 when half the gates are open.
-    Option: npos_max.
+    The CoPE term is not divided by sqrt(d) (as the paper's code listing). One table e
+    [npos_max, head_dim] per layer, shared by the heads (the listing keeps one pos_emb
+    [head_dim, npos_max] per attention module and applies it to head_dim-sized queries;
+    x-transformers shares one table across heads too), zero init (the listing's).
+    Default npos_max = 64, a choice: the paper clips positions at a small npos_max
+    (its language-modelling value was not checked here); at the default training length
+    128 a count reaches 64 when half the gates are open. Option: npos_max.
     Where it runs: the gates, positions and bias are dense [B, H, Tq, Tk] float32 tensors
     built in PyTorch outside the kernel (O(T^2) memory; without gradients in query chunks,
     QUERY_CHUNK_BYTES), then attend() adds the bias through a score_mod that indexes it
@@ -1314,9 +1315,10 @@ class PoPE(PositionalEncoding):
     delta_c for a key at s -- the "where" --, and the score is Re[q^H k] / sqrt(d):
         a_ts = sum_{c=1..d} softplus(q_tc) softplus(k_sc) cos((s - t) theta_c + delta_c) / sqrt(d),
     theta_c = base^(-(c-1)/d): d frequencies over all d components (RoPE has d/2 pairs).
-    delta_c is learned, clamped to [-2 pi, 0] in every forward, zero init (the paper's
-    choice for length extrapolation; option delta_init='uniform' draws U(-2 pi, 0), its
-    in-distribution choice); here one delta [n_head, head_dim] per layer. The sign of
+    delta_c is learned, clamped to [-2 pi, 0] in every forward, zero init (reported
+    better for length extrapolation; option delta_init='uniform' draws U(-2 pi, 0),
+    reported slightly better in distribution); here one delta [n_head, head_dim] per
+    layer (x-transformers keeps one [n_head, head_dim] for all layers). The sign of
     delta, the frequencies, the clamp and the 1/sqrt(d) of the original head dim follow
     x-transformers' and lucidrains/PoPE-pytorch's implementations of the paper (the key
     carries phase s*theta + delta).
@@ -1324,6 +1326,8 @@ class PoPE(PositionalEncoding):
     k -> [mag cos(s theta + delta) | mag sin(s theta + delta)] (head dim 2d, like `xl`), so
     plain causal SDPA's 1/sqrt(2d) becomes the paper's 1/sqrt(d); computed in float32.
     Keys depend on their own position only, so the KV cache keeps them transformed.
+    `attention` pads v with d zero columns so that SDPA's fused (flash) kernels, which
+    need equal q and v head dims, run instead of the T x T math kernel.
     Options: base (default 10000), delta_init ('zero' | 'uniform', default 'zero')."""
 
     def __init__(self, config, base=10000.0, delta_init='zero'):
@@ -1348,6 +1352,12 @@ class PoPE(PositionalEncoding):
             q2 = torch.cat((mq * ang.cos(), mq * ang.sin()), -1) * math.sqrt(2.0)
             k2 = torch.cat((mk * ang_k.cos(), mk * ang_k.sin()), -1)
         return q2.to(q.dtype), k2.to(k.dtype)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        # SDPA's fused kernels need v's head dim to equal q's (2d here); with d it falls back to
+        # the math kernel, which builds the T x T scores. Zero columns in v change nothing.
+        d = v.size(-1)
+        return attend(q, k, F.pad(v, (0, q.size(-1) - d)))[..., :d]
 
 
 @register('stick_breaking')

@@ -210,6 +210,21 @@ def test_pope_scores_match_polar_formula():
                 assert abs(got[0, h, ti, si].item() - want) < 1e-4
 
 
+def test_pope_attention_pads_v_for_the_fused_kernel():
+    """Zero columns in v leave the output as attention with the d-dim v, and let SDPA take a fused kernel."""
+    pe = P.REGISTRY['pope'](tiny_config('pope'))
+    layer = pe.new_layer()
+    q, k, v = qkv(2, 4, 12, 12, 8, seed=6)
+    pos = torch.arange(12)
+    ctx = pe.context(pos, pos)
+    q2, k2 = pe.transform_qk(q, k, ctx, layer)
+    got = pe.attention(q2, k2, v, None, ctx, layer, None, M.attend)
+    want = torch.nn.functional.scaled_dot_product_attention(q2, k2, v, is_causal=True)
+    assert got.shape == v.shape and torch.allclose(got, want, atol=1e-6)
+    if hasattr(torch, '_fused_sdp_choice'):  # private API: 0 is the math kernel
+        assert torch._fused_sdp_choice(q2, k2, torch.nn.functional.pad(v, (0, 8)), None, 0.0, True) != 0
+
+
 def test_pope_options():
     m = tiny_model('pope', pos_options={'delta_init': 'uniform'})
     dl = m.transformer.h[1].attn.pe_layer.delta
