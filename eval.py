@@ -4,6 +4,7 @@ Length-extrapolation evaluation for nanoPE.
   python eval.py --out_dir=out-rope              # full suite at L, 2L, 4L, 8L, 16L -> out-rope/eval.json
   python eval.py --out_dir=out-rope --rope_scaling="{'type':'yarn','factor':16,'original_max_len':128}"
   python eval.py --out_dir=out-rope --quick=True # non-overlapping loss only
+  python eval.py --init_from=gpt2 --data_dir=data/shakespeare --out_dir=out-gpt2  # Hugging Face GPT-2
 
 Protocols, on the val split, at each length T = m*L (L = the training block_size):
   - non-overlapping windows (the ALiBi paper's default, arXiv 2108.12409): every
@@ -12,7 +13,9 @@ Protocols, on the val split, at each length T = m*L (L = the training block_size
   - sliding windows (HF "perplexity of fixed-length models"; PI arXiv 2306.15595 and
     YaRN arXiv 2309.00071 use stride 256): windows of T advance by `stride` and only
     the last `stride` tokens of each are scored, so every scored token has T-stride..T-1
-    tokens of context. stride = T is exactly the non-overlapping protocol;
+    tokens of context. stride = T is exactly the non-overlapping protocol. A scheme with
+    a finite position table (learned, GPT-2) uses its longest window past the table
+    (the sliding-window fallback; res['sliding_window'] says which window each length used);
   - loss by position inside the window (mean over the non-overlapping windows): shows
     where a scheme breaks down, e.g. right after position L;
   - loss on the last k tokens as the context before them grows: the same k target
@@ -211,11 +214,13 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
     if quick:
         del res['position']
     else:
-        res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[])
-        for m, T in zip(mults, res['lengths']):
+        # a finite position table (learned, GPT-2) scores lengths past it with its longest window:
+        # every scored token then has max_len - stride .. max_len - 1 tokens of context
+        windows = [T if _fits(model, T) else model.pe.max_len for T in res['lengths']]
+        res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[], sliding_window=windows)
+        for m, T in zip(mults, windows):
             res['sliding'].append(sliding_loss(model, data, T, stride, sliding_tokens,
-                                               label=f"sliding @{m}L" if progress else None, **kw)
-                                  if _fits(model, T) else None)
+                                               label=f"sliding @{m}L" if progress else None, **kw))
         lengths = sorted({T for T in [L // 4, L // 2] + res['lengths'] if T > last_k and _fits(model, T)})
         losses = last_k_loss(model, data, last_k, lengths, last_k_spans,
                              label="last-k" if progress else None, **kw)
@@ -296,14 +301,15 @@ if __name__ == '__main__':
     import checkpoint
     import runtime
     from configurator import options
-    o = options(dict(out_dir='out', ckpt='', data_dir='', device='auto', dtype='auto', rope_scaling=None,
+    o = options(dict(out_dir='out', init_from='resume', data_dir='', device='auto', dtype='auto', rope_scaling=None,
                      mults=[1, 2, 4, 8, 16], tokens=32768, stride=0, sliding_tokens=0, last_k=0, last_k_spans=0,
                      batch_tokens=2**14, quick=False, name='', wandb_log=False, wandb_project='nanoPE', doc_aware=False),
                 sys.argv[1:], rules=dict(tokens='>0', stride='>=0', sliding_tokens='>=0', last_k='>=0',
                                          last_k_spans='>=0', batch_tokens='>0'))
     rt = runtime.setup(o.device, o.dtype)
-    model, ckpt = checkpoint.load_model(o.ckpt or os.path.join(o.out_dir, 'ckpt.pt'), rt.device,
-                                        rope_scaling=o.rope_scaling)
+    model, ckpt = checkpoint.load(o.init_from, o.out_dir, rt.device, rope_scaling=o.rope_scaling)
+    os.makedirs(o.out_dir, exist_ok=True)
+    checkpoint.check_writable(o.out_dir)  # before the work, not after it
     folder = checkpoint.data_dir(ckpt, o.data_dir)
     data = np.memmap(os.path.join(folder, 'val.bin'), dtype=np.uint16, mode='r')
     L = model.config.block_size

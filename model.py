@@ -42,6 +42,7 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = False
+    gelu: str = 'none'             # 'none' (exact) | 'tanh' (the approximation GPT-2 was trained with)
     pos_encoding: str = 'rope'     # a key of positional.REGISTRY
     pos_options: dict = field(default_factory=dict)  # kwargs for that scheme
     rope_scaling: dict = None      # run-time RoPE context extension (overrides pos_options)
@@ -251,9 +252,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.gelu = config.gelu
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
 
 
 class Block(nn.Module):
@@ -363,6 +365,42 @@ class GPT(nn.Module):
 
     def new_cache(self):
         return KVCache(self.config.n_layer)
+
+    @classmethod
+    def from_pretrained(cls, name, **overrides):
+        """Hugging Face GPT-2 weights (as nanoGPT loads them): name = 'gpt2', 'gpt2-medium',
+        'gpt2-large', 'gpt2-xl' (downloaded by transformers) or a folder written by
+        save_pretrained. -> a 'learned' model with GPT-2's biases, tanh GELU and 50257 tokens;
+        overrides: other GPTConfig fields (dropout, attn_backend)."""
+        try:
+            from transformers import GPT2LMHeadModel
+        except ImportError:
+            raise ImportError(f"init_from={name!r} loads Hugging Face weights and needs transformers: "
+                              f"pip install transformers") from None
+        try:
+            hf = GPT2LMHeadModel.from_pretrained(name)
+        except OSError as e:  # no network and not cached, or a folder without a model
+            raise ValueError(f"cannot load GPT-2 weights {name!r} ({str(e).splitlines()[0][:200]}); without a "
+                             f"network, save them elsewhere with save_pretrained and pass that folder") from None
+        c = hf.config
+        # block_size (the training length L) may be shorter than GPT-2's table, which keeps all its rows
+        args = dict(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                    n_embd=c.n_embd, bias=True, gelu='tanh', pos_encoding='learned')
+        args.update(overrides, pos_options={'max_len': c.n_positions})
+        if args['block_size'] > c.n_positions:
+            raise ValueError(f"block_size={args['block_size']} is longer than GPT-2's {c.n_positions} positions")
+        model = cls(GPTConfig(**args))
+        sd, ours = hf.state_dict(), model.state_dict()
+        conv1d = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+        for k, v in sd.items():
+            if k.endswith(('.attn.bias', '.attn.masked_bias')):  # causal-mask buffers of older transformers
+                continue
+            mine = 'pe.wpe.weight' if k == 'transformer.wpe.weight' else k
+            v = v.t() if k.endswith(conv1d) else v  # HF's Conv1D stores [in, out]; nn.Linear [out, in]
+            assert ours[mine].shape == v.shape, (k, v.shape, ours[mine].shape)
+            with torch.no_grad():
+                ours[mine].copy_(v)
+        return model
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         params = [p for p in self.parameters() if p.requires_grad]

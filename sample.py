@@ -8,7 +8,6 @@ Decoding uses a KV cache: each new token costs one position. A scheme with a
 finite position table (learned) cannot address positions past it: it falls back
 to a sliding window over its last max_len tokens, and says so.
 """
-import os
 import sys
 
 import torch
@@ -18,6 +17,7 @@ import runtime
 from configurator import configure
 
 out_dir = 'out'
+init_from = 'resume'      # 'resume' (out_dir/ckpt.pt) | path to a .pt | 'gpt2', 'gpt2-medium', ... (Hugging Face)
 start = '\n'              # prompt text, or FILE:path
 num_samples = 1
 max_new_tokens = 500
@@ -43,7 +43,7 @@ if not start:
     sys.exit("--start is empty: give at least one character of prompt (the default is a newline)")
 rt = runtime.setup(device, dtype)
 torch.manual_seed(seed)
-model, ckpt = checkpoint.load_model(os.path.join(out_dir, 'ckpt.pt'), rt.device, rope_scaling=rope_scaling)
+model, ckpt = checkpoint.load(init_from, out_dir, rt.device, rope_scaling=rope_scaling)
 cfg = model.config
 print(f"scheme {cfg.pos_encoding}, trained at block_size={cfg.block_size} with "
       f"rope_scaling={ckpt['model_args'].get('rope_scaling')}; sampling with rope_scaling="

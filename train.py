@@ -37,6 +37,7 @@ eval_only = False
 dry_run = False           # print the resolved config as JSON and exit (how sweep.py learns the defaults)
 always_save_checkpoint = True
 init_from = 'scratch'     # 'scratch' | 'resume' (from out_dir) | path to a ckpt.pt to fine-tune from
+                          # | 'gpt2', 'gpt2-medium', ... or a save_pretrained folder: Hugging Face GPT-2 weights
 # logging
 wandb_log = True          # offline mode automatically when there is no login
 wandb_project = 'nanoPE'
@@ -96,13 +97,15 @@ if dry_run:
 # -----------------------------------------------------------------------------
 # init_from: 'resume' continues the run in out_dir; a path to a .pt fine-tunes its weights
 ckpt = None
-if init_from not in ('scratch', 'resume') and not init_from.endswith('.pt'):
-    sys.exit(f"init_from={init_from!r}: use 'scratch', 'resume' (continue the run in out_dir) or a path to a .pt")
+hf_init = init_from in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl') or os.path.isdir(init_from)
+if init_from not in ('scratch', 'resume') and not init_from.endswith('.pt') and not hf_init:
+    sys.exit(f"init_from={init_from!r}: use 'scratch', 'resume' (continue the run in out_dir), a path to a .pt, "
+             f"or 'gpt2' / 'gpt2-medium' / 'gpt2-large' / 'gpt2-xl' / a Hugging Face GPT-2 folder")
 if init_from != 'resume' and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
     # never overwrite a run by accident: its checkpoint would be replaced at the first eval
     sys.exit(f"{out_dir}/ckpt.pt exists: --init_from=resume continues that run; to start a new one use "
              f"another --out_dir or delete {out_dir}/")
-if init_from != 'scratch':
+if init_from != 'scratch' and not hf_init:
     ckpt_path = os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from
     if not os.path.exists(ckpt_path):
         sys.exit(f"init_from={init_from!r}: no checkpoint at {ckpt_path}")
@@ -236,9 +239,25 @@ if ckpt is not None:
                   f"rope_scaling={ckpt['model_args'].get('rope_scaling')}) at block_size={block_size}, "
                   f"rope_scaling={rope_scaling}")
 try:
-    model = GPT(GPTConfig(**model_args))
-except ValueError as e:  # bad scheme name, options, n_embd/n_head, rotary dim: the message says how to fix it
+    if hf_init:  # GPT-2's own shape, learned positions (its 1024-row table), tanh GELU, biases
+        model = GPT.from_pretrained(init_from, block_size=block_size, dropout=dropout, attn_backend=attn_backend)
+        model_args = {k: getattr(model.config, k) for k in GPTConfig.__dataclass_fields__}
+        if vocab_size != model_args['vocab_size']:
+            sys.exit(f"init_from={init_from!r} has {model_args['vocab_size']} tokens but {data_dir} has {vocab_size}: "
+                     f"train it on a GPT-2 BPE corpus (e.g. --dataset=shakespeare)")
+    else:
+        model = GPT(GPTConfig(**model_args))
+except (ValueError, ImportError) as e:  # bad scheme, options, n_embd/n_head, rotary dim, no transformers: say how
     sys.exit(f"bad model config: {e}")
+# the saved config must describe the saved model: a model key set explicitly but taken from the
+# checkpoint (fine-tuning keeps its shape) is refused rather than silently ignored
+ignored = [k for k in model_args if k in explicit_keys and config.get(k) != model_args[k] and init_from != 'resume']
+if ignored:
+    sys.exit(f"init_from={init_from!r} fixes the model, so " + ', '.join(f"{k}={config[k]!r}" for k in ignored)
+             + " cannot apply (it has " + ', '.join(f"{k}={model_args[k]!r}" for k in ignored) + "); drop "
+             + ('it' if len(ignored) == 1 else 'them') + ", or train from scratch (init_from='scratch')")
+for k in [k for k in model_args if k in config]:
+    config[k] = globals()[k] = model_args[k]
 max_len = model.pe.max_len
 if max_len is not None and max_len < block_size:
     sys.exit(f"{pos_encoding} addresses {max_len} positions, fewer than block_size={block_size}: lower "

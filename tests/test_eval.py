@@ -125,14 +125,18 @@ def test_last_k_scores_the_same_targets_at_every_length():
 
 
 def test_evaluate_skips_lengths_past_a_position_table():
+    """Past its table, learned has no non-overlapping or position numbers; its sliding numbers
+    come from its longest window (the fallback), which the result says."""
     model = tiny_model('learned')  # 16 positions
-    res = E.evaluate(model, rand_data(6000, seed=4), 16, mults=(1, 2, 4), tokens=256, sliding_tokens=64,
-                     last_k_spans=4)
+    data = rand_data(6000, seed=4)
+    res = E.evaluate(model, data, 16, mults=(1, 2, 4), tokens=256, sliding_tokens=64, last_k_spans=4)
     assert res['nonoverlap'][0] is not None and res['nonoverlap'][1:] == [None, None]
-    assert res['sliding'][0] is not None and res['sliding'][1:] == [None, None]
+    assert res['sliding_window'] == [16, 16, 16]
+    assert model.training  # evaluate restores the mode it found
+    want = E.sliding_loss(model.eval(), data, 16, 8, 64)
+    assert res['sliding'] == pytest.approx([want] * 3)
     assert res['position'][1:] == [None, None] and len(res['position'][0]) == 16
     assert max(res['last_k']['context']) + res['last_k']['k'] <= 16
-    assert model.training  # evaluate restores the mode it found
 
 
 # --- passkey ------------------------------------------------------------------------
