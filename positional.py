@@ -1362,6 +1362,18 @@ class RoPE2D(_SectionRoPE):
 # =============================================================================
 # per-layer stacks (NoPE layers, per-layer options) and attention scaling
 
+def _nest(state_dict, prefix, sub, own=()):
+    """Load a plain scheme's checkpoint into a LayerStack: a key prefix + name (saved
+    without the stack) becomes prefix + sub + name, unless the state dict already has
+    keys under prefix + sub (saved with the stack) or name is the stack's own."""
+    keys = [k for k in state_dict if k.startswith(prefix)]
+    if any(k.startswith(prefix + sub) for k in keys):
+        return
+    for k in keys:
+        if k[len(prefix):].split('.')[0] not in own:
+            state_dict[prefix + sub + k[len(prefix):]] = state_dict.pop(k)
+
+
 class _StackLayer(nn.Module):
     """One layer's part of a LayerStack: its index, its scheme's per-layer module (or
     None) and, with SSMax on this layer, the learned per-head scales s_h."""
@@ -1371,6 +1383,7 @@ class _StackLayer(nn.Module):
         self.index = index
         self.inner = inner
         self.ssmax = ssmax
+        self.register_load_state_dict_pre_hook(lambda mod, sd, prefix, *_: _nest(sd, prefix, 'inner.', ('ssmax',)))
 
 
 class LayerStack(PositionalEncoding):
@@ -1417,6 +1430,8 @@ class LayerStack(PositionalEncoding):
             plan.append(seen[key])
         self.schemes = nn.ModuleList(schemes)
         self.plan = plan  # per layer: index into self.schemes, or None for NoPE
+        if len(schemes) == 1:  # a plain checkpoint of this scheme loads (e.g. attn_scaling chosen at eval)
+            self.register_load_state_dict_pre_hook(lambda mod, sd, prefix, *_: _nest(sd, prefix, 'schemes.0.'))
         self.uses_rope_scaling = getattr(pe, 'uses_rope_scaling', False)
         self.nope_layers = [i for i, p in enumerate(plan) if p is None or isinstance(schemes[p], NoPE)]
         sc = getattr(config, 'attn_scaling', None)

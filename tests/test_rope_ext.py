@@ -377,6 +377,43 @@ def test_ssmax_is_learned_per_head_starts_at_one_at_L_and_gets_a_gradient():
     assert layer.ssmax.grad is not None and (layer.ssmax.grad.abs() > 0).all()
 
 
+@pytest.mark.parametrize('scheme', ['kerple_log', 't5', 'xl', 'shaw', 'learned', 'rope'])
+def test_plain_checkpoint_takes_logn_at_eval_and_is_unchanged_inside_L(scheme):
+    """attn_scaling as a run-time choice (like rope_scaling): a checkpoint trained without it
+    loads into the scaling-only stack; log_L n is 1 up to L, so the logits there are the
+    checkpoint's own, and past L they change."""
+    plain = tiny_model(scheme, seed=3).eval()
+    scaled = tiny_model(scheme, seed=5, attn_scaling={'type': 'logn', 'original_max_len': 16}).eval()
+    scaled.load_state_dict(plain.state_dict())  # strict: every key maps
+    x = torch.randint(0, 37, (2, 16 if plain.pe.max_len else 48))
+    with torch.no_grad():
+        a, b = plain(x)[0], scaled(x)[0]
+    assert torch.allclose(a[:, :16], b[:, :16], atol=1e-5)
+    if x.size(1) > 16:
+        assert not torch.allclose(a[:, 16:], b[:, 16:], atol=1e-4)
+    if scheme in ('kerple_log', 'xl'):  # a NoPE layer has no parameters: a strict load refuses them
+        with pytest.raises(RuntimeError, match='Unexpected key'):
+            tiny_model(scheme, nope_layers=[1]).load_state_dict(plain.state_dict())
+
+
+@pytest.mark.parametrize('name', ['rope+nope+llama4', 'alibi+nope+logn', 'kerple_log+ssmax', 'xl+nope0'])
+def test_stack_bf16_autocast_train_step_and_kv_cache(name):
+    m = stack_model(name)
+    x = torch.randint(0, 37, (4, 17), generator=torch.Generator().manual_seed(0))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        logits, loss = m(x[:, :-1], x[:, 1:])
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+    m.eval()
+    xs = x[:, :1].repeat(1, 30)
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        full = m(xs)[0].float()
+        cache = m.new_cache()
+        steps = [m(xs[:, :5], cache=cache)[0]] + [m(xs[:, t:t + 1], cache=cache)[0] for t in range(5, 30)]
+    assert (torch.cat(steps, 1).float() - full).abs().max() < 0.1
+
+
 def test_minus_inf_bias_stays_a_mask_under_scaling():
     s = torch.tensor([[0.0, -2.0, 3.0]])
     q = torch.ones(1, 1, 3, 4)
