@@ -249,14 +249,10 @@ def make_report(dirs, report_dir, title='nanoPE comparison', notes=''):
 
 
 if __name__ == '__main__':
-    report_dir, dirs = 'report', []
-    for arg in sys.argv[1:]:
-        if arg.startswith('--report_dir='):
-            report_dir = arg.split('=', 1)[1]
-        elif arg.startswith('--'):
-            sys.exit(f"unknown option {arg!r}; usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR]")
-        elif os.path.isdir(arg):
-            dirs.append(arg)
-    if not dirs:
-        sys.exit("usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR]  (no out_dir given)")
-    print(f"wrote {make_report(dirs, report_dir)}")
+    from configurator import options
+    o = options(dict(report_dir='report', runs=[]), sys.argv[1:], positional='runs')
+    missing = [d for d in o.runs if not os.path.isdir(d)]
+    if missing or not o.runs:
+        sys.exit(f"not a run directory: {', '.join(missing)}" if missing else
+                 "usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR]  (no out_dir given)")
+    print(f"wrote {make_report(o.runs, o.report_dir)}")

@@ -338,11 +338,14 @@ class GPT(nn.Module):
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, cache=None, reduction='mean', pos=None, n_pos=None):
+    def forward(self, idx, targets=None, cache=None, reduction='mean', pos=None, n_pos=None, last=None):
         """idx [B, T]. Positions are 0..T-1, or continue after the cached tokens with
         `cache` (from new_cache()), or are given: pos [T] sorted (e.g. randomized
         positions), n_pos a Python-int bound on them (else found with a host sync).
-        No cap at block_size: evaluating past L is the point."""
+        No cap at block_size: evaluating past L is the point.
+        last: only the last `last` positions get logits (and targets [B, last] are theirs).
+        reduction='none' -> (None, per-token losses [B, T]), computed in chunks of positions
+        so that no [tokens x vocab] logit tensor exists at once (evaluation)."""
         B, T = idx.size()
         start = cache.next_position if cache is not None else 0
         if pos is None:
@@ -364,13 +367,25 @@ class GPT(nn.Module):
             x = block(x, self.pe, ctx, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.advance(T)
-        x = self.transformer.ln_f(x)
+        x = self.transformer.ln_f(x if last is None else x[:, -last:])
+        if reduction == 'none' and targets is not None:
+            return None, self.token_losses(x, targets)
         logits = F.linear(x, self.lm_head.weight, self.vocab_mask)  # vocab_mask: -inf on padding ids, or None
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1),
                                ignore_index=-1, reduction=reduction)
         return logits, loss
+
+    def token_losses(self, x, targets, chunk_bytes=64 * 2**20):
+        """Cross-entropy of every position of x [B, T, C] against targets [B, T] -> [B, T],
+        the logits made and dropped a chunk of positions at a time (BPE: 50k floats each)."""
+        B, T, C = x.shape
+        x, targets = x.reshape(B * T, C), targets.reshape(B * T)
+        n = max(1, chunk_bytes // (4 * self.lm_head.weight.size(0)))
+        out = [F.cross_entropy(F.linear(x[s:s + n], self.lm_head.weight, self.vocab_mask).float(),
+                               targets[s:s + n], ignore_index=-1, reduction='none') for s in range(0, B * T, n)]
+        return torch.cat(out).view(B, T)
 
     def new_cache(self, window=None, sink=4):
         """An empty KV cache. With `window`, a StreamingLLM cache (Xiao et al., arXiv

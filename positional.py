@@ -1363,15 +1363,28 @@ class RoPE2D(_SectionRoPE):
 # per-layer stacks (NoPE layers, per-layer options) and attention scaling
 
 def _nest(state_dict, prefix, sub, own=()):
-    """Load a plain scheme's checkpoint into a LayerStack: a key prefix + name (saved
-    without the stack) becomes prefix + sub + name, unless the state dict already has
-    keys under prefix + sub (saved with the stack) or name is the stack's own."""
+    """state_dict load pre-hook: key prefix + name becomes prefix + sub + name (the
+    module's real name), unless name is the wrapper's own or the keys are nested already."""
     keys = [k for k in state_dict if k.startswith(prefix)]
     if any(k.startswith(prefix + sub) for k in keys):
         return
     for k in keys:
         if k[len(prefix):].split('.')[0] not in own:
             state_dict[prefix + sub + k[len(prefix):]] = state_dict.pop(k)
+
+
+def _flatten(state_dict, prefix, sub):
+    """state_dict post-hook: save prefix + sub + name as prefix + name, the plain scheme's key."""
+    for k in [k for k in state_dict if k.startswith(prefix + sub)]:
+        state_dict[prefix + k[len(prefix + sub):]] = state_dict.pop(k)
+
+
+def _plain_state_dict_names(module, sub, own=()):
+    """Save and load a wrapper's wrapped module under the plain scheme's names, so a checkpoint
+    of the plain scheme and one of the wrapper have the same keys (a plain one loads into a
+    model with attn_scaling chosen at run time, and checkpoint tools compare keys directly)."""
+    module.register_state_dict_post_hook(lambda mod, sd, prefix, meta: _flatten(sd, prefix, sub))
+    module.register_load_state_dict_pre_hook(lambda mod, sd, prefix, *_: _nest(sd, prefix, sub, own))
 
 
 class _StackLayer(nn.Module):
@@ -1383,7 +1396,7 @@ class _StackLayer(nn.Module):
         self.index = index
         self.inner = inner
         self.ssmax = ssmax
-        self.register_load_state_dict_pre_hook(lambda mod, sd, prefix, *_: _nest(sd, prefix, 'inner.', ('ssmax',)))
+        _plain_state_dict_names(self, 'inner.', own=('ssmax',))
 
 
 class LayerStack(PositionalEncoding):
@@ -1430,8 +1443,8 @@ class LayerStack(PositionalEncoding):
             plan.append(seen[key])
         self.schemes = nn.ModuleList(schemes)
         self.plan = plan  # per layer: index into self.schemes, or None for NoPE
-        if len(schemes) == 1:  # a plain checkpoint of this scheme loads (e.g. attn_scaling chosen at eval)
-            self.register_load_state_dict_pre_hook(lambda mod, sd, prefix, *_: _nest(sd, prefix, 'schemes.0.'))
+        if len(schemes) == 1:  # the plain scheme's state-dict keys (plus SSMax's own)
+            _plain_state_dict_names(self, 'schemes.0.')
         self.uses_rope_scaling = getattr(pe, 'uses_rope_scaling', False)
         self.nope_layers = [i for i, p in enumerate(plan) if p is None or isinstance(schemes[p], NoPE)]
         sc = getattr(config, 'attn_scaling', None)

@@ -1,12 +1,14 @@
 """Issue 17, model side: per-layer stacks (NoPE every k-th layer, per-layer RoPE base),
 length-dependent attention scaling (log-n, SSMax, Llama 4 temperature tuning) and
 StreamingLLM attention sinks. Expected values come from formulas written here."""
+import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import checkpoint
 import model as M
 import positional
 from conftest import SCHEMES, tiny_model
@@ -378,16 +380,23 @@ def test_ssmax_is_learned_per_head_starts_at_one_at_L_and_gets_a_gradient():
 
 
 @pytest.mark.parametrize('scheme', ['kerple_log', 't5', 'xl', 'shaw', 'learned', 'rope'])
-def test_plain_checkpoint_takes_logn_at_eval_and_is_unchanged_inside_L(scheme):
+def test_plain_checkpoint_takes_logn_at_eval_and_is_unchanged_inside_L(scheme, tmp_path):
     """attn_scaling as a run-time choice (like rope_scaling): a checkpoint trained without it
     loads into the scaling-only stack; log_L n is 1 up to L, so the logits there are the
     checkpoint's own, and past L they change."""
     plain = tiny_model(scheme, seed=3).eval()
     scaled = tiny_model(scheme, seed=5, attn_scaling={'type': 'logn', 'original_max_len': 16}).eval()
-    scaled.load_state_dict(plain.state_dict())  # strict: every key maps
+    assert sorted(scaled.state_dict()) == sorted(plain.state_dict())  # the plain scheme's keys
+    scaled.load_state_dict(plain.state_dict())  # strict
+    # and through the scripts' loader, attn_scaling given at run time like rope_scaling
+    args = {f.name: getattr(plain.config, f.name) for f in dataclasses.fields(plain.config)}
+    torch.save({'model': plain.state_dict(), 'model_args': args}, tmp_path / 'ckpt.pt')
+    loaded, _ = checkpoint.load_model(str(tmp_path / 'ckpt.pt'), attn_scaling={'type': 'logn', 'original_max_len': 16})
+    assert isinstance(loaded.pe, positional.LayerStack)
     x = torch.randint(0, 37, (2, 16 if plain.pe.max_len else 48))
     with torch.no_grad():
         a, b = plain(x)[0], scaled(x)[0]
+        assert torch.allclose(loaded(x)[0], b, atol=1e-6)
     assert torch.allclose(a[:, :16], b[:, :16], atol=1e-5)
     if x.size(1) > 16:
         assert not torch.allclose(a[:, 16:], b[:, 16:], atol=1e-4)

@@ -47,7 +47,7 @@ def test_train_checkpoint_round_trip_and_sample(char_data, tmp_path):
     assert not any(k.startswith('_orig_mod.') for k in ck['model'])  # uncompiled names
     assert ck['config']['pos_encoding'] == 'learned' and ck['iter_num'] == 12
     sys.path.insert(0, ROOT)
-    from eval import load_checkpoint
+    from checkpoint import load_model as load_checkpoint
     model, _ = load_checkpoint(os.path.join(out, 'ckpt.pt'))
     for k, v in model.state_dict().items():
         assert torch.equal(v, ck['model'][k])
