@@ -59,10 +59,13 @@ returns a LayerStack wrapper when one is set, the plain scheme otherwise):
                  RNoPE); or a list of layer indices. 0/None/[] = off.
   layer_options  {layer index: dict}: pos_options overrides for those layers
                  (e.g. Gemma 3's global layers: {'base': 1e6} every 6th layer over
-                 pos_options {'base': 1e4}). Layers with equal options share one
+                 pos_options {'base': 1e4}; its 4B-27B models also give the global
+                 layers {'scaling': {'type': 'linear', 'factor': 8}}). Layers with equal options share one
                  scheme instance (and its global parameters, e.g. xl's u, v).
   attn_scaling   {'type': 'logn' | 'ssmax' | 'llama4', ..., 'layers': ...}: logit
-                 scaling by the query's key count or position (see attention_scaling).
+                 scaling by the query's key count or position (see check_attn_scaling);
+                 usable at run time on a checkpoint trained without it (the
+                 stack saves and loads under the plain scheme's state-dict keys).
 The wrapper's new_layer() is called once per layer in order (model.py builds the
 blocks in order) and returns a module that knows its layer index; every hook
 delegates to that layer's scheme, or does nothing on a NoPE layer. Schemes that
