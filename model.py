@@ -46,6 +46,9 @@ class GPTConfig:
     pos_encoding: str = 'rope'     # a key of positional.REGISTRY
     pos_options: dict = field(default_factory=dict)  # kwargs for that scheme
     rope_scaling: dict = None      # run-time RoPE context extension (overrides pos_options)
+    nope_layers: object = None     # int k: every k-th layer (k-1, 2k-1, ...) runs NoPE; or a list of layers
+    layer_options: dict = None     # {layer index: pos_options overrides}, e.g. Gemma 3's global base
+    attn_scaling: dict = None      # {'type': 'logn'|'ssmax'|'llama4', ...}: length-dependent logit scaling
     attn_backend: str = 'auto'     # 'auto' | 'flex' | 'dense' (for schemes that bias scores)
 
 
@@ -189,6 +192,22 @@ def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse):
     return y * scale.to(y.dtype), lse
 
 
+def scale_logits(q, mod, s):
+    """Multiply every logit of query i in head h by s[h, i] (s: [H or 1, Tq] float32):
+    through q for the content term q.k, and inside the score_mod for its bias (which
+    does not depend on the scaled q: it was built from the unscaled one). A -inf bias
+    is a mask and stays -inf. Same logits on every attention path."""
+    s = s.expand(q.size(1), q.size(2))
+    q = (q * s[None, :, :, None]).to(q.dtype)
+    if mod is None:
+        return q, None
+
+    def scaled(score, b, h, i, j):
+        bias = mod(torch.zeros_like(score), b, h, i, j)
+        return score + torch.where(bias == float('-inf'), bias, bias * s[h, i])
+    return q, scaled
+
+
 def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0):
     """Causal attention with an optional score bias `mod(score, b, h, i, j)` and an optional
     value term `vmod(lse) -> [B, H, Tq, Dv]` added to the output (lse = each row's logsumexp)."""
@@ -232,13 +251,17 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if not pe.transform_after_cache:
+        raw = pe.transform_after_cache or (cache is not None and cache.raw_keys)
+        if not raw:
             q, k = pe.transform_qk(q, k, ctx, self.pe_layer)  # new keys get their positions here
         if cache is not None:  # cached keys were transformed when they were new
             k, v = cache.append(k, v)
-        if pe.transform_after_cache:  # the cache holds raw keys; all keys are transformed each forward
+        if raw:  # the cache holds raw keys; all keys are transformed each forward
             q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
         mod = pe.score_mod(q, k, ctx, self.pe_layer)
+        s = pe.logit_scale(q, ctx, self.pe_layer)
+        if s is not None:  # length-dependent attention scaling
+            q, mod = scale_logits(q, mod, s)
         vmod = pe.value_mod(q, k, ctx, self.pe_layer, mod)
         y = attend(q, k, v, mod, vmod, self.backend, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -326,10 +349,13 @@ class GPT(nn.Module):
         reduction='none' -> (None, per-token losses [B, T]), computed in chunks of positions
         so that no [tokens x vocab] logit tensor exists at once (evaluation)."""
         B, T = idx.size()
-        start = cache.length if cache is not None else 0
+        start = cache.next_position if cache is not None else 0
         if pos is None:
             q_pos, n_pos = torch.arange(start, start + T, device=idx.device), start + T
         else:
+            if cache is not None and cache.window is not None:
+                raise ValueError("a rolling (sink + window) KV cache assigns positions by place in the cache; "
+                                 "do not pass pos with it")
             q_pos, n_pos = pos, n_pos or int(pos.max()) + 1
         if cache is not None:
             k_pos, n_pos = cache.add_positions(q_pos, n_pos)
@@ -342,7 +368,7 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = block(x, self.pe, ctx, cache.layers[i] if cache is not None else None)
         if cache is not None:
-            cache.length += T
+            cache.advance(T)
         x = self.transformer.ln_f(x if last is None else x[:, -last:])
         if reduction == 'none' and targets is not None:
             return None, self.token_losses(x, targets)
@@ -363,8 +389,17 @@ class GPT(nn.Module):
                                targets[s:s + n], ignore_index=-1, reduction='none') for s in range(0, B * T, n)]
         return torch.cat(out).view(B, T)
 
-    def new_cache(self):
-        return KVCache(self.config.n_layer)
+    def new_cache(self, window=None, sink=4):
+        """An empty KV cache. With `window`, a StreamingLLM cache (Xiao et al., arXiv
+        2309.17453): after each forward it keeps the first `sink` tokens (the paper's 4)
+        and the last `window`, holds raw keys and re-indexes them 0..n-1 every forward,
+        so its memory stays bounded (see KVCache)."""
+        if window is not None and self.pe.embeds_positions:
+            raise ValueError(f"{self.pe.name} adds positions to the token embeddings, so every cached key carries "
+                             f"its position in the text, which a rolling (sink + window) cache cannot re-index. "
+                             f"Attention sinks need a relative scheme; sample {self.pe.name} with the sliding "
+                             f"window (use_cache=False)")
+        return KVCache(self.config.n_layer, sink=sink, window=window)
 
     @classmethod
     def from_pretrained(cls, name, **overrides):
@@ -420,15 +455,26 @@ class GPT(nn.Module):
         return flops_per_iter / dt / peak_flops
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, window=None, sink=4):
         """Sample max_new_tokens after idx [B, T]. With a KV cache, each new token
         costs one position. A scheme with a finite position table (learned) falls
-        back to a sliding window of its last max_len tokens, recomputed each step."""
+        back to a sliding window of its last max_len tokens, recomputed each step.
+        window: StreamingLLM attention sinks (new_cache(window, sink)): every token
+        attends to the first `sink` tokens, the `window` before it and itself, at
+        positions 0..n-1 in the cache; the prompt goes in one forward up to
+        sink + window + 1 tokens, then one token at a time, so every token sees
+        exactly that. Bounded memory for any max_new_tokens."""
         max_len = self.pe.max_len
-        cache = self.new_cache() if use_cache else None
+        if window is not None and not use_cache:
+            raise ValueError("attention sinks (window=...) are a KV cache policy; use_cache must be True")
+        cache = self.new_cache(window, sink) if use_cache else None
         for _ in range(max_new_tokens):
             fits = max_len is None or idx.size(1) <= max_len
-            if cache is not None and fits:
+            if cache is not None and window is not None:
+                while cache.length < idx.size(1):
+                    n = sink + window + 1 if cache.length == 0 else 1
+                    logits, _ = self(idx[:, cache.length:cache.length + n], cache=cache)
+            elif cache is not None and fits:
                 inp = idx if cache.length == 0 else idx[:, cache.length:]
                 logits, _ = self(inp, cache=cache)
             else:  # sliding window (or no cache): recompute over the visible context
@@ -446,18 +492,47 @@ class GPT(nn.Module):
 
 class KVCache:
     """Per-layer keys and values (keys already position-transformed), their positions
-    and the length so far."""
+    and the length so far (tokens seen).
 
-    def __init__(self, n_layer):
-        self.layers = [LayerKV() for _ in range(n_layer)]
+    With `window` (StreamingLLM attention sinks, arXiv 2309.17453): after every forward
+    each layer keeps only the first `sink` tokens and the last `window` (as the
+    authors' StartRecentKVCache, called after each step), so a forward sees at most
+    sink + window cached keys plus its own. Positions are places in the cache: the
+    keys are 0..n-1 and the new tokens follow, re-indexed every forward, so the cache
+    holds raw keys (raw_keys) and the scheme transforms all of them each forward."""
+
+    def __init__(self, n_layer, sink=4, window=None):
+        if window is not None:
+            for name, v, lo in (('window', window, 1), ('sink', sink, 0)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                    raise ValueError(f"attention-sink cache: {name} must be an integer >= {lo}, got {v!r}")
+        self.sink, self.window = sink, window
+        self.raw_keys = window is not None
+        self.layers = [LayerKV(self.raw_keys) for _ in range(n_layer)]
         self.length = 0
         self.k_pos, self.n_pos = None, 0
 
+    @property
+    def next_position(self):
+        """Position of the next token: its index in the text, or its place in a rolling cache."""
+        return self.length if self.window is None else self.layers[0].n
+
     def add_positions(self, q_pos, n_pos):
         """Positions of all keys once q_pos's tokens are added, and the bound on them."""
+        if self.window is not None:  # places in the cache, every forward
+            n = self.layers[0].n + q_pos.numel()
+            self.k_pos, self.n_pos = torch.arange(n, device=q_pos.device), n
+            return self.k_pos, n
         self.k_pos = q_pos if self.k_pos is None else torch.cat((self.k_pos, q_pos))
         self.n_pos = max(self.n_pos, n_pos)
         return self.k_pos, self.n_pos
+
+    def advance(self, T):
+        """After a forward of T tokens: count them, and evict beyond sink + window."""
+        self.length += T
+        if self.window is not None:
+            for layer in self.layers:
+                layer.keep(self.sink, self.window)
 
 
 class LayerKV:
@@ -467,9 +542,10 @@ class LayerKV:
     Under autograd every append gets a fresh buffer instead, since writing into one that
     an earlier step saved for backward would break that backward."""
 
-    def __init__(self):
+    def __init__(self, raw_keys=False):
         self.k = self.v = None
         self.n = 0
+        self.raw_keys = raw_keys  # keys not position-transformed (transformed every forward)
 
     def __getitem__(self, i):
         return None if self.k is None else (self.k, self.v)[i][:, :, :self.n]
@@ -485,3 +561,15 @@ class LayerKV:
         self.k[:, :, n:n + T], self.v[:, :, n:n + T] = k, v
         self.n = n + T
         return self[0], self[1]
+
+    def keep(self, sink, window):
+        """Keep the first `sink` and the last `window` entries (in place: the buffer does not grow)."""
+        n = self.n
+        if n <= sink + window:
+            return
+        if torch.is_grad_enabled():  # never write into a tensor an earlier step saved for backward
+            self.k, self.v = (torch.cat((t[:, :, :sink], t[:, :, n - window:n]), 2) for t in (self.k, self.v))
+        else:
+            for t in (self.k, self.v):
+                t[:, :, sink:sink + window] = t[:, :, n - window:n].clone()
+        self.n = sink + window
