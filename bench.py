@@ -2,10 +2,11 @@
 Speed and memory of every positional scheme, as ratios to rope measured in the same run.
 
   python bench.py                                  # every registered scheme, train.py's default model
-  python bench.py --schemes rope,alibi --json bench.json
-  python bench.py --threads 1                      # CPU shared with others: see "clocks" below
-  python bench.py --device cuda --compile          # GPU: bf16 autocast, TF32, fused AdamW, torch.compile
-  python bench.py --device cuda --compile --preset gpt2 --schemes rope,alibi --parts train
+  python bench.py --schemes=rope,alibi --json=bench.json
+  python bench.py --threads=1                      # CPU shared with others: see "clocks" below
+  python bench.py --device=cuda --compile=True     # GPU: bf16 autocast, TF32, fused AdamW, torch.compile
+  python bench.py --device=cuda --compile=True --preset=gpt2 --schemes=rope,alibi --parts=train
+  python bench.py --gpu_check=True                 # the one-command GPU check (see gpu_check below)
 
 What is measured (all models are built once and measured round-robin, so slow
 drift in machine load hits every scheme alike; ratios to rope are taken per round
@@ -33,7 +34,6 @@ count the time the OS gives to other people's processes on a shared machine. Wit
 thread that equals wall time on an idle core; with more threads it also counts OpenMP
 spin-waiting, so use --threads 1 with it. `--clock wall` is the default on CUDA.
 """
-import argparse
 import json
 import math
 import os
@@ -48,10 +48,9 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import positional
+import runtime
+from configurator import options
 from model import GPT, GPTConfig
-
-# Dense bf16 peak FLOP/s (no sparsity), for MFU. Matched against the device name in order.
-PEAK_FLOPS = [('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('A100', 312e12)]
 PRESETS = {  # 'default' = train.py's defaults; 'gpt2' = GPT-2 124M at T=1024 (GPU only)
     'default': dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=84, batch_size=32),
     'gpt2': dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, batch_size=8),
@@ -174,10 +173,8 @@ def peak_flops(device_type, cores):
     """(peak FLOP/s, label). CPU: cores x clock x fp32 FLOPs/cycle from the ISA flags, an estimate."""
     if device_type == 'cuda':
         name = torch.cuda.get_device_name()
-        for key, v in PEAK_FLOPS:
-            if key in name:
-                return v, f'{name} bf16 dense {v / 1e12:.0f} TFLOP/s'
-        return None, f'{name}: not in PEAK_FLOPS, no MFU'
+        v = runtime.peak_flops(name)
+        return v, (f'{name} bf16 dense {v / 1e12:.0f} TFLOP/s' if v else f'{name}: not in runtime.PEAK_BF16_FLOPS, no MFU')
     try:
         info = open('/proc/cpuinfo').read()
         mhz = float(next(l for l in info.splitlines() if l.startswith('cpu MHz')).split(':')[1])
@@ -210,27 +207,26 @@ def median_ratio(xs, refs):
 # --- main ---------------------------------------------------------------------------
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('--schemes', default='all', help="comma list of positional.REGISTRY names (default: all); rope is always added as the reference")
-    ap.add_argument('--parts', default='train,memory,eval,sample', help='which measurements to run')
-    ap.add_argument('--preset', default='default', choices=sorted(PRESETS))
-    for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size'):
-        ap.add_argument(f'--{k}', type=int, help=f'override the preset ({k})')
-    ap.add_argument('--device', default='auto')
-    ap.add_argument('--dtype', default='auto', choices=['auto', 'float32', 'bfloat16'], help='auto: bf16 autocast on CUDA, float32 on CPU')
-    ap.add_argument('--compile', action='store_true', help='torch.compile the models for train and eval (not for sampling: the KV cache changes shape every token)')
-    ap.add_argument('--threads', type=int, default=0, help='torch CPU threads (0: torch default)')
-    ap.add_argument('--clock', choices=['cpu', 'wall'], help='default: cpu on CPU, wall on CUDA')
-    ap.add_argument('--rounds', type=int, default=5, help='round-robin rounds for train and eval')
-    ap.add_argument('--iters', type=int, default=2, help='timed train iterations per scheme per round')
-    ap.add_argument('--warmup', type=int, default=2, help='untimed train iterations per scheme')
-    ap.add_argument('--eval_mult', type=int, default=8)
-    ap.add_argument('--eval_batch_tokens', type=int, default=16384, help="tokens per eval forward (eval.py's default)")
-    ap.add_argument('--new_tokens', type=int, default=1000)
-    ap.add_argument('--sample_stride', type=int, default=10)
-    ap.add_argument('--json', help='write all numbers here')
-    ap.add_argument('--seed', type=int, default=0)
-    a = ap.parse_args()
+    a = options(dict(
+        schemes='all',                   # comma list of positional.REGISTRY names; rope is always added as the reference
+        parts='train,memory,eval,sample',  # which measurements to run
+        preset='default',                # 'default' (train.py's model) | 'gpt2' (124M at T=1024)
+        n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,  # 0: the preset's
+        device='auto', dtype='auto',     # auto: CUDA + bf16 autocast where available, else CPU float32
+        compile=False,                   # torch.compile train and eval (not sampling: the KV cache changes shape)
+        threads=0,                       # torch CPU threads (0: torch default)
+        clock='',                        # 'cpu' | 'wall'; default cpu on CPU, wall on CUDA
+        rounds=5, iters=2, warmup=2,     # round-robin rounds; timed and untimed train iterations per round
+        eval_mult=8, eval_batch_tokens=16384, new_tokens=1000, sample_stride=10,
+        json='',                         # write all numbers here
+        seed=0,
+        gpu_check=False,                 # the one-command GPU check instead of the round-robin (see gpu_check)
+    ), sys.argv[1:], rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0',
+                                new_tokens='>0', sample_stride='>0', threads='>=0'))
+    if a.preset not in PRESETS:
+        sys.exit(f"--preset={a.preset!r}: use one of {', '.join(PRESETS)}")
+    if a.clock not in ('', 'cpu', 'wall'):
+        sys.exit(f"--clock={a.clock!r}: use 'cpu' or 'wall'")
     started = (time.perf_counter(), time.process_time())
 
     names = sorted(positional.REGISTRY) if a.schemes == 'all' else [s.strip() for s in a.schemes.split(',') if s.strip()]
@@ -246,16 +242,13 @@ def main():
     if a.threads:
         torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
-    device = ('cuda' if torch.cuda.is_available() else 'cpu') if a.device == 'auto' else a.device
-    device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+    rt = runtime.setup(a.device, a.dtype)
+    device, device_type, dtype, amp = rt.device, rt.device_type, rt.dtype, rt.autocast
+    if a.gpu_check:
+        return gpu_check(a, names, rt)
     clock = Clock(a.clock or ('cpu' if device_type == 'cpu' else 'wall'), device_type)
-    dtype = a.dtype if a.dtype != 'auto' else ('bfloat16' if device_type == 'cuda' else 'float32')
-    amp = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=torch.bfloat16)
-    if device_type == 'cuda':
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     size = dict(PRESETS[a.preset])
-    size.update({k: getattr(a, k) for k in size if getattr(a, k) is not None})
+    size.update({k: getattr(a, k) for k in size if getattr(a, k)})
     B, L = size.pop('batch_size'), size['block_size']
     # the CPU clock sums the time of every thread, so its throughput is per core: compare with one core's peak
     peak, peak_label = peak_flops(device_type, 1 if clock.kind == 'cpu' else threads)
@@ -394,6 +387,141 @@ def main():
         print(f"wrote {a.json}")
 
 
+MAIN_SCHEMES = ['rope', 'alibi', 't5', 'fire', 'learned']  # the GPU-ready issue's first five; then the rest
+
+
+def gpu_check(a, names, rt, budget_s=540):
+    """The one-command GPU check (python bench.py --gpu_check=True). On this device, in rt.dtype
+    (bf16 autocast on CUDA), at the preset size (gpt2 -- 124M, T = 1024 -- on CUDA unless
+    --preset is given), for every scheme (the main five first):
+      correct  FlexAttention == dense logits (schemes with a score bias) and KV-cache decoding ==
+               a full forward, at T = 256 (relative max error; bf16 tolerance 5e-2)
+      train    a few torch.compile'd training steps: ms/iter, tokens/s, MFU, peak memory, x rope
+      long     no-grad forwards at 8L and 16L for rope, alibi, t5, fire: tokens/s and peak memory
+               (O(T) per layer: 16L's peak should be about twice 8L's, not four times)
+    Writes --json (gpu_check.json) after every scheme, and stops starting new schemes after
+    budget_s seconds, so a run cut short keeps what it measured."""
+    preset = a.preset if (a.preset != 'default' or rt.device_type != 'cuda') else 'gpt2'
+    size = dict(PRESETS[preset])
+    size.update({k: getattr(a, k) for k in size if getattr(a, k)})
+    B, L = size.pop('batch_size'), size['block_size']
+    names = sorted(set(names), key=lambda n: (MAIN_SCHEMES.index(n) if n in MAIN_SCHEMES else 99, n))
+    peak, peak_label = peak_flops(rt.device_type, 1)
+    sync = torch.cuda.synchronize if rt.device_type == 'cuda' else (lambda: None)
+    out = {'meta': dict(torch=torch.__version__, device=runtime.device_name(rt), dtype=rt.dtype, preset=preset,
+                        model=size, batch_size=B, peak=peak_label, argv=sys.argv), 'results': {}}
+    path, t_start = a.json or 'gpu_check.json', time.perf_counter()
+    print(f"gpu check: {out['meta']['device']}, torch {torch.__version__}, {rt.dtype}, {size}, batch {B}")
+    tol = 1e-4 if rt.dtype == 'float32' else 5e-2
+
+    def rel(x, y):
+        return ((x.float() - y.float()).abs().max() / y.float().abs().max().clamp(min=1e-6)).item()
+
+    def peak_mem(fn):
+        if rt.device_type != 'cuda':
+            return None, fn()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        r = fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**20, r
+
+    for name in names:
+        if time.perf_counter() - t_start > budget_s:
+            out['skipped'] = out.get('skipped', []) + [name]
+            continue
+        r = out['results'][name] = {}
+        torch.manual_seed(a.seed)
+        model = GPT(GPTConfig(**size, pos_encoding=name)).to(rt.device)
+        # correctness, eager model: flex vs dense, KV cache vs full forward
+        Tc = min(256, L)
+        x = torch.randint(size['vocab_size'], (2, Tc), device=rt.device)
+        model.eval()
+        with torch.no_grad(), rt.autocast:
+            full = model(x)[0]
+            if type(model.pe).score_mod is not positional.PositionalEncoding.score_mod:
+                backends = {}
+                for be in ('flex', 'dense'):
+                    for blk in model.transformer.h:
+                        blk.attn.backend = be
+                    backends[be] = model(x)[0]
+                for blk in model.transformer.h:
+                    blk.attn.backend = 'auto'
+                r['flex_vs_dense'] = rel(backends['flex'], backends['dense'])
+            if model.pe.max_len is None or model.pe.max_len >= Tc:
+                cache = model.new_cache()
+                steps = [model(x[:, :Tc - 16], cache=cache)[0]] + [model(x[:, t:t + 1], cache=cache)[0]
+                                                                   for t in range(Tc - 16, Tc)]
+                r['kv_vs_full'] = rel(torch.cat(steps, 1), full)
+        r['correct'] = all(r.get(k, 0) < tol for k in ('flex_vs_dense', 'kv_vs_full'))
+        # compiled training steps
+        model.train()
+        opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), rt.device_type)
+        step = torch.compile(model)
+        xy = torch.randint(size['vocab_size'], (B, L + 1), device=rt.device)
+
+        def train_step():
+            with rt.autocast:
+                _, loss = step(xy[:, :-1], xy[:, 1:])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+        try:
+            t0 = time.perf_counter()
+            for _ in range(max(2, a.warmup)):
+                loss = train_step()
+            sync()
+            r['compile_s'] = time.perf_counter() - t0
+            n = max(5, a.iters)
+            mem, _ = peak_mem(train_step)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                loss = train_step()
+            sync()
+            dt = (time.perf_counter() - t0) / n
+            r.update(train_ms=dt * 1e3, train_tok_s=B * L / dt, train_peak_MiB=mem, loss=loss.item())
+            if peak:
+                r['mfu'] = flops_per_token(model, model.config, L) * B * L / dt / peak
+        except Exception as e:  # noqa: BLE001 - report the failure, go on with the next scheme
+            r['train_error'] = f"{type(e).__name__}: {str(e)[:500]}"
+        del opt, step
+        # long no-grad forwards (O(T) memory)
+        if name in MAIN_SCHEMES[:4]:
+            model.eval()
+            for m in (8, 16):
+                T = m * L
+                xe = torch.randint(size['vocab_size'], (max(1, a.eval_batch_tokens // T), T), device=rt.device)
+                try:
+                    with torch.no_grad(), rt.autocast:
+                        model(xe, last=1)  # compile FlexAttention for this length first
+                        t0 = time.perf_counter()
+                        mem, _ = peak_mem(lambda: model(xe, last=1))
+                        sync()
+                    r[f'eval{m}L_tok_s'] = xe.numel() / (time.perf_counter() - t0)
+                    r[f'eval{m}L_peak_MiB'] = mem
+                except Exception as e:  # noqa: BLE001
+                    r[f'eval{m}L_error'] = f"{type(e).__name__}: {str(e)[:300]}"
+        del model
+        if rt.device_type == 'cuda':
+            torch.cuda.empty_cache()
+        ref = out['results'].get('rope', {})
+        if 'train_tok_s' in r and 'train_tok_s' in ref:
+            r['train_vs_rope'] = r['train_tok_s'] / ref['train_tok_s']
+            if r.get('train_peak_MiB') and ref.get('train_peak_MiB'):
+                r['peak_vs_rope'] = r['train_peak_MiB'] / ref['train_peak_MiB']
+        print(f"{name}: " + ', '.join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()),
+              flush=True)
+        with open(path, 'w') as f:
+            json.dump(out, f, indent=1)
+    bad = [n for n, r in out['results'].items() if not r.get('correct') or 'train_error' in r]
+    print(f"gpu check: {len(out['results'])} schemes in {time.perf_counter() - t_start:.0f}s -> {path}; "
+          + (f"FAILED: {', '.join(bad)}" if bad else 'all correct and trained')
+          + (f"; skipped (time budget): {', '.join(out['skipped'])}" if out.get('skipped') else ''))
+    return 1 if bad else 0
+
+
 def report(res, order, a, B, L, T8, clock, dev_name, dtype, peak_label):
     def f(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) and math.isfinite(v) else '—'
@@ -422,4 +550,4 @@ def report(res, order, a, B, L, T8, clock, dev_name, dtype, peak_label):
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

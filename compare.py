@@ -94,8 +94,11 @@ def markdown_tables(evals, passkeys):
             rows = []
             for r in runs:
                 by_m = dict(zip(r['mults'], r[key]))
-                rows.append([r['label']] + [_fmt(by_m.get(m)) for m in mults])
+                short = {m for m, T, w in zip(r['mults'], r['lengths'], r.get(f'{key}_window', r['lengths'])) if w < T}
+                rows.append([r['label']] + [_fmt(by_m.get(m)) + ('†' if m in short else '') for m in mults])
             out.append(_table(['run'] + [f"{m}L ({m * L})" for m in mults], rows) + '\n')
+            if any(r.get(f'{key}_window') != r['lengths'] for r in runs if f'{key}_window' in r):
+                out.append("† a finite position table: scored with its longest window (sliding-window fallback)\n")
         lk = [r for r in evals if r.get('last_k')]
         if lk:
             ctxs = max((r['last_k']['context'] for r in lk), key=len)
@@ -249,14 +252,10 @@ def make_report(dirs, report_dir, title='nanoPE comparison', notes=''):
 
 
 if __name__ == '__main__':
-    report_dir, dirs = 'report', []
-    for arg in sys.argv[1:]:
-        if arg.startswith('--report_dir='):
-            report_dir = arg.split('=', 1)[1]
-        elif arg.startswith('--'):
-            sys.exit(f"unknown option {arg!r}; usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR]")
-        elif os.path.isdir(arg):
-            dirs.append(arg)
-    if not dirs:
-        sys.exit("usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR]  (no out_dir given)")
-    print(f"wrote {make_report(dirs, report_dir)}")
+    from configurator import options
+    o = options(dict(report_dir='report', runs=[]), sys.argv[1:], positional='runs')
+    missing = [d for d in o.runs if not os.path.isdir(d)]
+    if missing or not o.runs:
+        sys.exit(f"not a run directory: {', '.join(missing)}" if missing else
+                 "usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR]  (no out_dir given)")
+    print(f"wrote {make_report(o.runs, o.report_dir)}")

@@ -4,6 +4,7 @@ Length-extrapolation evaluation for nanoPE.
   python eval.py --out_dir=out-rope              # full suite at L, 2L, 4L, 8L, 16L -> out-rope/eval.json
   python eval.py --out_dir=out-rope --rope_scaling="{'type':'yarn','factor':16,'original_max_len':128}"
   python eval.py --out_dir=out-rope --quick=True # non-overlapping loss only
+  python eval.py --init_from=gpt2 --data_dir=data/shakespeare --out_dir=out-gpt2  # Hugging Face GPT-2
 
 Protocols, on the val split, at each length T = m*L (L = the training block_size):
   - non-overlapping windows (the ALiBi paper's default, arXiv 2108.12409): every
@@ -12,7 +13,9 @@ Protocols, on the val split, at each length T = m*L (L = the training block_size
   - sliding windows (HF "perplexity of fixed-length models"; PI arXiv 2306.15595 and
     YaRN arXiv 2309.00071 use stride 256): windows of T advance by `stride` and only
     the last `stride` tokens of each are scored, so every scored token has T-stride..T-1
-    tokens of context. stride = T is exactly the non-overlapping protocol;
+    tokens of context. stride = T is exactly the non-overlapping protocol. A scheme with
+    a finite position table (learned, GPT-2) uses its longest window past the table
+    (the sliding-window fallback; res['sliding_window'] says which window each length used);
   - loss by position inside the window (mean over the non-overlapping windows): shows
     where a scheme breaks down, e.g. right after position L;
   - loss on the last k tokens as the context before them grows: the same k target
@@ -20,19 +23,17 @@ Protocols, on the val split, at each length T = m*L (L = the training block_size
 Windows come in `runs` contiguous runs spread evenly over the split, identical for
 every scheme. Inside a run windows advance by the stride, so every token of a run
 after its first T-stride is scored exactly once. Batches hold about `batch_tokens`
-tokens, so memory stays bounded at any length.
+tokens, so memory stays bounded at any length, and logits are made only for the
+positions a protocol scores, a chunk at a time (model.forward(last=, reduction='none')).
 """
-import ast
 import json
 import math
 import os
 import sys
-import time
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 # On CPU, a window whose dense score bias (n_head x T x T float32) would exceed this always
 # goes through compiled FlexAttention (for schemes with a score bias), whatever the batch
@@ -71,20 +72,20 @@ def long_backend(model, T, device):
     return 'flex' if big and cpu and model.config.attn_backend == 'auto' else None
 
 
-def forward_logits(model, x, backend, ctx=None):
-    """model(x) logits with the attention backend forced to `backend` (None: the model's)
-    -> (logits, the backend to use next time). If compiled FlexAttention fails for a
-    scheme, say so and use the dense path from then on."""
+def forward_backend(model, backend, fn, ctx=None):
+    """fn() with every attention layer's backend forced to `backend` (None: the model's) ->
+    (fn's result, the backend to use next time). If compiled FlexAttention fails for a
+    scheme, say why and use the dense path (in query chunks, O(T) memory) from then on."""
     try:
         with (attention_backend(model, backend) if backend else nullcontext()), (ctx or nullcontext()):
-            return model(x)[0], backend
+            return fn(), backend
     except Exception as e:  # noqa: BLE001 - any compile failure: fall back, loudly
         if backend != 'flex':
             raise
-        print(f"eval: FlexAttention failed for {model.config.pos_encoding} at T={x.size(1)} "
-              f"({type(e).__name__}: {str(e)[:200]}); using the dense T x T bias instead", file=sys.stderr)
+        print(f"eval: compiled FlexAttention failed for {model.config.pos_encoding} ({type(e).__name__}: "
+              f"{str(e)[:200]}); using the dense path in query chunks instead", file=sys.stderr)
         with attention_backend(model, 'dense'), (ctx or nullcontext()):
-            return model(x)[0], 'dense'
+            return fn(), 'dense'
 
 
 @contextmanager
@@ -101,19 +102,12 @@ def attention_backend(model, backend):
             m.backend = b
 
 
-_last_progress = [0.0]
-
-
-def progress(label, i, n, unit='batches'):
-    """A home-made progress counter on stderr: redrawn in place on a terminal, else (a log
-    file, a pipe) a line every 30 s and one at the end."""
-    tty = sys.stderr.isatty()
-    now = time.time()
-    if i < n and now - _last_progress[0] < (0.2 if tty else 30):
-        return
-    _last_progress[0] = now
-    sys.stderr.write(('\r' if tty else '') + f"  {label}: {i}/{n} {unit}" + ('\n' if i == n or not tty else ''))
-    sys.stderr.flush()
+def progress_bar(total, label, unit='batch'):
+    """tqdm on stderr: redrawn in place on a terminal, a line every 30 s in a log file;
+    none for label=None or a single step."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=label, unit=unit, disable=label is None or total <= 1, leave=False,
+                mininterval=0.2 if sys.stderr.isatty() else 30, file=sys.stderr)
 
 
 @torch.no_grad()
@@ -121,23 +115,20 @@ def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='c
     """Per-position loss of the last n_score tokens of the windows x = data[s:s+T],
     y = data[s+1:s+T+1], summed over windows -> (float64 tensor [n_score], n_windows).
     Batches of max(1, batch_tokens // T) windows; a short last batch is padded to the
-    same shape so compiled attention kernels are reused rather than recompiled."""
+    same shape so compiled attention kernels are reused rather than recompiled. Only
+    the scored positions get logits."""
     bs = max(1, batch_tokens // T)
     backend = long_backend(model, T, device)
     sums = torch.zeros(n_score, dtype=torch.float64)
-    n_batches = -(-len(starts) // bs)
-    for bi, i in enumerate(range(0, len(starts), bs)):
-        chunk = starts[i:i + bs]
-        rows = chunk + [chunk[0]] * (bs - len(chunk)) if len(starts) > bs else chunk
-        win = torch.from_numpy(np.stack([data[s:s + T + 1].astype(np.int64) for s in rows])).to(device)
-        x, y = win[:, :-1], win[:, 1:]
-        logits, backend = forward_logits(model, x, backend, ctx)
-        logits = logits[:len(chunk), T - n_score:].float()
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y[:len(chunk), T - n_score:].reshape(-1),
-                               reduction='none').view(len(chunk), n_score)
-        sums += loss.sum(0).double().cpu()
-        if label is not None and n_batches > 1:
-            progress(label, bi + 1, n_batches)
+    with progress_bar(-(-len(starts) // bs), label) as bar:
+        for i in range(0, len(starts), bs):
+            chunk = starts[i:i + bs]
+            rows = chunk + [chunk[0]] * (bs - len(chunk)) if len(starts) > bs else chunk
+            win = torch.from_numpy(np.stack([data[s:s + T + 1].astype(np.int64) for s in rows])).to(device)
+            x, y = win[:, :-1], win[:, T - n_score + 1:]
+            loss, backend = forward_backend(model, backend, lambda: model(x, y, reduction='none', last=n_score)[1], ctx)
+            sums += loss[:len(chunk)].sum(0).double().cpu()
+            bar.update()
     return sums, len(starts)
 
 
@@ -223,11 +214,13 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
     if quick:
         del res['position']
     else:
-        res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[])
-        for m, T in zip(mults, res['lengths']):
+        # a finite position table (learned, GPT-2) scores lengths past it with its longest window:
+        # every scored token then has max_len - stride .. max_len - 1 tokens of context
+        windows = [T if _fits(model, T) else model.pe.max_len for T in res['lengths']]
+        res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[], sliding_window=windows)
+        for m, T in zip(mults, windows):
             res['sliding'].append(sliding_loss(model, data, T, stride, sliding_tokens,
-                                               label=f"sliding @{m}L" if progress else None, **kw)
-                                  if _fits(model, T) else None)
+                                               label=f"sliding @{m}L" if progress else None, **kw))
         lengths = sorted({T for T in [L // 4, L // 2] + res['lengths'] if T > last_k and _fits(model, T)})
         losses = last_k_loss(model, data, last_k, lengths, last_k_spans,
                              label="last-k" if progress else None, **kw)
@@ -296,60 +289,6 @@ def eval_lengths(model, data, L, mults=(1, 2, 4, 8), **kw):
             if _fits(model, length_of(m, L))}
 
 
-def atomic_save(obj, path):
-    """torch.save to path.tmp, fsync, then rename over path. A kill (or a node crash)
-    mid-save leaves the previous file whole: rename is atomic, and the fsync makes
-    sure the new bytes are on disk before the name points at them."""
-    tmp = path + '.tmp'
-    with open(tmp, 'wb') as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_checkpoint(path, device='cpu'):
-    """torch.load with a clear error for a missing, truncated or foreign file."""
-    if not os.path.exists(path):
-        sys.exit(f"no checkpoint at {path}: train first (python train.py config/rope.py), or fix out_dir")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
-    except Exception as e:
-        sys.exit(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:200]}). It is corrupt or "
-                 f"truncated (train.py's own saves are atomic, so it was damaged or written elsewhere): "
-                 f"use {os.path.join(os.path.dirname(path), 'ckpt_best.pt')} or a backup, or retrain")
-    if not isinstance(ckpt, dict) or not {'model', 'model_args'} <= ckpt.keys():
-        sys.exit(f"{path} is not a nanoPE checkpoint (no 'model'/'model_args'); pass a ckpt.pt written by train.py")
-    return ckpt
-
-
-def load_checkpoint(path, device='cpu', **overrides):
-    from model import GPT, GPTConfig
-    ckpt = read_checkpoint(path, device)
-    args = dict(ckpt['model_args'])
-    args.update({k: v for k, v in overrides.items() if v is not None})
-    model = GPT(GPTConfig(**args))
-    model.load_state_dict(ckpt['model'])
-    return model.to(device).eval(), ckpt
-
-
-def parse_options(argv, opts):
-    """The scripts' `--key=value` options over a dict of defaults (values parsed as Python
-    literals, else kept as strings); an unknown key or a malformed argument is an error."""
-    opts = dict(opts)
-    for arg in argv:
-        if not arg.startswith('--') or '=' not in arg:
-            sys.exit(f"bad argument {arg!r}: use --key=value with key in {', '.join(opts)}")
-        k, v = arg[2:].split('=', 1)
-        if k not in opts:
-            sys.exit(f"unknown option {k!r}; valid: {', '.join(opts)}")
-        try:
-            opts[k] = ast.literal_eval(v)
-        except (ValueError, SyntaxError):
-            opts[k] = v
-    return opts
-
-
 def scaling_tag(rope_scaling):
     """File-name tag of a rope_scaling dict: {'type': 'yarn', 'factor': 16} -> 'yarn_x16'."""
     if not rope_scaling:
@@ -359,30 +298,35 @@ def scaling_tag(rope_scaling):
 
 
 if __name__ == '__main__':
-    opts = dict(out_dir='out', ckpt='', device='auto', rope_scaling=None, mults=[1, 2, 4, 8, 16], tokens=32768,
-                stride=0, sliding_tokens=0, last_k=0, last_k_spans=0, batch_tokens=2**14, quick=False,
-                name='', wandb_log=False, wandb_project='nanoPE', doc_aware=False)
-    o = type('Opts', (), parse_options(sys.argv[1:], opts))
-    if o.device == 'auto':
-        o.device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    model, ckpt = load_checkpoint(o.ckpt or os.path.join(o.out_dir, 'ckpt.pt'), o.device, rope_scaling=o.rope_scaling)
-    cfg = ckpt['config']
-    data = np.memmap(os.path.join(cfg['data_dir'], 'val.bin'), dtype=np.uint16, mode='r')
+    import checkpoint
+    import runtime
+    from configurator import options
+    o = options(dict(out_dir='out', init_from='resume', data_dir='', device='auto', dtype='auto', rope_scaling=None,
+                     mults=[1, 2, 4, 8, 16], tokens=32768, stride=0, sliding_tokens=0, last_k=0, last_k_spans=0,
+                     batch_tokens=2**14, quick=False, name='', wandb_log=False, wandb_project='nanoPE', doc_aware=False),
+                sys.argv[1:], rules=dict(tokens='>0', stride='>=0', sliding_tokens='>=0', last_k='>=0',
+                                         last_k_spans='>=0', batch_tokens='>0'))
+    rt = runtime.setup(o.device, o.dtype)
+    model, ckpt = checkpoint.load(o.init_from, o.out_dir, rt.device, rope_scaling=o.rope_scaling)
+    os.makedirs(o.out_dir, exist_ok=True)
+    checkpoint.check_writable(o.out_dir)  # before the work, not after it
+    folder = checkpoint.data_dir(ckpt, o.data_dir)
+    data = np.memmap(os.path.join(folder, 'val.bin'), dtype=np.uint16, mode='r')
     L = model.config.block_size
     doc_eot = None
     if o.doc_aware:  # whole documents (e.g. PG-19 books): needs a BPE corpus whose meta names its EOT
-        import pickle
-        with open(os.path.join(cfg['data_dir'], 'meta.pkl'), 'rb') as f:
-            doc_eot = pickle.load(f).get('eot_token')
+        doc_eot = (ckpt.get('meta') or checkpoint.read_meta(folder) or {}).get('eot_token')
         if doc_eot is None:
-            sys.exit(f"--doc_aware=True needs an EOT token in {cfg['data_dir']}/meta.pkl (BPE corpora from "
+            sys.exit(f"--doc_aware=True needs an EOT token in {folder}/meta.pkl (BPE corpora from "
                      f"data/*/prepare.py have one; char corpora have no document boundaries)")
     print(f"scheme {model.config.pos_encoding} (iter {ckpt.get('iter_num')}), trained with rope_scaling="
-          f"{ckpt['model_args'].get('rope_scaling')}, evaluating with rope_scaling={getattr(model.pe, 'scaling', None)}")
+          f"{ckpt['model_args'].get('rope_scaling')}, evaluating with rope_scaling={getattr(model.pe, 'scaling', None)}"
+          f" on {rt.device} ({rt.dtype})")
     res = evaluate(model, data, L, tuple(o.mults), o.tokens, o.stride, o.sliding_tokens, o.last_k, o.last_k_spans,
-                   o.quick, o.batch_tokens, o.device, progress=True, doc_eot=doc_eot)
+                   o.quick, o.batch_tokens, rt.device, ctx=rt.autocast, progress=True, doc_eot=doc_eot)
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
-           'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'iter': ckpt.get('iter_num'), 'out_dir': o.out_dir, **res}
+           'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'iter': ckpt.get('iter_num'),
+           'out_dir': o.out_dir, 'dtype': rt.dtype, **res}
     for k, v in flat_metrics(res).items():
         print(f"{k:22s} {v:.4f}  (ppl {math.exp(v):.2f})")
     tag = scaling_tag(o.rope_scaling)
@@ -391,11 +335,7 @@ if __name__ == '__main__':
         json.dump(res, f)
     print(f"wrote {path}")
     if o.wandb_log:
-        import wandb
-        netrc = os.path.expanduser('~/.netrc')  # online only with a login, as in train.py
-        logged_in = bool(os.environ.get('WANDB_API_KEY')) or (os.path.exists(netrc) and 'api.wandb.ai' in open(netrc).read())
-        run = wandb.init(project=o.wandb_project, name=f"{res['scheme']}-eval" + (f'-{tag}' if tag else ''),
-                         config={k: v for k, v in res.items() if k != 'position'}, dir=o.out_dir,
-                         mode=os.environ.get('WANDB_MODE') or ('online' if logged_in else 'offline'))
+        run = runtime.wandb_init(project=o.wandb_project, name=f"{res['scheme']}-eval" + (f'-{tag}' if tag else ''),
+                                 config={k: v for k, v in res.items() if k != 'position'}, out_dir=o.out_dir)
         log_wandb(run, res)
         run.finish()

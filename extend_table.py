@@ -10,15 +10,18 @@ L, 2L, 4L and 8L for RoPE without scaling, with each scaling method applied at
 evaluation only (s = 4, no training), and for the fine-tuned models (evaluated
 with the scaling they were fine-tuned with).
 Same windows as train.py's evaluation (eval.eval_loss), so numbers compare.
+Options: --device, --dtype (as train.py; auto = CUDA + bf16 where available).
 """
 import os
 import subprocess
 import sys
 
 import numpy as np
-import torch
 
-from eval import eval_loss, load_checkpoint
+import runtime
+from checkpoint import data_dir, load_model
+from configurator import configure
+from eval import eval_loss
 
 S, MULTS, TOKENS = 4, (1, 2, 4, 8), 32768
 RUNS = {'out-rope': ['config/rope.py'], 'out-extend-pi': ['config/extend_pi.py'],
@@ -42,23 +45,25 @@ def rows(L):
 
 
 if __name__ == '__main__':
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    device, dtype = 'auto', 'auto'
+    configure(globals(), sys.argv[1:], keys=['device', 'dtype'])
+    rt = runtime.setup(device, dtype)
     for out_dir, args in RUNS.items():
         if not os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
             cmd = [sys.executable, 'train.py', *args, '--wandb_log=False']
             print(f"{out_dir}/ckpt.pt missing: {' '.join(cmd[1:])}", flush=True)
             subprocess.run(cmd, check=True)
-    base, ckpt = load_checkpoint('out-rope/ckpt.pt')
+    base, ckpt = load_model('out-rope/ckpt.pt', rt.device)
     L = base.config.block_size
-    data = np.memmap(os.path.join(ckpt['config']['data_dir'], 'val.bin'), dtype=np.uint16, mode='r')
+    data = np.memmap(os.path.join(data_dir(ckpt), 'val.bin'), dtype=np.uint16, mode='r')
     print(f"\nval loss (nats/char), {TOKENS} tokens per length, non-overlapping windows; L = {L}, s = {S}\n")
     print('| method | rope_scaling | ' + ' | '.join(f'{m}L = {m * L}' for m in MULTS) + ' |')
     print('| --- | --- |' + ' --- |' * len(MULTS))
     for name, out_dir, scaling in rows(L):
         if scaling == 'as trained':
-            model, ck = load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
+            model, ck = load_model(os.path.join(out_dir, 'ckpt.pt'), rt.device)
             scaling = ck['model_args']['rope_scaling']
         else:
-            model, _ = load_checkpoint('out-rope/ckpt.pt', rope_scaling=scaling)
-        res = [eval_loss(model, data, m * L, tokens=TOKENS) for m in MULTS]
+            model, _ = load_model('out-rope/ckpt.pt', rt.device, rope_scaling=scaling)
+        res = [eval_loss(model, data, m * L, tokens=TOKENS, device=rt.device, ctx=rt.autocast) for m in MULTS]
         print(f"| {name} | `{scaling}` | " + ' | '.join(f'{v:.4f}' for v in res) + ' |', flush=True)

@@ -46,9 +46,13 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = False
+    gelu: str = 'none'             # 'none' (exact) | 'tanh' (the approximation GPT-2 was trained with)
     pos_encoding: str = 'rope'     # a key of positional.REGISTRY
     pos_options: dict = field(default_factory=dict)  # kwargs for that scheme
     rope_scaling: dict = None      # run-time RoPE context extension (overrides pos_options)
+    nope_layers: object = None     # int k: every k-th layer (k-1, 2k-1, ...) runs NoPE; or a list of layers
+    layer_options: dict = None     # {layer index: pos_options overrides}, e.g. Gemma 3's global base
+    attn_scaling: dict = None      # {'type': 'logn'|'ssmax'|'llama4', ...}: length-dependent logit scaling
     attn_backend: str = 'auto'     # 'auto' | 'flex' | 'dense' (for schemes that bias scores)
 
 
@@ -192,6 +196,22 @@ def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse):
     return y * scale.to(y.dtype), lse
 
 
+def scale_logits(q, mod, s):
+    """Multiply every logit of query i in head h by s[h, i] (s: [H or 1, Tq] float32):
+    through q for the content term q.k, and inside the score_mod for its bias (which
+    does not depend on the scaled q: it was built from the unscaled one). A -inf bias
+    is a mask and stays -inf. Same logits on every attention path."""
+    s = s.expand(q.size(1), q.size(2))
+    q = (q * s[None, :, :, None]).to(q.dtype)
+    if mod is None:
+        return q, None
+
+    def scaled(score, b, h, i, j):
+        bias = mod(torch.zeros_like(score), b, h, i, j)
+        return score + torch.where(bias == float('-inf'), bias, bias * s[h, i])
+    return q, scaled
+
+
 def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0):
     """Causal attention with an optional score bias `mod(score, b, h, i, j)` and an optional
     value term `vmod(lse) -> [B, H, Tq, Dv]` added to the output (lse = each row's logsumexp)."""
@@ -235,16 +255,23 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if not pe.transform_after_cache:
+        raw = pe.transform_after_cache or (cache is not None and cache.raw_keys)
+        if not raw:
             q, k = pe.transform_qk(q, k, ctx, self.pe_layer)  # new keys get their positions here
         if cache is not None:  # cached keys were transformed when they were new
             k, v = cache.append(k, v)
-        if pe.transform_after_cache:  # the cache holds raw keys; all keys are transformed each forward
+        if raw:  # the cache holds raw keys; all keys are transformed each forward
             q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
-        # the scheme's attention hook (default: attend with its score_mod/value_mod), given this
-        # layer's input x, its cache (per-key state) and attend bound to this layer's backend and dropout
+        # a scheme's own attention (given this layer's input x, its cache for per-key state, and attend
+        # bound to this layer's backend and dropout), or None: the bias/scaling path below
         run = functools.partial(attend, backend=self.backend, dropout_p=self.dropout if self.training else 0.0)
         y = pe.attention(q, k, v, x, ctx, self.pe_layer, cache, run)
+        if y is None:
+            mod = pe.score_mod(q, k, ctx, self.pe_layer)
+            s = pe.logit_scale(q, ctx, self.pe_layer)
+            if s is not None:  # length-dependent attention scaling
+                q, mod = scale_logits(q, mod, s)
+            y = run(q, k, v, mod, pe.value_mod(q, k, ctx, self.pe_layer, mod))
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -256,9 +283,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.gelu = config.gelu
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
 
 
 class Block(nn.Module):
@@ -320,16 +348,22 @@ class GPT(nn.Module):
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx, targets=None, cache=None, reduction='mean', pos=None, n_pos=None):
+    def forward(self, idx, targets=None, cache=None, reduction='mean', pos=None, n_pos=None, last=None):
         """idx [B, T]. Positions are 0..T-1, or continue after the cached tokens with
         `cache` (from new_cache()), or are given: pos [T] sorted (e.g. randomized
         positions), n_pos a Python-int bound on them (else found with a host sync).
-        No cap at block_size: evaluating past L is the point."""
+        No cap at block_size: evaluating past L is the point.
+        last: only the last `last` positions get logits (and targets [B, last] are theirs).
+        reduction='none' -> (None, per-token losses [B, T]), computed in chunks of positions
+        so that no [tokens x vocab] logit tensor exists at once (evaluation)."""
         B, T = idx.size()
-        start = cache.length if cache is not None else 0
+        start = cache.next_position if cache is not None else 0
         if pos is None:
             q_pos, n_pos = torch.arange(start, start + T, device=idx.device), start + T
         else:
+            if cache is not None and cache.window is not None:
+                raise ValueError("a rolling (sink + window) KV cache assigns positions by place in the cache; "
+                                 "do not pass pos with it")
             q_pos, n_pos = pos, n_pos or int(pos.max()) + 1
         if cache is not None:
             k_pos, n_pos = cache.add_positions(q_pos, n_pos)
@@ -342,8 +376,10 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = block(x, self.pe, ctx, cache.layers[i] if cache is not None else None)
         if cache is not None:
-            cache.length += T
-        x = self.transformer.ln_f(x)
+            cache.advance(T)
+        x = self.transformer.ln_f(x if last is None else x[:, -last:])
+        if reduction == 'none' and targets is not None:
+            return None, self.token_losses(x, targets)
         logits = F.linear(x, self.lm_head.weight, self.vocab_mask)  # vocab_mask: -inf on padding ids, or None
         if targets is None:
             return logits, None
@@ -351,8 +387,63 @@ class GPT(nn.Module):
                                ignore_index=-1, reduction=reduction)
         return logits, loss
 
-    def new_cache(self):
-        return KVCache(self.config.n_layer)
+    def token_losses(self, x, targets, chunk_bytes=64 * 2**20):
+        """Cross-entropy of every position of x [B, T, C] against targets [B, T] -> [B, T],
+        the logits made and dropped a chunk of positions at a time (BPE: 50k floats each)."""
+        B, T, C = x.shape
+        x, targets = x.reshape(B * T, C), targets.reshape(B * T)
+        n = max(1, chunk_bytes // (4 * self.lm_head.weight.size(0)))
+        out = [F.cross_entropy(F.linear(x[s:s + n], self.lm_head.weight, self.vocab_mask).float(),
+                               targets[s:s + n], ignore_index=-1, reduction='none') for s in range(0, B * T, n)]
+        return torch.cat(out).view(B, T)
+
+    def new_cache(self, window=None, sink=4):
+        """An empty KV cache. With `window`, a StreamingLLM cache (Xiao et al., arXiv
+        2309.17453): after each forward it keeps the first `sink` tokens (the paper's 4)
+        and the last `window`, holds raw keys and re-indexes them 0..n-1 every forward,
+        so its memory stays bounded (see KVCache)."""
+        if window is not None and self.pe.embeds_positions:
+            raise ValueError(f"{self.pe.name} adds positions to the token embeddings, so every cached key carries "
+                             f"its position in the text, which a rolling (sink + window) cache cannot re-index. "
+                             f"Attention sinks need a relative scheme; sample {self.pe.name} with the sliding "
+                             f"window (use_cache=False)")
+        return KVCache(self.config.n_layer, sink=sink, window=window)
+
+    @classmethod
+    def from_pretrained(cls, name, **overrides):
+        """Hugging Face GPT-2 weights (as nanoGPT loads them): name = 'gpt2', 'gpt2-medium',
+        'gpt2-large', 'gpt2-xl' (downloaded by transformers) or a folder written by
+        save_pretrained. -> a 'learned' model with GPT-2's biases, tanh GELU and 50257 tokens;
+        overrides: other GPTConfig fields (dropout, attn_backend)."""
+        try:
+            from transformers import GPT2LMHeadModel
+        except ImportError:
+            raise ImportError(f"init_from={name!r} loads Hugging Face weights and needs transformers: "
+                              f"pip install transformers") from None
+        try:
+            hf = GPT2LMHeadModel.from_pretrained(name)
+        except OSError as e:  # no network and not cached, or a folder without a model
+            raise ValueError(f"cannot load GPT-2 weights {name!r} ({str(e).splitlines()[0][:200]}); without a "
+                             f"network, save them elsewhere with save_pretrained and pass that folder") from None
+        c = hf.config
+        # block_size (the training length L) may be shorter than GPT-2's table, which keeps all its rows
+        args = dict(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                    n_embd=c.n_embd, bias=True, gelu='tanh', pos_encoding='learned')
+        args.update(overrides, pos_options={'max_len': c.n_positions})
+        if args['block_size'] > c.n_positions:
+            raise ValueError(f"block_size={args['block_size']} is longer than GPT-2's {c.n_positions} positions")
+        model = cls(GPTConfig(**args))
+        sd, ours = hf.state_dict(), model.state_dict()
+        conv1d = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
+        for k, v in sd.items():
+            if k.endswith(('.attn.bias', '.attn.masked_bias')):  # causal-mask buffers of older transformers
+                continue
+            mine = 'pe.wpe.weight' if k == 'transformer.wpe.weight' else k
+            v = v.t() if k.endswith(conv1d) else v  # HF's Conv1D stores [in, out]; nn.Linear [out, in]
+            assert ours[mine].shape == v.shape, (k, v.shape, ours[mine].shape)
+            with torch.no_grad():
+                ours[mine].copy_(v)
+        return model
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         params = [p for p in self.parameters() if p.requires_grad]
@@ -372,15 +463,26 @@ class GPT(nn.Module):
         return flops_per_iter / dt / peak_flops
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, window=None, sink=4):
         """Sample max_new_tokens after idx [B, T]. With a KV cache, each new token
         costs one position. A scheme with a finite position table (learned) falls
-        back to a sliding window of its last max_len tokens, recomputed each step."""
+        back to a sliding window of its last max_len tokens, recomputed each step.
+        window: StreamingLLM attention sinks (new_cache(window, sink)): every token
+        attends to the first `sink` tokens, the `window` before it and itself, at
+        positions 0..n-1 in the cache; the prompt goes in one forward up to
+        sink + window + 1 tokens, then one token at a time, so every token sees
+        exactly that. Bounded memory for any max_new_tokens."""
         max_len = self.pe.max_len
-        cache = self.new_cache() if use_cache else None
+        if window is not None and not use_cache:
+            raise ValueError("attention sinks (window=...) are a KV cache policy; use_cache must be True")
+        cache = self.new_cache(window, sink) if use_cache else None
         for _ in range(max_new_tokens):
             fits = max_len is None or idx.size(1) <= max_len
-            if cache is not None and fits:
+            if cache is not None and window is not None:
+                while cache.length < idx.size(1):
+                    n = sink + window + 1 if cache.length == 0 else 1
+                    logits, _ = self(idx[:, cache.length:cache.length + n], cache=cache)
+            elif cache is not None and fits:
                 inp = idx if cache.length == 0 else idx[:, cache.length:]
                 logits, _ = self(inp, cache=cache)
             else:  # sliding window (or no cache): recompute over the visible context
@@ -398,18 +500,47 @@ class GPT(nn.Module):
 
 class KVCache:
     """Per-layer keys and values (keys already position-transformed), their positions
-    and the length so far."""
+    and the length so far (tokens seen).
 
-    def __init__(self, n_layer):
-        self.layers = [LayerKV() for _ in range(n_layer)]
+    With `window` (StreamingLLM attention sinks, arXiv 2309.17453): after every forward
+    each layer keeps only the first `sink` tokens and the last `window` (as the
+    authors' StartRecentKVCache, called after each step), so a forward sees at most
+    sink + window cached keys plus its own. Positions are places in the cache: the
+    keys are 0..n-1 and the new tokens follow, re-indexed every forward, so the cache
+    holds raw keys (raw_keys) and the scheme transforms all of them each forward."""
+
+    def __init__(self, n_layer, sink=4, window=None):
+        if window is not None:
+            for name, v, lo in (('window', window, 1), ('sink', sink, 0)):
+                if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                    raise ValueError(f"attention-sink cache: {name} must be an integer >= {lo}, got {v!r}")
+        self.sink, self.window = sink, window
+        self.raw_keys = window is not None
+        self.layers = [LayerKV(self.raw_keys) for _ in range(n_layer)]
         self.length = 0
         self.k_pos, self.n_pos = None, 0
 
+    @property
+    def next_position(self):
+        """Position of the next token: its index in the text, or its place in a rolling cache."""
+        return self.length if self.window is None else self.layers[0].n
+
     def add_positions(self, q_pos, n_pos):
         """Positions of all keys once q_pos's tokens are added, and the bound on them."""
+        if self.window is not None:  # places in the cache, every forward
+            n = self.layers[0].n + q_pos.numel()
+            self.k_pos, self.n_pos = torch.arange(n, device=q_pos.device), n
+            return self.k_pos, n
         self.k_pos = q_pos if self.k_pos is None else torch.cat((self.k_pos, q_pos))
         self.n_pos = max(self.n_pos, n_pos)
         return self.k_pos, self.n_pos
+
+    def advance(self, T):
+        """After a forward of T tokens: count them, and evict beyond sink + window."""
+        self.length += T
+        if self.window is not None:
+            for layer in self.layers:
+                layer.keep(self.sink, self.window)
 
 
 class LayerKV:
@@ -419,11 +550,13 @@ class LayerKV:
     Under autograd every append gets a fresh buffer instead, since writing into one that
     an earlier step saved for backward would break that backward.
     `state` belongs to the positional scheme: per-key tensors it keeps next to the keys
-    (e.g. FoX's log forget gates), one entry per key along dim 2, appended by the scheme."""
+    (e.g. FoX's log forget gates), one entry per key along dim 2, appended by the scheme;
+    keep() evicts them with their keys."""
 
-    def __init__(self):
+    def __init__(self, raw_keys=False):
         self.k = self.v = None
         self.n = 0
+        self.raw_keys = raw_keys  # keys not position-transformed (transformed every forward)
         self.state = {}
 
     def __getitem__(self, i):
@@ -440,3 +573,16 @@ class LayerKV:
         self.k[:, :, n:n + T], self.v[:, :, n:n + T] = k, v
         self.n = n + T
         return self[0], self[1]
+
+    def keep(self, sink, window):
+        """Keep the first `sink` and the last `window` entries (in place: the buffer does not grow)."""
+        n = self.n
+        if n <= sink + window:
+            return
+        if torch.is_grad_enabled():  # never write into a tensor an earlier step saved for backward
+            self.k, self.v = (torch.cat((t[:, :, :sink], t[:, :, n - window:n]), 2) for t in (self.k, self.v))
+        else:
+            for t in (self.k, self.v):
+                t[:, :, sink:sink + window] = t[:, :, n - window:n].clone()
+        self.state = {name: torch.cat((t[:, :, :sink], t[:, :, n - window:n]), 2) for name, t in self.state.items()}
+        self.n = sink + window

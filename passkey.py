@@ -7,8 +7,9 @@ retrieval accuracy over a grid of lengths (L .. 16L) x key depths.
   python passkey.py --out_dir=out-rope          # fine-tune, evaluate, heat map
   python passkey.py --out_dir=out-rope --iters=0 --rope_scaling="{'type':'yarn','factor':16,'original_max_len':128}"
 
-Writes out_dir/passkey_ckpt.pt (the fine-tuned model; reused when present unless
---retrain=True), out_dir/passkey[_tag].json and out_dir/passkey[_tag].png.
+Writes out_dir/passkey_ckpt.pt (the fine-tuned model; reused when it was fine-tuned from
+the same ckpt.pt with the same iters/lr/batch_size/train_len/seed, else fine-tuned again),
+out_dir/passkey[_tag].json and out_dir/passkey[_tag].png.
 
 The prompt, for a character vocabulary (every character below is in the Shakespeare
 vocab; digits included), at total length T + 1 = prompt + answer:
@@ -25,9 +26,9 @@ decoding as long as every earlier digit is right).
 """
 import json
 import os
-import pickle
 import sys
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -82,20 +83,19 @@ def key_depth(prompt):
     return i / n_f if n_f else 0.0
 
 
-def get_codec(data_dir):
-    """encode from the dataset's meta.pkl. Character level only: the prompt's length in
+def get_codec(ckpt, data_dir=''):
+    """encode for the run's vocabulary. Character level only: the prompt's length in
     tokens is its length in characters, so prompts hit the eval lengths exactly."""
-    meta_path = os.path.join(data_dir, 'meta.pkl')
-    if not os.path.exists(meta_path):
-        raise ValueError(f"passkey.py needs a character-level dataset with a meta.pkl; {data_dir} has none "
-                         f"(BPE data is not supported: train on data/shakespeare_char or another char corpus)")
-    with open(meta_path, 'rb') as f:
-        stoi = pickle.load(f)['stoi']
-    need = sorted(set(FILLER + KEY + QUESTION + '0123456789') - set(stoi))
+    import checkpoint
+    meta = ckpt.get('meta') or checkpoint.read_meta(data_dir or checkpoint.data_dir(ckpt)) or {}
+    if 'stoi' not in meta:
+        raise ValueError("passkey.py needs a character-level model (BPE is not supported: train on "
+                         "data/shakespeare_char or another char corpus)")
+    need = sorted(set(FILLER + KEY + QUESTION + '0123456789') - set(meta['stoi']))
     if need:
-        raise ValueError(f"the vocabulary in {meta_path} lacks {need!r}, which the passkey prompt uses; "
+        raise ValueError(f"the model's vocabulary lacks {need!r}, which the passkey prompt uses; "
                          f"edit FILLER/KEY/QUESTION in passkey.py to use characters it has")
-    return lambda s: [stoi[c] for c in s]
+    return lambda s: [meta['stoi'][c] for c in s]
 
 
 def make_batch(encode, T, depths, rng):
@@ -129,7 +129,7 @@ def answer_loss(logits, ids, answer_at):
     return [F.cross_entropy(logits[b, a - 1:].float(), ids[b, a:]).item() for b, a in enumerate(answer_at)]
 
 
-def finetune(model, encode, T, iters, lr=1e-3, batch_size=32, seed=0, device='cpu', log_every=50):
+def finetune(model, encode, T, iters, lr=1e-3, batch_size=32, seed=0, device='cpu', log_every=50, ctx=None):
     """Fine-tune on passkey prompts of length T, random depths, loss on the answer only."""
     model.train()
     opt = model.configure_optimizers(0.0, lr, (0.9, 0.99), torch.device(device).type)
@@ -143,7 +143,8 @@ def finetune(model, encode, T, iters, lr=1e-3, batch_size=32, seed=0, device='cp
         y = torch.full_like(ids[:, 1:], -1)
         for b, a in enumerate(answer_at):
             y[b, a - 1:] = ids[b, a:]
-        _, loss = model(ids[:, :-1], y)
+        with ctx or nullcontext():
+            _, loss = model(ids[:, :-1], y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -158,11 +159,11 @@ def finetune(model, encode, T, iters, lr=1e-3, batch_size=32, seed=0, device='cp
 
 @torch.no_grad()
 def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0.75, 1.0), trials=20,
-             seed=1234, batch_tokens=2**14, device='cpu', progress=False):
+             seed=1234, batch_tokens=2**14, device='cpu', progress=False, ctx=None):
     """Grids [len(mults)][len(depths)] of accuracy, digit accuracy and answer loss (None
     where the scheme cannot address the length). The prompts depend only on (seed,
-    length), so every scheme sees the same ones."""
-    from eval import forward_logits, length_of, long_backend, progress as show
+    length), so every scheme sees the same ones. Logits only for the answer positions."""
+    from eval import forward_backend, length_of, long_backend, progress_bar
     model.eval()
     max_len = model.pe.max_len
     grids = {'acc': [], 'digit_acc': [], 'answer_loss': []}
@@ -177,17 +178,21 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
         bs = max(1, batch_tokens // T)
         backend = long_backend(model, T, device)
         stats = {k: [] for k in grids}
+        bar = progress_bar(-(-len(ids) // bs), f"passkey @{m}L" if progress else None)
         for i in range(0, len(ids), bs):
             chunk = ids[i:i + bs]
             n = len(chunk)
             if n < bs and len(ids) > bs:  # pad: reuse compiled attention for this shape
                 chunk = torch.cat([chunk, chunk[:1].expand(bs - n, -1)])
-            logits, backend = forward_logits(model, chunk[:, :-1].to(device), backend)
-            logits = logits[:n].cpu()
+            x = chunk[:, :-1].to(device)
+            tail, backend = forward_backend(model, backend, lambda: model(x, last=N_DIGITS)[0], ctx)
+            # the answer is the last N_DIGITS tokens: logits of the positions before them, at T-N_DIGITS..T-1
+            logits = torch.zeros(n, x.size(1) - N_DIGITS, tail.size(-1))
+            logits = torch.cat((logits, tail[:n].float().cpu()), 1)
             for k, f in (('acc', answer_correct), ('digit_acc', digit_correct), ('answer_loss', answer_loss)):
                 stats[k] += f(logits, ids[i:i + n], answer_at[i:i + n])
-            if progress:
-                show(f"passkey @{m}L", min(i + bs, len(ids)), len(ids), 'prompts')
+            bar.update()
+        bar.close()
         for k, v in stats.items():
             grids[k].append(np.array(v, dtype=float).reshape(len(depths), trials).mean(1).tolist())
     return {'block_size': L, 'mults': list(mults), 'lengths': [length_of(m, L) for m in mults], 'depths': list(depths),
@@ -220,34 +225,40 @@ def plot_heatmap(res, path=None, ax=None, title=None):
 
 
 if __name__ == '__main__':
-    opts = dict(out_dir='out', device='auto', iters=300, lr=1e-3, batch_size=32, train_len=0, retrain=False,
-                mults=[1, 2, 4, 8, 16], depths=[0.0, 0.25, 0.5, 0.75, 1.0], trials=20, seed=0,
-                batch_tokens=2**14, rope_scaling=None, name='')
-    from eval import parse_options
-    o = type('Opts', (), parse_options(sys.argv[1:], opts))
-    if o.device == 'auto':
-        o.device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    from eval import atomic_save, load_checkpoint, scaling_tag
+    import checkpoint
+    import runtime
+    from configurator import options
+    from eval import scaling_tag
+    o = options(dict(out_dir='out', device='auto', dtype='auto', iters=300, lr=1e-3, batch_size=32, train_len=0,
+                     retrain=False, mults=[1, 2, 4, 8, 16], depths=[0.0, 0.25, 0.5, 0.75, 1.0], trials=20, seed=0,
+                     batch_tokens=2**14, rope_scaling=None, name='', data_dir=''), sys.argv[1:],
+                rules=dict(iters='>=0', lr='>0', batch_size='>0', train_len='>=0', trials='>0', batch_tokens='>0'))
+    rt = runtime.setup(o.device, o.dtype)
     base, tuned = os.path.join(o.out_dir, 'ckpt.pt'), os.path.join(o.out_dir, 'passkey_ckpt.pt')
     torch.manual_seed(o.seed)
-    if os.path.exists(tuned) and not o.retrain:
-        print(f"using the fine-tuned {tuned} (--retrain=True to fine-tune again)")
+    base_ckpt = checkpoint.read_checkpoint(base)
+    L = base_ckpt['model_args']['block_size']
+    # what the fine-tune depends on: reuse passkey_ckpt.pt only if it was made from this ckpt.pt with these settings
+    recipe = {'iters': o.iters, 'lr': o.lr, 'batch_size': o.batch_size, 'train_len': o.train_len or L, 'seed': o.seed,
+              'base_iter': base_ckpt.get('iter_num'), 'base_mtime': os.path.getmtime(base)}
+    old = checkpoint.read_checkpoint(tuned).get('passkey', {}) if os.path.exists(tuned) else None
+    if old is not None and not o.retrain and {k: old.get(k) for k in recipe} == recipe:
+        print(f"using the fine-tuned {tuned} (same ckpt.pt and settings; --retrain=True to fine-tune again)")
     else:
-        model, ckpt = load_checkpoint(base, o.device)
-        L = model.config.block_size
-        encode = get_codec(ckpt['config']['data_dir'])
+        if old is not None and not o.retrain:
+            print(f"{tuned} was fine-tuned from another ckpt.pt or with other settings: fine-tuning again")
+        model, ckpt = checkpoint.load_model(base, rt.device)
+        encode = get_codec(ckpt, o.data_dir)
         print(f"fine-tuning {model.config.pos_encoding} from {base} on passkey prompts of length "
               f"{o.train_len or L}, {o.iters} iters")
-        hist = finetune(model, encode, o.train_len or L, o.iters, o.lr, o.batch_size, o.seed, o.device)
+        hist = finetune(model, encode, o.train_len or L, o.iters, o.lr, o.batch_size, o.seed, rt.device, ctx=rt.autocast)
         ckpt = {**ckpt, 'model': model.state_dict(), 'optimizer': None,
-                'passkey': {'iters': o.iters, 'lr': o.lr, 'batch_size': o.batch_size,
-                            'train_len': o.train_len or L, 'final_loss': float(np.mean(hist[-20:])) if hist else None}}
-        atomic_save(ckpt, tuned)  # a kill mid-save must not leave a broken passkey_ckpt.pt to be reused
-    model, ckpt = load_checkpoint(tuned, o.device, rope_scaling=o.rope_scaling)
-    encode = get_codec(ckpt['config']['data_dir'])
-    L = model.config.block_size
+                'passkey': {**recipe, 'final_loss': float(np.mean(hist[-20:])) if hist else None}}
+        checkpoint.atomic_save(ckpt, tuned)  # a kill mid-save must not leave a broken passkey_ckpt.pt to be reused
+    model, ckpt = checkpoint.load_model(tuned, rt.device, rope_scaling=o.rope_scaling)
+    encode = get_codec(ckpt, o.data_dir)
     res = evaluate(model, encode, L, tuple(o.mults), tuple(o.depths), o.trials, batch_tokens=o.batch_tokens,
-                   device=o.device, progress=True)
+                   device=rt.device, progress=True, ctx=rt.autocast)
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
            'out_dir': o.out_dir, 'finetune': ckpt.get('passkey'), **res}
     for m, a, al in zip(res['mults'], res['acc'], res['answer_loss']):

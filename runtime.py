@@ -6,6 +6,7 @@ bf16 autocast and TF32 settings and the tables they write are comparable.
   rt = runtime.setup('auto', 'auto')   # CUDA + bf16 autocast where available, else CPU float32
   with rt.autocast: logits, loss = model(x, y)
 """
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -77,3 +78,25 @@ def split_batch(rows, world_size, rank, batch_size):
     n = share[rank]
     accum = -(-n // batch_size)
     return sum(share[:rank]), [n // accum + (m < n % accum) for m in range(accum)]
+
+
+def wandb_init(project, name, config, out_dir, resume_id=None):
+    """A wandb run: online when wandb finds credentials (its own login lookup: env, settings,
+    netrc), else offline; online init failing (no network) falls back to offline too."""
+    import wandb
+    mode = os.environ.get('WANDB_MODE')
+    if mode is None:
+        try:
+            mode = 'online' if wandb.login(prompt=False, verify=False) else 'offline'
+        except Exception:  # noqa: BLE001 - an older wandb without prompt=, or a broken setup
+            mode = 'offline'
+    resume = dict(id=resume_id, resume='allow') if resume_id else {}  # a resumed run continues its wandb run
+    try:
+        run = wandb.init(project=project, name=name, config=config, mode=mode, dir=out_dir, **resume)
+    except Exception as e:  # noqa: BLE001 - no network: keep the run, log offline
+        print(f"wandb online init failed ({e}); logging offline")
+        mode = 'offline'
+        run = wandb.init(project=project, name=name, config=config, mode=mode, dir=out_dir, **resume)
+    print(f"wandb: {mode} mode" + (f" (sync later with `wandb sync {out_dir}/wandb/latest-run`)"
+                                   if mode == 'offline' else ''))
+    return run

@@ -8,66 +8,51 @@ Decoding uses a KV cache: each new token costs one position. A scheme with a
 finite position table (learned) cannot address positions past it: it falls back
 to a sliding window over its last max_len tokens, and says so.
 """
-import os
-import pickle
 import sys
 
 import torch
 
-from eval import load_checkpoint, parse_options
+import checkpoint
+import runtime
+from configurator import configure
 
 out_dir = 'out'
+init_from = 'resume'      # 'resume' (out_dir/ckpt.pt) | path to a .pt | 'gpt2', 'gpt2-medium', ... (Hugging Face)
 start = '\n'              # prompt text, or FILE:path
 num_samples = 1
 max_new_tokens = 500
 temperature = 0.8
 top_k = 200
 seed = 1337
-device = 'cpu'
+device = 'auto'           # 'auto' (CUDA if available) | 'cpu' | 'cuda' | 'cuda:1' ...
+dtype = 'auto'            # 'auto' (bf16 autocast on CUDA) | 'float32' | 'bfloat16'
+data_dir = ''             # only for checkpoints without a saved vocabulary: where its meta.pkl is
 rope_scaling = None       # run-time RoPE context extension, e.g. {'type': 'ntk', 'factor': 4}
 use_cache = True
-opts = dict(out_dir=out_dir, start=start, num_samples=num_samples, max_new_tokens=max_new_tokens,
-            temperature=temperature, top_k=top_k, seed=seed, device=device, rope_scaling=rope_scaling,
-            use_cache=use_cache)
-globals().update(parse_options(sys.argv[1:], opts))
-
-torch.manual_seed(seed)
-ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-if not os.path.exists(ckpt_path):
-    sys.exit(f"no checkpoint at {ckpt_path}: train first, e.g. python train.py config/rope.py")
-model, ckpt = load_checkpoint(ckpt_path, device, rope_scaling=rope_scaling)
-cfg = model.config
-print(f"scheme {cfg.pos_encoding}, trained at block_size={cfg.block_size} with "
-      f"rope_scaling={ckpt['model_args'].get('rope_scaling')}; sampling with rope_scaling={getattr(model.pe, 'scaling', None)}")
-
-# tokenizer: a char vocabulary from meta.pkl, else the tiktoken encoding it names (GPT-2 BPE by default)
-meta_path = os.path.join(ckpt['config']['data_dir'], 'meta.pkl')
-meta = {}
-if os.path.exists(meta_path):
-    with open(meta_path, 'rb') as f:
-        meta = pickle.load(f)
-if 'stoi' in meta:
-    stoi, itos = meta['stoi'], meta['itos']
-
-    def encode(s):
-        bad = sorted(set(c for c in s if c not in stoi))
-        if bad:
-            sys.exit(f"prompt has characters outside the model's vocabulary: {bad!r}; "
-                     f"use only these: {''.join(sorted(stoi))!r}")
-        return [stoi[c] for c in s]
-
-    def decode(ids):
-        return ''.join(itos[i] for i in ids)
-else:
-    from data.common import get_encoding  # works offline (vocabulary from PyPI)
-    enc = get_encoding(meta.get('encoding', 'gpt2'))
-    encode = lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})  # noqa: E731
-    decode = enc.decode
+configure(globals(), sys.argv[1:], dict(num_samples='>0', max_new_tokens='>=0', temperature='>0', top_k='>0'))
 
 if start.startswith('FILE:'):
-    with open(start[5:], encoding='utf-8') as f:
-        start = f.read()
-ids = encode(start)
+    try:
+        with open(start[5:], encoding='utf-8') as f:
+            start = f.read()
+    except OSError as e:
+        sys.exit(f"--start=FILE:{start[5:]}: cannot read it ({e.strerror})")
+    except UnicodeDecodeError:
+        sys.exit(f"--start=FILE:{start[5:]}: not UTF-8 text")
+if not start:
+    sys.exit("--start is empty: give at least one character of prompt (the default is a newline)")
+rt = runtime.setup(device, dtype)
+torch.manual_seed(seed)
+model, ckpt = checkpoint.load(init_from, out_dir, rt.device, rope_scaling=rope_scaling)
+cfg = model.config
+print(f"scheme {cfg.pos_encoding}, trained at block_size={cfg.block_size} with "
+      f"rope_scaling={ckpt['model_args'].get('rope_scaling')}; sampling with rope_scaling="
+      f"{getattr(model.pe, 'scaling', None)} on {rt.device} ({rt.dtype})")
+encode, decode = checkpoint.tokenizer(ckpt, data_dir)
+try:
+    ids = encode(start)
+except ValueError as e:  # a character the char vocabulary does not have
+    sys.exit(f"prompt {e}")
 total = len(ids) + max_new_tokens
 max_len = model.pe.max_len
 if max_len is not None and total > max_len:
@@ -76,8 +61,9 @@ if max_len is not None and total > max_len:
 elif total > cfg.block_size:
     print(f"note: generating {total} positions, {total / cfg.block_size:.1f}x the training length "
           f"{cfg.block_size}" + (", with a KV cache" if use_cache else ""))
-x = torch.tensor(ids, dtype=torch.long, device=device)[None, ...]
+x = torch.tensor(ids, dtype=torch.long, device=rt.device)[None, ...]
 for _ in range(num_samples):
-    y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache)
+    with rt.autocast:
+        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache)
     print(decode(y[0].tolist()))
     print('---------------')

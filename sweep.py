@@ -76,25 +76,16 @@ def load_json(path):
 
 
 def main(argv):
+    from configurator import configure
     sweep = dict(out='', schemes='', scalings=','.join(SCALINGS), scaling_factor=float(EVAL_MULTS), passkey=None,
                  passkey_iters=300, passkey_trials=20, gpu=False)
-    train_args = {}
-    for arg in argv:
-        if arg == '--gpu':
-            sweep['gpu'] = True
-            continue
-        if not arg.startswith('--') or '=' not in arg:
-            sys.exit(f"bad argument {arg!r}: use --key=value (sweep keys: {', '.join(sweep)}; others go to train.py)")
-        k, v = arg[2:].split('=', 1)
-        if k in sweep:
-            if sweep[k] is None or isinstance(sweep[k], bool):  # passkey's None = decided by --gpu
-                if v not in ('True', 'False'):
-                    sys.exit(f"--{k} takes True or False, got {v!r}")
-                sweep[k] = v == 'True'
-            else:
-                sweep[k] = v if isinstance(sweep[k], str) else type(sweep[k])(v)
-        else:
-            train_args[k] = v
+    ours = [a for a in argv if a == '--gpu' or a.split('=', 1)[0][2:] in sweep]
+    train_args = dict(a[2:].split('=', 1) for a in argv if a not in ours and a.startswith('--') and '=' in a)
+    bad = [a for a in argv if a not in ours and not (a.startswith('--') and '=' in a)]
+    if bad:
+        sys.exit(f"bad argument(s) {bad}: use --key=value (sweep keys: {', '.join(sweep)}; others go to train.py)")
+    configure(sweep, ['--gpu=True' if a == '--gpu' else a for a in ours], dict(scaling_factor='>0', passkey_iters='>=0',
+              passkey_trials='>0', passkey=(lambda v: isinstance(v, bool), 'True or False')))
     if sweep['passkey'] is None:
         sweep['passkey'] = sweep['gpu']
     if 'pos_encoding' in train_args or 'out_dir' in train_args:
@@ -107,9 +98,9 @@ def main(argv):
     base = {k: str(v) for k, v in GPU.items()} if sweep['gpu'] else {}
     base.update({'wandb_log': 'False', 'seed': '1337'})
     base.update(train_args)  # the user's keys win
-    # read the settings the runs need from train.py's defaults (+ overrides) without running it
-    max_iters = int(base.get('max_iters', _train_default('max_iters')))
-    L = int(base.get('block_size', _train_default('block_size')))
+    # train.py resolves (and checks) the settings every run will use: one dry run, no training
+    cfg = train_config(base)
+    max_iters, L = cfg['max_iters'], cfg['block_size']
     factor = sweep['scaling_factor']
     scalings = scaling_dicts([t for t in sweep['scalings'].split(',') if t], factor, L)
     os.makedirs(out, exist_ok=True)
@@ -185,14 +176,13 @@ def provenance():
     return f"commit {commit}, torch {torch.__version__}, {hw}"
 
 
-def _train_default(key):
-    """A default from train.py's globals block, read without running train.py."""
-    import ast
-    tree = ast.parse(open(os.path.join(HERE, 'train.py')).read())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', None) == key:
-            return ast.literal_eval(node.value)
-    raise KeyError(key)
+def train_config(args):
+    """The config train.py would run with these --key=value args (its own checks included)."""
+    r = subprocess.run([sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()] + ['--dry_run=True'],
+                       cwd=HERE, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"sweep: train.py refuses these settings:\n{r.stderr.strip() or r.stdout.strip()}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 if __name__ == '__main__':

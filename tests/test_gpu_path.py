@@ -9,6 +9,7 @@ import torch
 import torch.nn.attention.flex_attention as fa
 
 import model as M
+import positional
 import runtime
 from conftest import SCHEMES, attend_mods, has_attention_mod, tiny_model
 
@@ -210,3 +211,26 @@ def test_split_batch_covers_the_global_batch():
         assert max(sizes) - min(sizes) <= 1
     with pytest.raises(ValueError):
         runtime.split_batch(3, 4, 0, 1)
+
+
+def test_shaw_value_term_saves_no_per_distance_copies():
+    """Shaw's value term used to keep k+1 float32 copies of the keys [B, H, T, d] for backward
+    (about 19 GB at GPT-2 size); from shifted views it keeps q and k once."""
+    from conftest import tiny_config
+    pe = positional.REGISTRY['shaw'](tiny_config('shaw', n_embd=64, n_head=2), max_distance=16)
+    layer = pe.new_layer()
+    q, k = (torch.randn(2, 2, 128, 32, requires_grad=True) for _ in range(2))
+    pos = torch.arange(128)
+    ctx = pe.context(pos, pos)
+    mod = pe.score_mod(q, k, ctx, layer)
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        g = pe.value_mod(q, k, ctx, layer, mod)
+        out = g(torch.randn(2, 2, 128, requires_grad=True))
+    out.sum().backward()
+    assert layer.rel_v.grad is not None and q.grad is not None
+    assert sum(storages.values()) < 4 * q.numel() * 4  # the old code: > 16 copies

@@ -370,3 +370,33 @@ def test_deberta_defaults_and_causal_rows():
     assert (g[1:8] > 0).all() and (g[8:] > 0).all()  # p2c reads rows below k, c2p rows from k: both halves train
     with pytest.raises(ValueError, match='position_buckets'):
         tiny_model('deberta', pos_options={'position_buckets': 8, 'max_relative_positions': 5})
+
+
+# --- with per-layer stacks and rolling caches (the LayerStack delegates `attention`) ----
+
+def test_layer_stack_delegates_the_attention_hook():
+    m = tiny_model('fox', nope_layers=2).eval()  # layer 1 runs NoPE: plain attention
+    assert m.transformer.h[0].attn.pe_layer.inner.fgate is not None and m.transformer.h[1].attn.pe_layer.inner is None
+    x = torch.randint(0, 37, (2, 30))
+    with torch.no_grad():
+        full = m(x)[0]
+        cache = m.new_cache()
+        steps = [m(x[:, :9], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(9, 30)]
+        assert cache.layers[0].state['fox_log_f'].size(2) == 30 and not cache.layers[1].state
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    scaled = tiny_model('fox', attn_scaling={'type': 'llama4'}, nope_layers=2).eval()  # scales the NoPE layer only
+    with torch.no_grad():
+        assert torch.isfinite(scaled(x)[0]).all()
+    with pytest.raises(ValueError, match='computes its attention itself'):
+        tiny_model('stick_breaking', attn_scaling={'type': 'logn'})
+
+
+def test_rolling_cache_evicts_fox_state_with_its_keys():
+    m = tiny_model('fox').eval()
+    cache = m.new_cache(window=5, sink=2)
+    with torch.no_grad():
+        for t in range(12):
+            m(torch.randint(0, 37, (1, 1)), cache=cache)
+            for layer in cache.layers:
+                assert layer.state['fox_log_f'].size(2) == layer.n
+    assert cache.layers[0].n == 7

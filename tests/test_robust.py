@@ -197,9 +197,9 @@ def test_sigterm_to_one_ddp_rank_stops_every_rank_then_resumes(data, trained, tm
 # --- atomic checkpoints -------------------------------------------------------------------
 
 def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path):
-    """A child process saves a 32 MB checkpoint in a loop with eval.atomic_save (the one
+    """A child process saves a 32 MB checkpoint in a loop with checkpoint.atomic_save (the one
     train.py uses); we SIGKILL it at random moments, then the file must load whole."""
-    from eval import atomic_save, read_checkpoint
+    from checkpoint import atomic_save, read_checkpoint
     path = str(tmp_path / 'ckpt.pt')
     big = torch.arange(8 * 2**20, dtype=torch.float32)
     t_save = 0.0

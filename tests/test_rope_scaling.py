@@ -272,7 +272,7 @@ def save_ckpt(model, path, data_dir):
 
 
 def test_eval_override_on_saved_checkpoint(tmp_path, char_data):
-    from eval import load_checkpoint
+    from checkpoint import load_model as load_checkpoint
     import pickle
     vocab = pickle.load(open(os.path.join(char_data, 'meta.pkl'), 'rb'))['vocab_size']
     m = sharpen(tiny_model('rope', vocab_size=vocab))

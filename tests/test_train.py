@@ -47,7 +47,7 @@ def test_train_checkpoint_round_trip_and_sample(char_data, tmp_path):
     assert not any(k.startswith('_orig_mod.') for k in ck['model'])  # uncompiled names
     assert ck['config']['pos_encoding'] == 'learned' and ck['iter_num'] == 12
     sys.path.insert(0, ROOT)
-    from eval import load_checkpoint
+    from checkpoint import load_model as load_checkpoint
     model, _ = load_checkpoint(os.path.join(out, 'ckpt.pt'))
     for k, v in model.state_dict().items():
         assert torch.equal(v, ck['model'][k])
@@ -62,27 +62,31 @@ def test_train_checkpoint_round_trip_and_sample(char_data, tmp_path):
 
 
 def test_ddp_gradients_equal_single_process(tmp_path):
-    for scheme in ('rope', 'alibi'):
+    for scheme, ranks in (('rope', 2), ('alibi', 3)):  # 11 rows: uneven shares and micro-steps
         out = tmp_path / f'diff_{scheme}'
-        r = run([os.path.join(ROOT, 'tests', 'ddp_worker.py'), scheme, str(out)], torchrun=2)
+        r = run([os.path.join(ROOT, 'tests', 'ddp_worker.py'), scheme, str(out)], torchrun=ranks)
         assert r.returncode == 0, r.stderr[-3000:]
         assert float(out.read_text()) < 1e-6
 
 
 def test_torchrun_train_exits_cleanly_and_matches_single_process(char_data, tmp_path):
+    """The README's command, `torchrun --standalone --nproc_per_node=2 train.py config/rope.py`,
+    with the default batch (gradient_accumulation_steps=1: it used to be refused), and an
+    uneven split over 3 ranks: per-iteration losses equal one process on the same batch."""
     args = ['train.py', 'config/rope.py', f'--data_dir={char_data}', '--max_iters=3', '--eval_interval=100',
-            '--compile=False', '--gradient_accumulation_steps=2', '--eval_mults=[1]'] + TINY
+            '--compile=False', '--eval_mults=[1]'] + TINY
     single = str(tmp_path / 'single')
     r = run(args + [f'--out_dir={single}'])
     assert r.returncode == 0, r.stderr[-3000:]
-    for i in range(3):  # teardown used to abort a gloo rank in a fraction of runs
+    for i, ranks in enumerate((2, 2, 3)):  # teardown used to abort a gloo rank in a fraction of runs
         out = str(tmp_path / f'ddp{i}')
-        r = run(args + [f'--out_dir={out}'], torchrun=2)
+        r = run(args + [f'--out_dir={out}'], torchrun=ranks)
         assert r.returncode == 0, f"run {i}: " + r.stderr[-3000:]
         a, b = losses(single), losses(out)
         assert a.keys() == b.keys() == {1, 2, 3}
         for k in a:
-            assert abs(a[k] - b[k]) < 1e-5, (k, a[k], b[k])
+            assert abs(a[k] - b[k]) < 1e-5, (ranks, k, a[k], b[k])
+    assert f'{ranks} ranks of 2-3 rows' in r.stdout  # 8 rows over 3 ranks, said in the log
     # only rank 0 writes: one metrics line per iteration plus evals
     with open(os.path.join(out, 'metrics.jsonl')) as f:
         assert sum('train/loss' in line for line in f) == 3

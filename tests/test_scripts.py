@@ -1,0 +1,163 @@
+"""What every script shares: the option mechanism, portable out_dirs, Hugging Face GPT-2
+weights (nanoGPT's init_from='gpt2'), and evaluation that scores only what it needs."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import configurator
+import eval as E
+from conftest import ROOT, tiny_model
+
+TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=8', '--eval_tokens=256',
+        '--wandb_log=False', '--compile=False', '--eval_mults=[1]', '--final_eval=False']
+
+
+def run(args, env=None, timeout=300):
+    env = dict(os.environ, OMP_NUM_THREADS='1', **(env or {}))
+    return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# --- the option mechanism -------------------------------------------------------
+
+def test_configure_types_rules_and_files(tmp_path):
+    d = dict(lr=1e-3, n=4, mults=[1, 2], name='x', opt=None)
+    assert configurator.configure(d, ['--lr=1', '--mults=1,2,4', "--opt={'a': 1}"]) == {'lr', 'mults', 'opt'}
+    assert d['lr'] == 1.0 and isinstance(d['lr'], float) and d['mults'] == [1, 2, 4] and d['opt'] == {'a': 1}
+    cfg = tmp_path / 'c.py'
+    cfg.write_text("n = 8\n_private = 3\n")
+    configurator.configure(d, [str(cfg)])
+    assert d['n'] == 8 and '_private' not in d
+    with pytest.raises(SystemExit) as e:  # every problem, one line each
+        configurator.configure(dict(d), ['--n=0', '--lr=-1', '--nn=3', '--name=5'], rules=dict(n='>0', lr='>0'))
+    lines = str(e.value).splitlines()
+    assert len(lines) == 4 and "unknown config key 'nn'; did you mean n?" in lines[0]
+    assert "'name' expects str" in lines[1] and lines[2] == '--n=0: must be a positive number'
+
+
+def test_config_file_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / 'bad.py'
+    bad.write_text("n_layer = 4\nblock_size = = 3\n")
+    r = run(['train.py', str(bad)])
+    assert r.returncode != 0 and 'Traceback' not in r.stderr and f'config file {bad}, line 2' in r.stderr
+    r = run(['train.py', str(tmp_path)])
+    assert r.returncode != 0 and 'is a directory' in r.stderr and 'Traceback' not in r.stderr
+
+
+# --- portable out_dirs ------------------------------------------------------------
+
+def test_out_dir_moved_with_its_data_gone(char_data, tmp_path):
+    """The checkpoint keeps its vocabulary: a copied out_dir samples without the data folder,
+    and eval.py finds its data again with --data_dir (and says so when it cannot)."""
+    a = str(tmp_path / 'a')
+    r = run(['train.py', f'--data_dir={char_data}', f'--out_dir={a}', '--max_iters=2', '--eval_interval=2'] + TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    b = str(tmp_path / 'elsewhere' / 'b')
+    shutil.copytree(a, b)
+    moved = str(tmp_path / 'moved_data')
+    shutil.move(char_data, moved)
+    r = run(['sample.py', f'--out_dir={b}', '--max_new_tokens=20', '--start=to be'])
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = r.stdout[r.stdout.index('to be'):].split('---------------')[0]
+    assert len(text) >= 22 and set(text) <= set('\ntobeqursinhlw ')  # decoded with its char vocabulary
+    r = run(['eval.py', f'--out_dir={b}', '--mults=[1]', '--tokens=64', '--quick=True'])
+    assert r.returncode != 0 and '--data_dir' in r.stderr and 'Traceback' not in r.stderr
+    r = run(['eval.py', f'--out_dir={b}', f'--data_dir={moved}', '--mults=[1]', '--tokens=64', '--quick=True'])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert os.path.exists(os.path.join(b, 'eval.json'))
+
+
+# --- Hugging Face GPT-2 -------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def hf_gpt2(tmp_path_factory):
+    """A tiny randomly initialised HF GPT-2 (GPT-2's vocabulary, 64 positions), saved locally."""
+    transformers = pytest.importorskip('transformers')
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64,
+                                                              vocab_size=50257)).eval()
+    folder = str(tmp_path_factory.mktemp('hf-gpt2'))
+    hf.save_pretrained(folder)
+    return hf, folder
+
+
+def test_gpt2_weights_give_hf_logits(hf_gpt2):
+    from model import GPT
+    hf, folder = hf_gpt2
+    m = GPT.from_pretrained(folder).eval()
+    assert m.config.pos_encoding == 'learned' and m.config.gelu == 'tanh' and m.config.bias
+    x = torch.randint(0, 50257, (2, 48))
+    with torch.no_grad():
+        assert (m(x)[0] - hf(x).logits).abs().max() < 1e-4
+
+
+def test_gpt2_sample_eval_and_finetune(hf_gpt2, offline, tmp_path):
+    """sample.py past the 64-position table (sliding-window fallback), eval.py with the sliding
+    fallback past it, and train.py fine-tuning from the weights (a conflicting shape is refused)."""
+    _, folder = hf_gpt2
+    env = {'TIKTOKEN_CACHE_DIR': offline['cache']}
+    from data.text.prepare import prepare
+    prepare(['The quick brown fox jumps over the lazy dog. ' * 400], str(tmp_path / 'bpe'), tokenizer='gpt2')
+    r = run(['sample.py', f'--init_from={folder}', '--max_new_tokens=80', '--start=Hello'], env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 'sliding window' in r.stdout and r.stdout.split('\n', 2)[2].startswith('Hello')
+    out = str(tmp_path / 'eval')
+    r = run(['eval.py', f'--init_from={folder}', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={out}',
+             '--mults=[1, 2]', '--tokens=256', '--last_k_spans=4'], env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+    res = json.load(open(os.path.join(out, 'eval.json')))
+    assert res['nonoverlap'][1] is None and res['sliding_window'] == [64, 64] and res['sliding'][1] is not None
+    r = run(['train.py', f'--init_from={folder}', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={tmp_path / "ft"}',
+             '--block_size=32', '--batch_size=4', '--max_iters=2', '--eval_interval=2', '--eval_tokens=128',
+             '--eval_mults=[1]', '--final_eval=False', '--compile=False', '--wandb_log=False'], env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ck = torch.load(str(tmp_path / 'ft' / 'ckpt.pt'), weights_only=False)
+    assert ck['model_args']['gelu'] == 'tanh' and ck['config']['pos_encoding'] == 'learned'
+    assert ck['config']['n_layer'] == 2  # the saved config describes the saved model
+    r = run(['train.py', f'--init_from={folder}', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={tmp_path / "x"}',
+             '--n_layer=4', '--block_size=32', '--wandb_log=False'], env)
+    assert r.returncode != 0 and 'n_layer=4 cannot apply' in r.stderr and 'Traceback' not in r.stderr
+
+
+# --- evaluation that costs what it scores ---------------------------------------------
+
+@pytest.mark.parametrize('scheme', ['rope', 'alibi', 'learned'])
+def test_position_selected_chunked_loss_equals_full(scheme):
+    """Per-token losses from logits of only the scored positions, in chunks of positions, equal
+    cross-entropy over the full logits on every protocol's slice (1e-5)."""
+    m = tiny_model(scheme, vocab_size=300).eval()
+    x = torch.randint(0, 300, (3, 16))
+    y = torch.randint(0, 300, (3, 16))
+    with torch.no_grad():
+        logits, _ = m(x)
+        full = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction='none')
+        for n in (16, 8, 3, 1):  # non-overlapping, sliding (stride), last-k, passkey-style tails
+            _, got = m(x, y[:, -n:], reduction='none', last=n)
+            assert torch.allclose(got, full[:, -n:], atol=1e-5)
+    data = np.random.default_rng(0).integers(0, 300, 4000).astype(np.uint16)
+    for T, S in ((16, 16), (16, 4)):
+        starts = E.window_layout(len(data), T, S, 20, 4)
+        sums, n = E.window_losses(m, data, T, starts, S, batch_tokens=64)
+        want = torch.zeros(S, dtype=torch.float64)
+        for s in starts:
+            xx = torch.from_numpy(data[s:s + T].astype(np.int64))[None]
+            yy = torch.from_numpy(data[s + 1:s + T + 1].astype(np.int64))[None]
+            with torch.no_grad():
+                lg = m(xx)[0]
+            want += torch.nn.functional.cross_entropy(lg[0, T - S:], yy[0, T - S:], reduction='none').double()
+        assert torch.allclose(sums, want, atol=1e-4)
+
+
+def test_token_losses_in_small_chunks_equal_one_chunk():
+    m = tiny_model('rope', vocab_size=300).eval()
+    x, y = torch.randint(0, 300, (2, 16, 32)), torch.randint(0, 300, (2, 16))
+    x = x.float()
+    with torch.no_grad():
+        one = m.token_losses(x, y)
+        many = m.token_losses(x, y, chunk_bytes=4 * 300 * 5)  # 5 positions per chunk
+    assert torch.allclose(one, many, atol=1e-6)
