@@ -1389,7 +1389,8 @@ class RoPE2D(_SectionRoPE):
 # =============================================================================
 # data-dependent and contextual positions (issue 16): FoX, CoPE, PoPE, stick-breaking,
 # DeBERTa. FoX, CoPE and stick-breaking need more than the four basic hooks and use
-# `attention`; PoPE is a transform_qk, DeBERTa a transform_qk plus a score_mod.
+# `attention`; PoPE is a transform_qk (and uses `attention` only to pad v for SDPA's
+# fused kernel), DeBERTa a transform_qk plus a score_mod.
 
 # The O(T^2) schemes (CoPE, stick-breaking) build [B, H, Tq, Tk] tensors outside any kernel;
 # without gradients they go through in query chunks whose float32 [B, H, rows, Tk] tensor
