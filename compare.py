@@ -26,7 +26,8 @@ import numpy as np
 def label_of(res):
     from eval import scaling_tag
     tag = scaling_tag(res.get('rope_scaling'))
-    return res.get('scheme', '?') + (f" +{tag}" if tag else '')
+    attn = (res.get('attn_scaling') or {}).get('type')
+    return res.get('scheme', '?') + (f" +{tag}" if tag else '') + (f" +{attn}" if attn else '')
 
 
 def load_runs(dirs):

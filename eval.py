@@ -302,12 +302,14 @@ if __name__ == '__main__':
     import runtime
     from configurator import options
     o = options(dict(out_dir='out', init_from='resume', data_dir='', device='auto', dtype='auto', rope_scaling=None,
+                     attn_scaling=None,
                      mults=[1, 2, 4, 8, 16], tokens=32768, stride=0, sliding_tokens=0, last_k=0, last_k_spans=0,
                      batch_tokens=2**14, quick=False, name='', wandb_log=False, wandb_project='nanoPE', doc_aware=False),
                 sys.argv[1:], rules=dict(tokens='>0', stride='>=0', sliding_tokens='>=0', last_k='>=0',
                                          last_k_spans='>=0', batch_tokens='>0'))
     rt = runtime.setup(o.device, o.dtype)
-    model, ckpt = checkpoint.load(o.init_from, o.out_dir, rt.device, rope_scaling=o.rope_scaling)
+    model, ckpt = checkpoint.load(o.init_from, o.out_dir, rt.device, rope_scaling=o.rope_scaling,
+                                  attn_scaling=o.attn_scaling)
     os.makedirs(o.out_dir, exist_ok=True)
     checkpoint.check_writable(o.out_dir)  # before the work, not after it
     folder = checkpoint.data_dir(ckpt, o.data_dir)
@@ -325,11 +327,11 @@ if __name__ == '__main__':
     res = evaluate(model, data, L, tuple(o.mults), o.tokens, o.stride, o.sliding_tokens, o.last_k, o.last_k_spans,
                    o.quick, o.batch_tokens, rt.device, ctx=rt.autocast, progress=True, doc_eot=doc_eot)
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
-           'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'iter': ckpt.get('iter_num'),
-           'out_dir': o.out_dir, 'dtype': rt.dtype, **res}
+           'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'attn_scaling': o.attn_scaling,
+           'iter': ckpt.get('iter_num'), 'out_dir': o.out_dir, 'dtype': rt.dtype, **res}
     for k, v in flat_metrics(res).items():
         print(f"{k:22s} {v:.4f}  (ppl {math.exp(v):.2f})")
-    tag = scaling_tag(o.rope_scaling)
+    tag = '_'.join(t for t in (scaling_tag(o.rope_scaling), (o.attn_scaling or {}).get('type')) if t)
     path = os.path.join(o.out_dir, (o.name or ('eval' + (f'_{tag}' if tag else ''))) + '.json')
     with open(path, 'w') as f:
         json.dump(res, f)

@@ -3,6 +3,7 @@ Sample from a trained nanoPE model, as far past the training length as you like.
 
   python sample.py --out_dir=out-rope --max_new_tokens=2000
   python sample.py --out_dir=out-rope --rope_scaling="{'type':'dynamic','factor':4,'original_max_len':128}"
+  python sample.py --out_dir=out-rope --max_new_tokens=5000 --window=124 --sink=4   # StreamingLLM sinks
 
 Decoding uses a KV cache: each new token costs one position. A scheme with a
 finite position table (learned) cannot address positions past it: it falls back
@@ -28,8 +29,12 @@ device = 'auto'           # 'auto' (CUDA if available) | 'cpu' | 'cuda' | 'cuda:
 dtype = 'auto'            # 'auto' (bf16 autocast on CUDA) | 'float32' | 'bfloat16'
 data_dir = ''             # only for checkpoints without a saved vocabulary: where its meta.pkl is
 rope_scaling = None       # run-time RoPE context extension, e.g. {'type': 'ntk', 'factor': 4}
+attn_scaling = None       # run-time logit scaling, e.g. {'type': 'logn', 'original_max_len': 128}
 use_cache = True
-configure(globals(), sys.argv[1:], dict(num_samples='>0', max_new_tokens='>=0', temperature='>0', top_k='>0'))
+window = 0                # > 0: StreamingLLM attention sinks, a KV cache of `sink` first tokens + `window` recent ones
+sink = 4
+configure(globals(), sys.argv[1:], dict(num_samples='>0', max_new_tokens='>=0', temperature='>0', top_k='>0',
+                                        window='>=0', sink='>=0'))
 
 if start.startswith('FILE:'):
     try:
@@ -43,7 +48,7 @@ if not start:
     sys.exit("--start is empty: give at least one character of prompt (the default is a newline)")
 rt = runtime.setup(device, dtype)
 torch.manual_seed(seed)
-model, ckpt = checkpoint.load(init_from, out_dir, rt.device, rope_scaling=rope_scaling)
+model, ckpt = checkpoint.load(init_from, out_dir, rt.device, rope_scaling=rope_scaling, attn_scaling=attn_scaling)
 cfg = model.config
 print(f"scheme {cfg.pos_encoding}, trained at block_size={cfg.block_size} with "
       f"rope_scaling={ckpt['model_args'].get('rope_scaling')}; sampling with rope_scaling="
@@ -58,12 +63,19 @@ max_len = model.pe.max_len
 if max_len is not None and total > max_len:
     print(f"note: {cfg.pos_encoding} has {max_len} positions; past them sampling uses a sliding window "
           f"of the last {max_len} tokens, recomputed each step (no KV cache there)")
+elif window:
+    print(f"note: attention sinks: every token sees the first {sink} tokens and the {window} before it "
+          f"(positions by place in the cache), memory bounded for any length")
 elif total > cfg.block_size:
     print(f"note: generating {total} positions, {total / cfg.block_size:.1f}x the training length "
           f"{cfg.block_size}" + (", with a KV cache" if use_cache else ""))
 x = torch.tensor(ids, dtype=torch.long, device=rt.device)[None, ...]
 for _ in range(num_samples):
     with rt.autocast:
-        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache)
+        try:
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
+                               window=window or None, sink=sink)
+        except ValueError as e:  # e.g. sinks asked of a scheme with absolute positions
+            sys.exit(str(e))
     print(decode(y[0].tolist()))
     print('---------------')

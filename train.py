@@ -57,7 +57,10 @@ dropout = 0.0
 bias = False
 pos_encoding = 'rope'
 pos_options = {}
-rope_scaling = None
+rope_scaling = None       # run-time RoPE context extension (positional.rope_frequencies)
+nope_layers = None        # int k: every k-th layer runs without positions (RNoPE), or a list of layers
+layer_options = None      # {layer: pos_options overrides}, e.g. a different RoPE base on some layers
+attn_scaling = None       # {'type': 'logn' | 'ssmax' | 'llama4', ...}: length-dependent logit scaling
 attn_backend = 'auto'
 # optimizer
 learning_rate = 2e-3
@@ -218,8 +221,9 @@ def get_batch(it):
 # GPT-2 BPE's 50257 tokens are padded to 50304 (nanoGPT's GPU speedup); a char vocab (84) stays as it is
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size or 50304, vocab_multiple=64 if (vocab_size or 50304) > 1024 else 1,
-                  dropout=dropout, pos_encoding=pos_encoding, pos_options=pos_options,
-                  rope_scaling=rope_scaling, attn_backend=attn_backend)
+                  dropout=dropout, pos_encoding=pos_encoding, pos_options=pos_options, rope_scaling=rope_scaling,
+                  nope_layers=nope_layers, layer_options=layer_options, attn_scaling=attn_scaling,
+                  attn_backend=attn_backend)
 iter_num, best_val_loss, resume_state = 0, 1e9, {}
 if ckpt is not None:
     if init_from == 'resume':
@@ -231,7 +235,7 @@ if ckpt is not None:
         iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
         resume_state = {k: ckpt.get(k) for k in ('rng', 'scaler', 'wandb_id')}
     else:                       # fine-tune: same weights, this config's length/scaling
-        keep = ('block_size', 'rope_scaling', 'attn_backend', 'dropout')
+        keep = ('block_size', 'rope_scaling', 'attn_scaling', 'attn_backend', 'dropout')
         model_args.update({k: v for k, v in ckpt['model_args'].items() if k not in keep})
         model_args['vocab_multiple'] = ckpt['model_args'].get('vocab_multiple', 1)  # (older checkpoints: unpadded)
         if master:

@@ -299,17 +299,23 @@ def test_finetune_from_checkpoint_keeps_new_length_and_scaling(tmp_path, char_da
     m = tiny_model('rope', vocab_size=vocab)
     save_ckpt(m, str(tmp_path / 'src.pt'), char_data)
     sc = "{'type':'yarn','factor':2,'original_max_len':16}"
-    out = subprocess.run([sys.executable, 'train.py', f'--init_from={tmp_path / "src.pt"}', f'--out_dir={tmp_path}/ft',
-                          f'--data_dir={char_data}', '--block_size=32', f'--rope_scaling={sc}', '--n_layer=9',
-                          '--max_iters=2', '--eval_interval=2', '--eval_mults=[0.5, 1]', '--eval_tokens=64',
-                          '--batch_size=2', '--compile=False', '--wandb_log=False', '--device=cpu'],
-                         cwd=ROOT, capture_output=True, text=True)
+    args = [sys.executable, 'train.py', f'--init_from={tmp_path / "src.pt"}', f'--out_dir={tmp_path}/ft',
+            f'--data_dir={char_data}', '--block_size=32', f'--rope_scaling={sc}', '--max_iters=2', '--eval_interval=2',
+            '--eval_mults=[0.5, 1]', '--eval_tokens=64', '--batch_size=2', '--compile=False', '--wandb_log=False',
+            '--device=cpu']
+    # a shape key the checkpoint fixes is refused, not silently ignored (it was ignored, and the
+    # saved config then said n_layer=9 of a 2-layer model)
+    out = subprocess.run(args + ['--n_layer=9'], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and 'n_layer=9 cannot apply (it has n_layer=2)' in out.stderr
+    assert not os.path.exists(tmp_path / 'ft' / 'ckpt.pt') and 'Traceback' not in out.stderr
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert 'eval @ iter 0: 0.5L' in out.stdout               # "before" at the original L
     ck = torch.load(tmp_path / 'ft' / 'ckpt.pt', weights_only=False)
     a = ck['model_args']
     assert a['block_size'] == 32 and a['rope_scaling']['type'] == 'yarn'
     assert a['n_layer'] == 2 and a['n_embd'] == 32            # architecture from the source checkpoint
+    assert ck['config']['n_layer'] == 2 and ck['config']['block_size'] == 32  # and the config says so
 
 
 @pytest.mark.parametrize('scaling', [{'type': 'yarn', 'factor': 4}, {'type': 'ntk', 'factor': 2},
