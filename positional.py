@@ -28,7 +28,7 @@ Rules that keep it fast and differentiable on the GPU (tests check all three):
 Per-layer parameters (if a scheme has any) live in the module returned by
 `new_layer()`, which each attention layer owns and passes back as `lyr`.
 
-Three rarer hooks, all off by default:
+Four rarer hooks, all off by default:
   value_mod(q, k, ctx, lyr, f) -> g | None  g(lse) is added to the attention output;
                                             lse [B, H, Tq] is each row's logsumexp, f the
                                             scheme's score_mod (Shaw's relative values)
