@@ -41,7 +41,7 @@ import platform
 import statistics
 import sys
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -486,7 +486,7 @@ def gpu_check(a, names, rt, budget_s=540):
                 r['mfu'] = flops_per_token(model, model.config, L) * B * L / dt / peak
         except Exception as e:  # noqa: BLE001 - report the failure, go on with the next scheme
             r['train_error'] = f"{type(e).__name__}: {str(e)[:500]}"
-        del opt, step
+        opt = step = None  # free the optimizer state and the compiled graph before the long forwards
         # long no-grad forwards (O(T) memory)
         if name in MAIN_SCHEMES[:4]:
             model.eval()
@@ -503,7 +503,7 @@ def gpu_check(a, names, rt, budget_s=540):
                     r[f'eval{m}L_peak_MiB'] = mem
                 except Exception as e:  # noqa: BLE001
                     r[f'eval{m}L_error'] = f"{type(e).__name__}: {str(e)[:300]}"
-        del model
+        model = None
         if rt.device_type == 'cuda':
             torch.cuda.empty_cache()
         ref = out['results'].get('rope', {})

@@ -37,6 +37,20 @@ def atomic_save(obj, path):
         raise
 
 
+def atomic_json(obj, path):
+    """A JSON file written whole or not at all (results read by sweep.py and compare.py)."""
+    import json
+    tmp = path + '.tmp'
+    try:
+        with open(tmp, 'w') as f:
+            json.dump(obj, f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def state_mb(obj):
     """Approximate size of the tensors in a (nested) checkpoint dict, in MB."""
     if torch.is_tensor(obj):
@@ -67,16 +81,23 @@ def read_checkpoint(path, device='cpu'):
 
 def load_model(path, device='cpu', **overrides):
     """(model in eval mode on device, checkpoint). overrides: model_args to change at run
-    time (rope_scaling, attn_backend, ...); None values are ignored."""
+    time (rope_scaling, attn_scaling, attn_backend, ...), applied as given: rope_scaling=None
+    turns a fine-tuned model's scaling off."""
     from model import GPT, GPTConfig
     ckpt = read_checkpoint(path, device)
     args = dict(ckpt['model_args'])
-    args.update({k: v for k, v in overrides.items() if v is not None})
+    args.update(overrides)
     try:
         model = GPT(GPTConfig(**args))
     except (TypeError, ValueError) as e:
         sys.exit(f"{path}: cannot build its model ({e})")
-    want, have = model.state_dict(), ckpt['model']
+    load_weights(model, ckpt['model'], path)
+    return model.to(device).eval(), ckpt
+
+
+def load_weights(model, have, path):
+    """model.load_state_dict, or exit naming the first weight that does not fit."""
+    want = model.state_dict()
     bad = [k for k in want if k not in have] + [k for k in have if k not in want] + \
           [k for k in want if k in have and want[k].shape != have[k].shape]
     if bad:
@@ -86,7 +107,6 @@ def load_model(path, device='cpu', **overrides):
                  f"{tuple(have[k].shape) if k in have else 'has no such weight'}); it was not written by this "
                  f"train.py, or was edited")
     model.load_state_dict(have)
-    return model.to(device).eval(), ckpt
 
 
 HF_GPT2 = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
@@ -99,7 +119,7 @@ def load(init_from, out_dir, device='cpu', **overrides):
     if init_from in HF_GPT2 or os.path.isdir(init_from):
         from model import GPT
         try:
-            model = GPT.from_pretrained(init_from, **{k: v for k, v in overrides.items() if v is not None})
+            model = GPT.from_pretrained(init_from, **overrides)
         except (ImportError, ValueError) as e:
             sys.exit(str(e))
         ckpt = {'model_args': {k: getattr(model.config, k) for k in model.config.__dataclass_fields__},
@@ -160,6 +180,40 @@ def tokenizer(ckpt, folder=''):
 
 
 def check_writable(folder):
-    """Fail before the work, not after it, when results could not be written."""
-    if not os.access(folder, os.W_OK):
-        sys.exit(f"cannot write to {folder}: it is read-only for this user; pass another --out_dir")
+    """Fail before the work, not after it, when results could not be written: create and
+    remove a file there (os.access is fooled by root and by read-only mounts)."""
+    probe = os.path.join(folder, f'.write_test.{os.getpid()}')
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(probe, 'w') as f:
+            f.write('ok')
+        os.remove(probe)
+    except OSError as e:
+        sys.exit(f"cannot write to out_dir {folder}: {e.strerror}; pass another --out_dir")
+
+
+_locks = []  # open lock files: the OS lock lasts as long as the process (a kill -9 releases it)
+
+
+def lock_out_dir(folder, what, hint=''):
+    """One writer per out_dir: an exclusive flock on out_dir/.lock, or exit naming the process
+    that holds it. `what` (e.g. 'train.py') is written into the file for that message."""
+    import fcntl
+    import time
+    try:
+        os.makedirs(folder, exist_ok=True)
+        f = open(os.path.join(folder, '.lock'), 'a+')
+    except OSError as e:
+        sys.exit(f"cannot write to out_dir {folder}: {e.strerror}; pass another --out_dir")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or 'another process'
+        sys.exit(f"out_dir {folder} is in use by {holder}: one writer at a time. Wait for it to finish (or "
+                 f"stop it), or use another --out_dir" + (f" ({hint})" if hint else ''))
+    f.seek(0)
+    f.truncate()
+    f.write(f"PID {os.getpid()} ({what}, started {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+    f.flush()
+    _locks.append(f)

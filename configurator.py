@@ -121,7 +121,8 @@ def configure(defaults, argv, rules=None, positional=None, keys=None):
 
 
 def options(defaults, argv, rules=None, positional=None):
-    """configure() over a dict of defaults -> a namespace (for scripts that are also libraries)."""
+    """configure() over a dict of defaults -> a namespace (for scripts that are also libraries);
+    its `explicit` attribute is the set of keys the command line set."""
     d = dict(defaults)
-    configure(d, argv, rules, positional)
-    return type('Options', (), d)
+    explicit = configure(d, argv, rules, positional)
+    return type('Options', (), {**d, 'explicit': explicit})

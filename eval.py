@@ -102,6 +102,10 @@ def attention_backend(model, backend):
             m.backend = b
 
 
+class Interrupted(Exception):
+    """A stop was asked for (train.py's signal handler) between two batches of an evaluation."""
+
+
 def progress_bar(total, label, unit='batch'):
     """tqdm on stderr: redrawn in place on a terminal, a line every 30 s in a log file;
     none for label=None or a single step."""
@@ -111,17 +115,20 @@ def progress_bar(total, label, unit='batch'):
 
 
 @torch.no_grad()
-def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='cpu', ctx=None, label=None):
+def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='cpu', ctx=None, label=None,
+                  stop=None):
     """Per-position loss of the last n_score tokens of the windows x = data[s:s+T],
     y = data[s+1:s+T+1], summed over windows -> (float64 tensor [n_score], n_windows).
     Batches of max(1, batch_tokens // T) windows; a short last batch is padded to the
     same shape so compiled attention kernels are reused rather than recompiled. Only
-    the scored positions get logits."""
+    the scored positions get logits. stop(): checked before every batch; True raises Interrupted."""
     bs = max(1, batch_tokens // T)
     backend = long_backend(model, T, device)
     sums = torch.zeros(n_score, dtype=torch.float64)
     with progress_bar(-(-len(starts) // bs), label) as bar:
         for i in range(0, len(starts), bs):
+            if stop is not None and stop():
+                raise Interrupted
             chunk = starts[i:i + bs]
             rows = chunk + [chunk[0]] * (bs - len(chunk)) if len(starts) > bs else chunk
             win = torch.from_numpy(np.stack([data[s:s + T + 1].astype(np.int64) for s in rows])).to(device)
@@ -185,48 +192,90 @@ def _fits(model, T):
     return max_len is None or T <= max_len
 
 
+def available_bytes(device):
+    """Memory free for an evaluation: the GPU's free memory, or Linux's MemAvailable (else None)."""
+    if torch.device(device).type == 'cuda':
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open('/proc/meminfo') as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith('MemAvailable'))
+    except (OSError, StopIteration):
+        return None
+
+
+def peak_bytes(model, T, batch_tokens, device):
+    """A rough upper estimate of one no-grad batch at length T: ~16 floats of activations per
+    token and width, a 64 MB logit chunk, and the attention: O(T) on FlexAttention / SDPA, a
+    T-wide float32 bias chunk (about 3 copies of model.DENSE_CHUNK_BYTES) where it runs dense."""
+    import model as M
+    import positional
+    c, pe = model.config, model.pe
+    B = max(1, batch_tokens // T)
+    has_value_term = type(pe).value_mod is not positional.PositionalEncoding.value_mod  # (Shaw: dense on CPU)
+    dense = c.attn_backend == 'dense' or (torch.device(device).type == 'cpu' and not M.FLEX_LSE_ON_CPU
+                                          and has_value_term)
+    attn = 3 * min(M.DENSE_CHUNK_BYTES, B * c.n_head * T * T * 4) if dense else 4 * B * T * c.n_embd * 4
+    return 16 * B * T * c.n_embd * 4 + attn + 64 * 2**20
+
+
 def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sliding_tokens=0,
              last_k=0, last_k_spans=0, quick=False, batch_tokens=2**14, device='cpu', ctx=None,
-             progress=False, doc_eot=None):
+             progress=False, doc_eot=None, stop=None):
     """The evaluation suite -> a JSON-able dict of lists aligned with `mults` (None where the
-    scheme cannot address the length). quick=True: non-overlapping loss only (cheap, for
-    periodic evals during training). stride=0 -> L // 2; sliding_tokens=0 -> tokens // 4
-    (each scored token costs T / stride tokens of forward); last_k=0 -> L // 4;
-    last_k_spans=0 -> tokens // 512 (64 by default). doc_eot: the EOT token id, to make the
-    non-overlapping windows document-aware (see nonoverlap_loss)."""
+    scheme cannot address the length, or the length would not fit in memory: res['skipped']
+    says which and why). quick=True: non-overlapping loss only (cheap, for periodic evals
+    during training). stride=0 -> L // 2; sliding_tokens=0 -> tokens // 4 (each scored token
+    costs T / stride tokens of forward); last_k=0 -> L // 4; last_k_spans=0 -> tokens // 512
+    (64 by default). doc_eot: the EOT token id, to make the non-overlapping windows
+    document-aware (see nonoverlap_loss). stop(): checked between batches; if it says stop,
+    the suite ends there and res['complete'] is False (what was computed is kept)."""
     was_training = model.training
     model.eval()
     stride, last_k = stride or max(1, L // 2), last_k or max(1, L // 4)
     sliding_tokens = sliding_tokens or max(stride, tokens // 4)
     last_k_spans = last_k_spans or max(8, tokens // 512)
-    kw = dict(batch_tokens=batch_tokens, device=device, ctx=ctx)
-    res = {'block_size': L, 'mults': list(mults), 'lengths': [length_of(m, L) for m in mults], 'tokens': tokens,
-           'nonoverlap': [], 'position': []}
-    for m, T in zip(mults, res['lengths']):
-        if not _fits(model, T):
-            res['nonoverlap'].append(None)
-            res['position'].append(None)
-            continue
-        loss, curve = nonoverlap_loss(model, data, T, tokens, eot=doc_eot,
-                                      label=f"non-overlapping @{m}L" if progress else None, **kw)
-        res['nonoverlap'].append(loss)
-        res['position'].append([round(v, 4) for v in curve.tolist()])
-    if quick:
-        del res['position']
-    else:
-        # a finite position table (learned, GPT-2) scores lengths past it with its longest window:
-        # every scored token then has max_len - stride .. max_len - 1 tokens of context
-        windows = [T if _fits(model, T) else model.pe.max_len for T in res['lengths']]
-        res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[], sliding_window=windows)
-        for m, T in zip(mults, windows):
-            res['sliding'].append(sliding_loss(model, data, T, stride, sliding_tokens,
-                                               label=f"sliding @{m}L" if progress else None, **kw))
-        lengths = sorted({T for T in [L // 4, L // 2] + res['lengths'] if T > last_k and _fits(model, T)})
-        losses = last_k_loss(model, data, last_k, lengths, last_k_spans,
-                             label="last-k" if progress else None, **kw)
-        res['last_k'] = {'k': last_k, 'spans': last_k_spans, 'context': [T - last_k for T in lengths],
-                         'loss': losses}
-    model.train(was_training)
+    kw = dict(batch_tokens=batch_tokens, device=device, ctx=ctx, stop=stop)
+    lengths = [length_of(m, L) for m in mults]
+    res = {'block_size': L, 'mults': list(mults), 'lengths': lengths, 'tokens': tokens, 'complete': False,
+           'nonoverlap': [], 'position': [], 'skipped': {}}
+    free = available_bytes(device)
+    for m, T in zip(mults, lengths):
+        need = peak_bytes(model, T, batch_tokens, device)
+        if free is not None and need > 0.8 * free:
+            res['skipped'][str(m)] = f"needs about {need / 2**30:.1f} GB, {free / 2**30:.1f} GB available"
+            print(f"eval: skipping {m}L ({T} tokens): it {res['skipped'][str(m)]}; run it alone on a machine with "
+                  f"more memory (eval.py --mults=[{m}])", file=sys.stderr)
+        elif progress and T >= batch_tokens:
+            print(f"eval: {m}L is one window of {T:,} tokens per batch", file=sys.stderr)
+    ok = [_fits(model, T) and str(m) not in res['skipped'] for m, T in zip(mults, lengths)]
+    try:
+        for m, T, go in zip(mults, lengths, ok):
+            loss, curve = nonoverlap_loss(model, data, T, tokens, eot=doc_eot,
+                                          label=f"non-overlapping @{m}L" if progress else None, **kw) if go else (None, None)
+            res['nonoverlap'].append(loss)
+            res['position'].append(None if curve is None else [round(v, 4) for v in curve.tolist()])
+        if quick:
+            del res['position']
+        else:
+            # a finite position table (learned, GPT-2) scores lengths past it with its longest window:
+            # every scored token then has max_len - stride .. max_len - 1 tokens of context
+            windows = [T if _fits(model, T) else model.pe.max_len for T in lengths]
+            res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[], sliding_window=windows)
+            for m, T in zip(mults, windows):
+                res['sliding'].append(sliding_loss(model, data, T, stride, sliding_tokens,
+                                                   label=f"sliding @{m}L" if progress else None, **kw)
+                                      if str(m) not in res['skipped'] else None)
+            ks = sorted({T for T, go in zip([L // 4, L // 2] + lengths, [True, True] + ok) if T > last_k and go
+                         and _fits(model, T)})
+            losses = last_k_loss(model, data, last_k, ks, last_k_spans, label="last-k" if progress else None, **kw)
+            res['last_k'] = {'k': last_k, 'spans': last_k_spans, 'context': [T - last_k for T in ks], 'loss': losses}
+        res['complete'] = True
+    except Interrupted:  # keep what is done; lists stay aligned with mults
+        for key in ('nonoverlap', 'position', 'sliding'):
+            if key in res:
+                res[key] += [None] * (len(mults) - len(res[key]))
+    finally:
+        model.train(was_training)
     return res
 
 
@@ -278,9 +327,9 @@ def log_wandb(run, res, step=None):
 
 # --- what train.py uses ---------------------------------------------------------
 
-def eval_loss(model, data, T, tokens=32768, batch_tokens=2**14, device='cpu', ctx=None):
+def eval_loss(model, data, T, tokens=32768, batch_tokens=2**14, device='cpu', ctx=None, stop=None):
     """Mean next-token loss over ~`tokens` tokens in non-overlapping windows of T."""
-    return nonoverlap_loss(model, data, T, tokens, batch_tokens=batch_tokens, device=device, ctx=ctx)[0]
+    return nonoverlap_loss(model, data, T, tokens, batch_tokens=batch_tokens, device=device, ctx=ctx, stop=stop)[0]
 
 
 def eval_lengths(model, data, L, mults=(1, 2, 4, 8), **kw):
@@ -290,11 +339,15 @@ def eval_lengths(model, data, L, mults=(1, 2, 4, 8), **kw):
 
 
 def scaling_tag(rope_scaling):
-    """File-name tag of a rope_scaling dict: {'type': 'yarn', 'factor': 16} -> 'yarn_x16'."""
+    """File-name tag of a rope_scaling dict: {'type': 'yarn', 'factor': 16} -> 'yarn_x16';
+    yarn with mscale -> 'yarn_mscale1_x16'; self_extend window 32 group 32 -> 'self_extend_w32_g32'."""
     if not rope_scaling:
         return ''
-    f = rope_scaling.get('factor')
-    return f"{rope_scaling.get('type', 'scaled')}" + (f"_x{f:g}" if f is not None else '')
+    sc = rope_scaling
+    f = sc.get('factor')
+    extra = ''.join(f"_{k[0] if k != 'mscale' else 'mscale'}{sc[k]:g}" for k in ('mscale', 'window', 'group', 'k')
+                    if isinstance(sc.get(k), (int, float)) and not isinstance(sc.get(k), bool))
+    return f"{sc.get('type', 'scaled')}{extra}" + (f"_x{f:g}" if f is not None else '')
 
 
 if __name__ == '__main__':
@@ -308,10 +361,12 @@ if __name__ == '__main__':
                 sys.argv[1:], rules=dict(tokens='>0', stride='>=0', sliding_tokens='>=0', last_k='>=0',
                                          last_k_spans='>=0', batch_tokens='>0'))
     rt = runtime.setup(o.device, o.dtype)
-    model, ckpt = checkpoint.load(o.init_from, o.out_dir, rt.device, rope_scaling=o.rope_scaling,
-                                  attn_scaling=o.attn_scaling)
-    os.makedirs(o.out_dir, exist_ok=True)
+    # run-time choices as given on the command line (--rope_scaling=None turns a fine-tuned model's off)
+    model, ckpt = checkpoint.load(o.init_from, o.out_dir, rt.device,
+                                  **{k: getattr(o, k) for k in ('rope_scaling', 'attn_scaling') if k in o.explicit})
     checkpoint.check_writable(o.out_dir)  # before the work, not after it
+    checkpoint.lock_out_dir(o.out_dir, 'eval.py', hint=f"to evaluate a run while it trains: "
+                            f"--init_from={os.path.join(o.out_dir, 'ckpt.pt')} --out_dir=ANOTHER_DIR")
     folder = checkpoint.data_dir(ckpt, o.data_dir)
     data = np.memmap(os.path.join(folder, 'val.bin'), dtype=np.uint16, mode='r')
     L = model.config.block_size
@@ -332,6 +387,7 @@ if __name__ == '__main__':
     for k, v in flat_metrics(res).items():
         print(f"{k:22s} {v:.4f}  (ppl {math.exp(v):.2f})")
     tag = '_'.join(t for t in (scaling_tag(o.rope_scaling), (o.attn_scaling or {}).get('type')) if t)
+    tag = tag or ('noscaling' if 'rope_scaling' in o.explicit and ckpt['model_args'].get('rope_scaling') else '')
     path = os.path.join(o.out_dir, (o.name or ('eval' + (f'_{tag}' if tag else ''))) + '.json')
     with open(path, 'w') as f:
         json.dump(res, f)

@@ -234,6 +234,8 @@ if __name__ == '__main__':
                      batch_tokens=2**14, rope_scaling=None, name='', data_dir=''), sys.argv[1:],
                 rules=dict(iters='>=0', lr='>0', batch_size='>0', train_len='>=0', trials='>0', batch_tokens='>0'))
     rt = runtime.setup(o.device, o.dtype)
+    checkpoint.check_writable(o.out_dir)
+    checkpoint.lock_out_dir(o.out_dir, 'passkey.py')  # it writes passkey_ckpt.pt and its results there
     base, tuned = os.path.join(o.out_dir, 'ckpt.pt'), os.path.join(o.out_dir, 'passkey_ckpt.pt')
     torch.manual_seed(o.seed)
     base_ckpt = checkpoint.read_checkpoint(base)
@@ -248,14 +250,18 @@ if __name__ == '__main__':
         if old is not None and not o.retrain:
             print(f"{tuned} was fine-tuned from another ckpt.pt or with other settings: fine-tuning again")
         model, ckpt = checkpoint.load_model(base, rt.device)
-        encode = get_codec(ckpt, o.data_dir)
+        try:
+            encode = get_codec(ckpt, o.data_dir)
+        except ValueError as e:
+            sys.exit(str(e))
         print(f"fine-tuning {model.config.pos_encoding} from {base} on passkey prompts of length "
               f"{o.train_len or L}, {o.iters} iters")
         hist = finetune(model, encode, o.train_len or L, o.iters, o.lr, o.batch_size, o.seed, rt.device, ctx=rt.autocast)
         ckpt = {**ckpt, 'model': model.state_dict(), 'optimizer': None,
                 'passkey': {**recipe, 'final_loss': float(np.mean(hist[-20:])) if hist else None}}
         checkpoint.atomic_save(ckpt, tuned)  # a kill mid-save must not leave a broken passkey_ckpt.pt to be reused
-    model, ckpt = checkpoint.load_model(tuned, rt.device, rope_scaling=o.rope_scaling)
+    model, ckpt = checkpoint.load_model(tuned, rt.device, **({'rope_scaling': o.rope_scaling}
+                                                             if 'rope_scaling' in o.explicit else {}))
     encode = get_codec(ckpt, o.data_dir)
     res = evaluate(model, encode, L, tuple(o.mults), tuple(o.depths), o.trials, batch_tokens=o.batch_tokens,
                    device=rt.device, progress=True, ctx=rt.autocast)

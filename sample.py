@@ -33,8 +33,8 @@ attn_scaling = None       # run-time logit scaling, e.g. {'type': 'logn', 'origi
 use_cache = True
 window = 0                # > 0: StreamingLLM attention sinks, a KV cache of `sink` first tokens + `window` recent ones
 sink = 4
-configure(globals(), sys.argv[1:], dict(num_samples='>0', max_new_tokens='>=0', temperature='>0', top_k='>0',
-                                        window='>=0', sink='>=0'))
+explicit = configure(globals(), sys.argv[1:], dict(num_samples='>0', max_new_tokens='>=0', temperature='>0',
+                                                   top_k='>0', window='>=0', sink='>=0'))
 
 if start.startswith('FILE:'):
     try:
@@ -48,7 +48,9 @@ if not start:
     sys.exit("--start is empty: give at least one character of prompt (the default is a newline)")
 rt = runtime.setup(device, dtype)
 torch.manual_seed(seed)
-model, ckpt = checkpoint.load(init_from, out_dir, rt.device, rope_scaling=rope_scaling, attn_scaling=attn_scaling)
+# run-time choices as given on the command line (--rope_scaling=None turns a fine-tuned model's off)
+model, ckpt = checkpoint.load(init_from, out_dir, rt.device,
+                              **{k: globals()[k] for k in ('rope_scaling', 'attn_scaling') if k in explicit})
 cfg = model.config
 print(f"scheme {cfg.pos_encoding}, trained at block_size={cfg.block_size} with "
       f"rope_scaling={ckpt['model_args'].get('rope_scaling')}; sampling with rope_scaling="

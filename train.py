@@ -23,9 +23,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
-from checkpoint import atomic_save, read_checkpoint, read_meta
+from checkpoint import atomic_json, atomic_save, check_writable, load_weights, lock_out_dir, read_checkpoint, read_meta
 from configurator import configure
-from eval import eval_lengths, evaluate, flat_metrics, log_wandb
+from eval import Interrupted, eval_lengths, evaluate, flat_metrics, log_wandb
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -45,6 +45,10 @@ wandb_run_name = ''       # default: the scheme name
 # data
 dataset = 'shakespeare_char'
 data_dir = ''             # default: data/<dataset>
+task = ''                 # an algorithmic task of tasks.py (e.g. 'copy') instead of the corpus: loss on the
+task_n = 0                # answer only, sizes U(1..task_n) (0: tasks.DEFAULT_N), evaluated up to 4x task_n
+positions = 'plain'       # task runs: 'plain' 0..T-1 | 'randomized' (a sorted random subset of [0, pos_max),
+pos_max = 0               # Ruoss et al.) | 'offset' (0..T-1 + k); pos_max 0: 4x the longest evaluated sequence
 gradient_accumulation_steps = 1  # global batch = gradient_accumulation_steps * batch_size sequences,
 batch_size = 32           # the same on any number of ranks (split as evenly as the sizes allow);
                           # no rank runs a micro-step of more than batch_size sequences
@@ -86,7 +90,8 @@ dtype = 'auto'            # 'auto' (bf16 on CUDA if supported, else float32) | '
 compile = True
 seed = 1337
 # -----------------------------------------------------------------------------
-RULES = dict(batch_size='>0', block_size='>0', gradient_accumulation_steps='>0', n_layer='>0', n_head='>0',
+RULES = dict(batch_size='>0', block_size='>0', task_n='>=0', pos_max='>=0',
+             positions=(lambda v: v in ('plain', 'randomized', 'offset'), "'plain', 'randomized' or 'offset'"), gradient_accumulation_steps='>0', n_layer='>0', n_head='>0',
              n_embd='>0', max_iters='>=0', eval_interval='>0', log_interval='>0', eval_tokens='>0',
              final_eval_tokens='>=0', learning_rate='>0', min_lr='>=0', warmup_iters='>=0', lr_decay_iters='>=0',
              weight_decay='>=0', grad_clip='>=0', dropout='[0,1)', beta1='[0,1)', beta2='[0,1)')
@@ -97,6 +102,10 @@ config = {k: globals()[k] for k in config_keys}
 if dry_run:
     print(json.dumps({k: v for k, v in config.items() if k != 'dry_run'}))
     sys.exit(0)
+# one writer per out_dir (rank 0 holds the lock; a killed run releases it), and a place we can write to
+if int(os.environ.get('RANK', 0)) == 0:
+    check_writable(out_dir)
+    lock_out_dir(out_dir, 'train.py')
 # -----------------------------------------------------------------------------
 # init_from: 'resume' continues the run in out_dir; a path to a .pt fine-tunes its weights
 ckpt = None
@@ -126,12 +135,27 @@ if init_from == 'resume':
                  "settings to resume it, or start a new run in another out_dir (init_from=PATH.pt fine-tunes it).")
     inherit = {k: v for k, v in {**ckpt['config'], **ck}.items()
                if k in config and k not in explicit_keys and k not in ('init_from', 'out_dir', 'eval_only')}
+    old_iters = ckpt['config'].get('max_iters')
+    if 'max_iters' in explicit_keys and config['max_iters'] != old_iters and not ckpt['config'].get('lr_decay_iters') \
+            and 'lr_decay_iters' not in explicit_keys and int(os.environ.get('RANK', 0)) == 0:
+        print(f"resuming with max_iters {old_iters} -> {config['max_iters']}: lr_decay_iters=0 follows max_iters, so "
+              f"the cosine now reaches min_lr at iter {config['max_iters']} instead of {old_iters} (the learning rate "
+              f"goes back up); pass --lr_decay_iters={old_iters} to keep the old schedule")
     globals().update(inherit)
     config.update(inherit)
     changed = [k for k in config if k not in ('init_from', 'out_dir') and config[k] != ckpt['config'].get(k, config[k])]
     if changed and int(os.environ.get('RANK', 0)) == 0:
         print("resuming with changed settings: " + ', '.join(f"{k} {ckpt['config'][k]!r} -> {config[k]!r}"
                                                              for k in changed))
+if task:  # an algorithmic task instead of a corpus: the model's L is its longest training sequence
+    import tasks
+    if task not in tasks.TASKS:
+        sys.exit(f"unknown task {task!r}; tasks: {', '.join(tasks.TASKS)}")
+    task_n = config['task_n'] = task_n or tasks.DEFAULT_N[task]
+    block_size = config['block_size'] = tasks.max_len(task, task_n) - 1
+    pos_max = config['pos_max'] = pos_max or 4 * tasks.max_len(task, 4 * task_n)
+elif positions != 'plain':
+    sys.exit(f"positions={positions!r} is a training option of the algorithmic tasks (set task=...)")
 # -----------------------------------------------------------------------------
 
 # DDP setup: torchrun sets RANK/WORLD_SIZE
@@ -172,9 +196,9 @@ if master:
 
 # data: the default corpus is prepared on first use
 default_data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
-data_dir = data_dir or default_data_dir
+data_dir = '' if task else (data_dir or default_data_dir)
 config['data_dir'] = data_dir
-missing = [f for f in ('train.bin', 'val.bin') if not os.path.exists(os.path.join(data_dir, f))]
+missing = [f for f in ('train.bin', 'val.bin') if not task and not os.path.exists(os.path.join(data_dir, f))]
 if missing:
     prep = os.path.join(default_data_dir, 'prepare.py')
     # auto-prepare only where the script writes (its own folder), never into a user's data_dir
@@ -188,14 +212,15 @@ if missing:
         subprocess.run([sys.executable, prep], check=True)
     if ddp:
         dist.barrier()
-meta = read_meta(data_dir)  # the vocabulary (char) or tiktoken encoding: saved in every checkpoint
+# the vocabulary (char) or tiktoken encoding: saved in every checkpoint
+meta = {'vocab_size': tasks.vocab_size, 'stoi': tasks.stoi, 'itos': tasks.itos} if task else read_meta(data_dir)
 vocab_size = meta['vocab_size'] if meta else None
-for f in ('train.bin', 'val.bin'):  # np.memmap cannot map an empty file; say what is wrong
+for f in [] if task else ['train.bin', 'val.bin']:  # np.memmap cannot map an empty file; say what is wrong
     if os.path.getsize(os.path.join(data_dir, f)) == 0:
         sys.exit(f"{data_dir}/{f} is empty: the corpus was empty or its preparation failed; re-run the "
                  f"prepare script on a non-empty text (python data/shakespeare_char/prepare.py --input FILE)")
-train_data = np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r')
-val_data = np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r')
+train_data = None if task else np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r')
+val_data = None if task else np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r')
 
 
 def get_batch(it):
@@ -205,16 +230,51 @@ def get_batch(it):
     run sees the same data as an uninterrupted one. weight = the micro-step's share of the
     global batch's targets x world_size (exactly 1.0 for one process, one micro-step)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + it)
-    ix = torch.randint(len(train_data) - block_size - 1, (rows,), generator=g)
+    if task:  # the whole global batch (cheap), padded to block_size; weights by answer tokens
+        rng = np.random.default_rng([seed, it])
+        X, Y, _ = tasks.make_batch(task, tasks.train_sizes(rows, task_n, rng), rng)
+        X = torch.nn.functional.pad(X, (0, block_size - X.size(1)), value=tasks.PAD_ID)
+        Y = torch.nn.functional.pad(Y, (0, block_size - Y.size(1)), value=-1)
+        targets = int((Y != -1).sum())
+    else:
+        ix = torch.randint(len(train_data) - block_size - 1, (rows,), generator=g)
     start = row0
     for n in micro:
-        sel = ix[start:start + n].tolist()
+        if task:
+            x, y = X[start:start + n], Y[start:start + n]
+            weight = int((y != -1).sum()) * world_size / targets
+        else:
+            sel = ix[start:start + n].tolist()
+            x = torch.stack([torch.from_numpy(train_data[i:i + block_size].astype(np.int64)) for i in sel])
+            y = torch.stack([torch.from_numpy(train_data[i + 1:i + 1 + block_size].astype(np.int64)) for i in sel])
+            weight = n * world_size / rows
         start += n
-        x = torch.stack([torch.from_numpy(train_data[i:i + block_size].astype(np.int64)) for i in sel])
-        y = torch.stack([torch.from_numpy(train_data[i + 1:i + 1 + block_size].astype(np.int64)) for i in sel])
         if device_type == 'cuda':  # pinned memory: the copy runs asynchronously, no host sync
             x, y = x.pin_memory(), y.pin_memory()
-        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True), n * world_size / rows
+        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True), weight
+
+
+def train_positions(it):
+    """Positions of iteration `it` for a task run's position trick (None: 0..T-1), the same on
+    every rank and micro-step, and again on resume."""
+    if positions == 'plain':
+        return None
+    g = torch.Generator().manual_seed(seed * 7919 + it)
+    pos = (tasks.randomized_positions(block_size, pos_max, g) if positions == 'randomized'
+           else tasks.random_offset(block_size, pos_max - block_size, g))
+    return pos.to(device)
+
+
+def run_eval(final=False):
+    """The periodic evaluation (a corpus: loss at eval_mults x L; a task: answer loss and exact
+    match in and out of distribution) -> {'val/loss@1L': ..., ...}."""
+    if not task:
+        return eval_lengths(raw_model, val_data, block_size, tuple(eval_mults), tokens=eval_tokens,
+                            device=device, ctx=autocast, stop=stopping)
+    r = tasks.evaluate(raw_model, task, task_n, device, autocast, stop=stopping, reps=8)
+    if not r['complete']:
+        raise Interrupted
+    return {'val/loss@1L': r['loss_id'], 'val/exact@id': r['exact_id'], 'val/exact@ood': r['exact_ood']}
 
 
 # model
@@ -235,6 +295,9 @@ if ckpt is not None:
         iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
         resume_state = {k: ckpt.get(k) for k in ('rng', 'scaler', 'wandb_id')}
     else:                       # fine-tune: same weights, this config's length/scaling
+        if vocab_size and vocab_size != ckpt['model_args']['vocab_size']:
+            sys.exit(f"cannot fine-tune {ckpt_path}: it has vocab_size={ckpt['model_args']['vocab_size']}, but "
+                     f"{data_dir or task} has {vocab_size}; fine-tune it on a corpus with its vocabulary (--data_dir)")
         keep = ('block_size', 'rope_scaling', 'attn_scaling', 'attn_backend', 'dropout')
         model_args.update({k: v for k, v in ckpt['model_args'].items() if k not in keep})
         model_args['vocab_multiple'] = ckpt['model_args'].get('vocab_multiple', 1)  # (older checkpoints: unpadded)
@@ -263,17 +326,20 @@ if ignored:
 for k in [k for k in model_args if k in config]:
     config[k] = globals()[k] = model_args[k]
 max_len = model.pe.max_len
+if max_len is not None and positions != 'plain' and max_len < pos_max:
+    sys.exit(f"positions={positions!r} draws positions up to pos_max={pos_max}, but {pos_encoding} addresses {max_len}: "
+             f"give it a table that long (pos_options={{'max_len': {pos_max}}}) or a smaller pos_max")
 if max_len is not None and max_len < block_size:
     sys.exit(f"{pos_encoding} addresses {max_len} positions, fewer than block_size={block_size}: lower "
              f"block_size or enlarge its table in pos_options (see its docstring in positional.py)")
 eval_T = max([m * block_size for m in eval_mults if max_len is None or m * block_size <= max_len] or [block_size])
-for name, data, need in (('train', train_data, block_size + 2), ('val', val_data, eval_T + 1)):
+for name, data, need in [] if task else (('train', train_data, block_size + 2), ('val', val_data, eval_T + 1)):
     if len(data) < need:  # too short to draw one window (train) or to evaluate at the longest length (val)
         sys.exit(f"{data_dir}/{name}.bin has {len(data)} tokens, fewer than the {need} needed for block_size="
                  f"{block_size}" + (f" and evaluation at {eval_T} tokens" if name == 'val' else '')
                  + ": use a longer corpus or a smaller block_size" + (" or eval_mults" if name == 'val' else ''))
 if ckpt is not None:
-    model.load_state_dict(ckpt['model'])
+    load_weights(model, ckpt['model'], ckpt_path)
 model.to(device)
 if master:
     print(f"scheme {pos_encoding}: {model.get_num_params() / 1e6:.2f}M parameters, "
@@ -313,12 +379,15 @@ def save_checkpoint(best=False):
         return f"non-finite weights at iter {iter_num}"
     ckpt = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'scaler': scaler.state_dict(),
             'model_args': model_args, 'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config,
-            # every rank seeds alike and draws alike, so rank 0's RNG states are every rank's
+            # (training reseeds every iteration from (seed, iter, rank); the states are kept for eval-only runs)
             'rng': {'torch': torch.get_rng_state(), 'numpy': np.random.get_state(), 'python': random.getstate(),
                     'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
             'wandb_id': wandb_run.id if wandb_run is not None else None, 'meta': meta}
     path = os.path.join(out_dir, 'ckpt.pt')
-    atomic_save(ckpt, path)
+    try:
+        atomic_save(ckpt, path)  # removes its temp file if the write fails; the old ckpt.pt stays
+    except OSError as e:
+        return f"saving {path} failed: {e.strerror or e}"
     if best:
         tmp = os.path.join(out_dir, 'ckpt_best.pt.tmp')
         if os.path.exists(tmp):
@@ -344,27 +413,42 @@ if master and os.path.exists(metrics_path):
     # (a hard kill loses those iterations, and the resumed run logs them again)
     with open(metrics_path) as f:  # (a line cut by a kill is dropped too)
         keep = [l for l in f if init_from == 'resume' and l.endswith('\n') and json.loads(l).get('iter', 0) <= iter_num]
-    with open(metrics_path + '.tmp', 'w') as f:
-        f.writelines(keep)
-    os.replace(metrics_path + '.tmp', metrics_path)
+    try:
+        with open(metrics_path + '.tmp', 'w') as f:
+            f.writelines(keep)
+        os.replace(metrics_path + '.tmp', metrics_path)
+    except OSError as e:  # disk full: leave metrics.jsonl as it was, no stray .tmp
+        if os.path.exists(metrics_path + '.tmp'):
+            os.remove(metrics_path + '.tmp')
+        sys.exit(f"cannot rewrite {metrics_path}: {e.strerror}; free some space and run again")
 wandb_run = runtime.wandb_init(wandb_project, wandb_run_name or pos_encoding, config, out_dir,
                                resume_state.get('wandb_id')) if (wandb_log and master) else None
 peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
 
 # -----------------------------------------------------------------------------
-# Runs that survive. SIGTERM/SIGINT only set a flag: the loop finishes its iteration, saves
-# ckpt.pt and exits 0. Under DDP every rank must stop at the same iteration (else the next
-# collective hangs), so the ranks OR their flags each iteration with a tiny all-reduce on a
-# CPU (gloo) group of its own: no GPU sync, and it runs in the background (see stop_agreed).
-stop_signal = None
+# Runs that survive. SIGTERM/SIGINT only set a flag: the loop finishes its iteration (an
+# evaluation stops at its next batch), saves ckpt.pt and exits 0. Under DDP every rank must
+# stop at the same iteration (else the next collective hangs), so the ranks OR their flags
+# each iteration with a tiny all-reduce on a CPU (gloo) group of its own: no GPU sync, and it
+# runs in the background (see stop_agreed). A second signal exits at once.
+stop_signal, stop_time = None, 0.0
 
 
 def request_stop(signum, frame):
-    global stop_signal
+    global stop_signal, stop_time
+    name = signal.Signals(signum).name
+    if stop_signal is not None and time.time() - stop_time > 1.0:  # (torchrun forwards a terminal's Ctrl-C on
+        print(f"[rank {rank}] second {name}: exiting now; {out_dir}/ckpt.pt is what the last save wrote",  # top of
+              flush=True)                                                        # the workers' own: 1 s = one)
+        os._exit(128 + signum)
     if stop_signal is None:
-        print(f"[rank {rank}] got {signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
-              f"and exiting (kill -9 aborts without saving)", flush=True)
-    stop_signal = signum  # idempotent: torchrun forwards the signal it got on top of the terminal's
+        print(f"[rank {rank}] got {name}: stopping at the end of this step or evaluation batch, then saving a "
+              f"checkpoint and exiting; {name} again to exit at once", flush=True)
+        stop_signal, stop_time = signum, time.time()
+
+
+def stopping():
+    return stop_signal is not None
 
 
 signal.signal(signal.SIGTERM, request_stop)
@@ -424,7 +508,7 @@ if resume_state.get('rng'):  # restored last: building the model above drew from
     np.random.set_state(rng['numpy'])
     random.setstate(rng['python'])
 last_saved = resumed_at = iter_num if init_from == 'resume' else None
-failure = None
+failure, stopped, res = None, False, None
 t0 = time.time()
 running_tps = -1.0
 while True:
@@ -439,10 +523,15 @@ while True:
         if master and bad is None:
             raw_model.eval()
             te = time.time()
-            res = eval_lengths(raw_model, val_data, block_size, tuple(eval_mults), tokens=eval_tokens,
-                               device=device, ctx=autocast)
+            try:
+                res = run_eval()
+            except Interrupted:  # a signal: no numbers for this eval; the stop below saves the weights
+                res = None
+                print(f"eval @ iter {iter_num} interrupted", flush=True)
             raw_model.train()
-            print(f"eval @ iter {iter_num}: " + ', '.join(f"{k.split('@')[1]} {v:.4f}" for k, v in res.items())
+        if master and bad is None and res is not None:
+            print(f"eval @ iter {iter_num}: " + ', '.join(f"{k.split('/')[1]} {v:.4f}" for k, v in res.items()
+                                                          if v is not None)
                   + f"  ({time.time() - te:.1f}s)")
             log_metrics({'iter': iter_num, 'lr': lr, **res})
             val_loss = res['val/loss@1L']
@@ -459,9 +548,10 @@ while True:
             failure = bad or "non-finite loss or weights on rank 0"
             break
         t0 = time.time()
-    if eval_only or iter_num >= max_iters:
+    if eval_only:
         break
     if stop_agreed():
+        stopped = True
         _, failure = check_losses()
         if failure is None and master:
             if last_saved != iter_num:  # (else ckpt.pt already holds this state)
@@ -469,15 +559,22 @@ while True:
             if failure is None:
                 why = signal.Signals(stop_signal).name if stop_signal else 'a signal to another rank'
                 print(f"stopped by {why} at iter {iter_num}: saved {out_dir}/ckpt.pt; continue the run with "
-                      f"--init_from=resume", flush=True)
+                      f"--init_from=resume" + (" (it runs the final evaluation)" if iter_num >= max_iters else ''),
+                      flush=True)
+        break
+    if iter_num >= max_iters:
         break
 
+    # dropout's randomness: a seed per (run, iteration, rank), so ranks draw different masks (as
+    # nanoGPT's per-rank seed offset) and a resumed run draws exactly what it would have
+    torch.manual_seed(seed * 1_000_003 + iter_num * 1009 + rank)
     loss_sum = torch.zeros((), device=device)
+    pos = train_positions(iter_num)
     for micro_step, (X, Y, weight) in enumerate(get_batch(iter_num)):
         if ddp:  # all-reduce gradients only on the last micro-step (forward and backward)
             model.require_backward_grad_sync = micro_step == accum - 1
         with autocast:
-            _, loss = model(X, Y)
+            _, loss = model(X, Y, pos=pos, n_pos=pos_max if pos is not None else None)
             loss = loss * weight
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
@@ -508,21 +605,48 @@ while True:
 
 if stop_work is not None:  # every rank started the same all-reduces: let the last one finish
     stop_work.wait()
-if master and final_eval and iter_num >= max_iters:  # the full suite, once, on a finished run
+if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
     te = time.time()
-    tokens = final_eval_tokens or (eval_tokens if max_iters >= eval_interval else min(eval_tokens, 2048))
-    if tokens != eval_tokens and not final_eval_tokens:
-        print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): final eval on {tokens} tokens "
-              f"per length instead of {eval_tokens} (--final_eval_tokens=N to choose)")
-    res = evaluate(raw_model, val_data, block_size, tuple(final_eval_mults), tokens=tokens, device=device,
-                   ctx=autocast, progress=True)
-    res = {'scheme': pos_encoding, 'rope_scaling': rope_scaling, 'iter': iter_num, 'out_dir': out_dir, **res}
-    with open(os.path.join(out_dir, 'eval.json'), 'w') as f:
-        json.dump(res, f)
-    print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
-          + ', '.join(f"{k[4:]} {v:.4f}" for k, v in flat_metrics(res).items()))
-    if wandb_run is not None:
-        log_wandb(wandb_run, res, step=iter_num)
+    if task:  # exact match per length bin, 1..4N, with plain positions (and, as Ruoss et al. evaluate,
+        print(f"final eval: {task}, sizes 1..{4 * task_n}, exact match per length bin", flush=True)  # random ones)
+        res = tasks.evaluate(raw_model, task, task_n, device, autocast, stop=stopping)
+        if positions == 'randomized':
+            r = tasks.evaluate(raw_model, task, task_n, device, autocast, 'randomized', pos_max, stop=stopping)
+            res.update(bins_randomized=r['bins'], exact_id_randomized=r['exact_id'],
+                       exact_ood_randomized=r['exact_ood'], complete=res['complete'] and r['complete'])
+    else:
+        tokens = final_eval_tokens or (eval_tokens if max_iters >= eval_interval else min(eval_tokens, 2048))
+        if tokens != eval_tokens and not final_eval_tokens:
+            print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): final eval on {tokens} "
+                  f"tokens per length instead of {eval_tokens} (--final_eval_tokens=N to choose)")
+        print(f"final eval: {', '.join(f'{m}L' for m in final_eval_mults)} x (non-overlapping, sliding, last-k) on "
+              f"{tokens} tokens per length (Ctrl-C stops it and keeps what it has)", flush=True)
+        res = evaluate(raw_model, val_data, block_size, tuple(final_eval_mults), tokens=tokens, device=device,
+                       ctx=autocast, progress=True, stop=stopping)  # a signal stops it at its next batch
+    res = {'scheme': pos_encoding, 'name': wandb_run_name or pos_encoding, 'rope_scaling': rope_scaling,
+           'iter': iter_num, 'out_dir': out_dir, **res}
+    try:
+        atomic_json(res, os.path.join(out_dir, 'eval.json'))
+    except OSError as e:
+        failure = f"writing {out_dir}/eval.json failed: {e.strerror}"
+    if not res['complete']:
+        print(f"final eval interrupted by {signal.Signals(stop_signal).name} ({time.time() - te:.0f}s): what it had "
+              f"computed is in {out_dir}/eval.json (complete: false); python train.py --out_dir={out_dir} "
+              f"--init_from=resume runs it again", flush=True)
+    elif not failure and task:
+        summary = {k: res[k] for k in ('exact_id', 'exact_ood', 'exact_id_randomized', 'exact_ood_randomized')
+                   if res.get(k) is not None}
+        print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
+              + ', '.join(f"{k} {v:.3f}" for k, v in summary.items()))
+        if wandb_run is not None:
+            wandb_run.log({f'val/{k}': v for k, v in summary.items()}, step=iter_num)
+    elif not failure:
+        print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
+              + ', '.join(f"{k[4:]} {v:.4f}" for k, v in flat_metrics(res).items()))
+        if wandb_run is not None:
+            log_wandb(wandb_run, res, step=iter_num)
+elif master and final_eval and stopped and iter_num >= max_iters:
+    print(f"final eval not run (stopped): python train.py --out_dir={out_dir} --init_from=resume runs it")
 if wandb_run is not None:
     wandb_run.finish()
 if ddp:

@@ -1,18 +1,20 @@
-"""Shared fixtures: tiny models over every registered scheme, small synthetic data."""
-import os
-import sys
-
+"""Shared fixtures: tiny models over every registered scheme, small synthetic data, the offline
+GPT-2 vocabulary, and the FlexAttention backward-graph check."""
 import contextlib
 import io
+import os
+import sys
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.attention.flex_attention as fa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import positional  # noqa: E402
+import model as M  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from data.common import get_encoding  # noqa: E402
 
@@ -58,6 +60,26 @@ def has_attention_mod(scheme, train=False):
     cls, base = positional.REGISTRY[scheme], positional.PositionalEncoding
     return cls.score_mod is not base.score_mod or cls.value_mod is not base.value_mod or \
         any(mod is not None or vmod is not None for mod, vmod in attend_mods(scheme, train))
+
+
+def flex_and_dense_grads(build, x):
+    """Loss and gradients of a training forward through FlexAttention and through the dense
+    path, same weights and dropout seeds: {'flex': (loss, grads), 'dense': (loss, grads)}."""
+    out = {}
+    for backend in ('flex', 'dense'):
+        m = build(backend)
+        torch.manual_seed(1)  # the same dropout seeds on both paths
+        _, loss = m(x, x)
+        loss.backward()
+        out[backend] = loss.item(), {n: p.grad for n, p in m.named_parameters()}
+    return out
+
+
+def assert_same_grads(out):
+    (lf, gf), (ld, gd) = out['flex'], out['dense']
+    assert lf == pytest.approx(ld, abs=1e-6)
+    for n in gd:
+        assert gf[n] is not None and torch.allclose(gf[n], gd[n], atol=1e-6), n
 
 
 @pytest.fixture
@@ -106,3 +128,35 @@ def offline(tmp_path_factory):
                 pytest.skip(f"PyPI unreachable: {e}")
             raise
         yield dict(cache=cache, enc=enc, r50k=r50k, message=err.getvalue(), blocked=blocked)
+
+
+class Validated(Exception):
+    pass
+
+
+def validating_backend(counts):
+    """An AOT-autograd backend whose backward compiler runs Inductor's validate_joint_graph on
+    every flex_attention_backward node -- the check the CUDA lowering runs first (it raised
+    'multiple indexing operations on the same tensor that requires gradients' for FIRE) --
+    then stops: the kernel itself needs a GPU."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.kernel.flex.flex_attention import validate_joint_graph
+
+    def bw(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.target is torch.ops.higher_order.flex_attention_backward:
+                validate_joint_graph(getattr(gm, node.args[8].target).graph)
+                counts.append(node)
+        raise Validated
+    return aot_autograd(fw_compiler=lambda gm, ex: gm, bw_compiler=bw)
+
+
+@pytest.fixture
+def flex_with_grad_on_cpu(monkeypatch):
+    """FlexAttention refuses inputs that need gradients on CPU before building anything; lift
+    that check (and let Shaw's value term take flex's logsumexp) so the graph gets built."""
+    monkeypatch.setattr(fa, '_validate_device', lambda *a: None)
+    monkeypatch.setattr(M, 'FLEX_LSE_ON_CPU', True)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

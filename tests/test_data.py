@@ -1,10 +1,7 @@
 """Data preparation: the offline GPT-2 tokenizer, token files, EOT handling, document windows,
 the prepare scripts on small local fixtures, and the GPU configs."""
 import ast
-import contextlib
-import glob
 import hashlib
-import io
 import os
 import pickle
 import sys

@@ -1,6 +1,5 @@
 """Evaluation protocols, passkey generator/checker, and the compare report."""
 import json
-import os
 import re
 
 import numpy as np

@@ -11,42 +11,11 @@ import torch.nn.attention.flex_attention as fa
 import model as M
 import positional
 import runtime
-from conftest import SCHEMES, attend_mods, has_attention_mod, tiny_model
+from conftest import (SCHEMES, Validated, assert_same_grads, attend_mods, flex_and_dense_grads,
+                      has_attention_mod, tiny_model, validating_backend)
 
 # schemes that hand model.attend a score_mod or value_mod (stick-breaking, with its own attention, does not)
 MOD_SCHEMES = [s for s in SCHEMES if has_attention_mod(s) or has_attention_mod(s, train=True)]
-
-
-class _Validated(Exception):
-    pass
-
-
-def _validating_backend(counts):
-    """An AOT-autograd backend whose backward compiler runs Inductor's validate_joint_graph on
-    every flex_attention_backward node -- the check the CUDA lowering runs first (it raised
-    'multiple indexing operations on the same tensor that requires gradients' for FIRE) --
-    then stops: the kernel itself needs a GPU."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._inductor.kernel.flex.flex_attention import validate_joint_graph
-
-    def bw(gm, example_inputs):
-        for node in gm.graph.nodes:
-            if node.target is torch.ops.higher_order.flex_attention_backward:
-                validate_joint_graph(getattr(gm, node.args[8].target).graph)
-                counts.append(node)
-        raise _Validated
-    return aot_autograd(fw_compiler=lambda gm, ex: gm, bw_compiler=bw)
-
-
-@pytest.fixture
-def flex_with_grad_on_cpu(monkeypatch):
-    """FlexAttention refuses inputs that need gradients on CPU before building anything; lift
-    that check (and let Shaw's value term take flex's logsumexp) so the graph gets built."""
-    monkeypatch.setattr(fa, '_validate_device', lambda *a: None)
-    monkeypatch.setattr(M, 'FLEX_LSE_ON_CPU', True)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def _has_training_mod(scheme):
@@ -61,23 +30,14 @@ def test_flex_backward_graph_validates_and_gradients_equal_dense(scheme, flex_wi
     x = torch.randint(0, 37, (2, 64), generator=torch.Generator().manual_seed(0))
     counts = []
     m = tiny_model(scheme, block_size=64, attn_backend='flex', dropout=0.1)
-    with pytest.raises(_Validated):
-        _, loss = torch.compile(m, backend=_validating_backend(counts))(x, x)
+    with pytest.raises(Validated):
+        _, loss = torch.compile(m, backend=validating_backend(counts))(x, x)
         loss.backward()
     assert len(counts) == (2 * m.config.n_layer if _has_training_mod(scheme) else 0)
 
     monkeypatch.setitem(M._compiled, 'flex', fa.flex_attention)  # eager flex: its backward runs on CPU
-    out = {}
-    for backend in ('flex', 'dense'):
-        m = tiny_model(scheme, block_size=64, attn_backend=backend, dropout=0.1)
-        torch.manual_seed(1)  # the same dropout seeds on both paths
-        _, loss = m(x, x)
-        loss.backward()
-        out[backend] = loss.item(), {n: p.grad for n, p in m.named_parameters()}
-    (lf, gf), (ld, gd) = out['flex'], out['dense']
-    assert lf == pytest.approx(ld, abs=1e-6)
-    for n in gd:
-        assert gf[n] is not None and torch.allclose(gf[n], gd[n], atol=1e-6), n
+    assert_same_grads(flex_and_dense_grads(lambda be: tiny_model(scheme, block_size=64, attn_backend=be,
+                                                                  dropout=0.1), x))
 
 
 @pytest.mark.parametrize('scheme', SCHEMES)

@@ -359,3 +359,175 @@ def test_sample_prompt_outside_char_vocab(trained):
     assert r.returncode != 0 and 'Traceback' not in r.stderr
     assert "prompt has characters outside the model's vocabulary: [',', 'X', 'Z']" in r.stderr
     assert 'use only these' in r.stderr
+
+
+# --- part two: one writer per out_dir, signals in evaluations, bad values, full disks ----------
+
+def alive(pid):
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
+def test_second_writer_is_refused_while_the_first_runs_on(data, tmp_path):
+    """Two runs into one out_dir used to both pass the ckpt.pt check and overwrite each other;
+    now the second (new or resumed, or an eval writing there) is refused naming the first's PID,
+    and the first finishes intact."""
+    out = str(tmp_path / 'out')
+    args = ['train.py', f'--data_dir={data}', f'--out_dir={out}', '--max_iters=60', '--eval_interval=20'] + TINY
+    first = fork_start(args)
+    wait_for_iter(out, lambda: alive(first[0]))
+    for extra in ([], ['--init_from=resume']):
+        r = fork_run(args + extra)
+        assert r.returncode != 0 and 'Traceback' not in r.stderr
+        assert f'out_dir {out} is in use by PID {first[0]} (train.py' in r.stderr
+    r = fork_run(['eval.py', f'--out_dir={out}', '--quick=True'])
+    assert r.returncode != 0 and f'PID {first[0]}' in r.stderr and '--init_from=' in r.stderr
+    r = fork_wait(first)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ckpt_iter(out) == 60 and sorted(losses(out)) == list(range(1, 61))  # one run's lines, once each
+    r = fork_run(args + ['--init_from=resume', '--max_iters=62'])  # the lock died with its process
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_sigint_in_the_final_eval_stops_fast_keeps_partial_results_and_resume_finishes(data, tmp_path):
+    out = str(tmp_path / 'out')
+    args = ['train.py', f'--data_dir={data}', f'--out_dir={out}', '--max_iters=6', '--eval_interval=3',
+            '--final_eval_tokens=65536', '--final_eval_mults=[1, 2, 4, 8, 16, 32]'] + TINY
+    child = fork_start(args)
+    deadline = time.time() + 120
+    while alive(child[0]) and time.time() < deadline:
+        child[2].seek(0)
+        if 'final eval:' in child[2].read():
+            break
+        time.sleep(0.05)
+    time.sleep(1.0)  # well inside the suite
+    t0 = time.time()
+    os.kill(child[0], signal.SIGINT)
+    r = fork_wait(child)
+    assert time.time() - t0 < 5 and r.returncode == 0, r.stderr[-2000:]
+    assert 'final eval interrupted by SIGINT' in r.stdout and '--init_from=resume runs it again' in r.stdout
+    partial = json.load(open(os.path.join(out, 'eval.json')))
+    assert partial['complete'] is False and partial['iter'] == 6
+    assert len(partial['nonoverlap']) == 6  # aligned with the lengths, None where it did not get to
+    r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume', '--final_eval_tokens=2048'])
+    assert r.returncode == 0, r.stderr[-2000:]
+    done = json.load(open(os.path.join(out, 'eval.json')))
+    assert done['complete'] is True and done['iter'] == 6 and None not in done['nonoverlap']
+    assert ckpt_iter(out) == 6 and sorted(losses(out)) == list(range(1, 7))  # no step trained twice
+
+
+BAD_VALUES = {'--gradient_accumulation_steps=0': '--gradient_accumulation_steps=0: must be a positive number',
+              '--max_iters=-5': '--max_iters=-5: must be zero or more',
+              '--batch_size=0': '--batch_size=0: must be a positive number',
+              '--block_size=0': '--block_size=0: must be a positive number',
+              '--block_size=-3': '--block_size=-3: must be a positive number',
+              '--eval_interval=0': '--eval_interval=0: must be a positive number',
+              '--log_interval=0': '--log_interval=0: must be a positive number',
+              '--dropout=1.0': '--dropout=1.0: must be in [0, 1)'}
+
+
+def test_values_that_make_no_sense_are_refused_one_line_each(data, tmp_path):
+    base = ['train.py', f'--data_dir={data}', f'--out_dir={tmp_path}/out'] + TINY
+    for arg, line in BAD_VALUES.items():
+        r = fork_run(base + [arg])
+        assert r.returncode != 0 and r.stderr.strip() == line, (arg, r.stderr[-1000:])
+    at_once = {a: line for a, line in BAD_VALUES.items() if a != '--block_size=0'}  # (one value per key)
+    r = fork_run(base + list(at_once))  # all at once: every problem, one line each
+    assert r.returncode != 0 and sorted(r.stderr.strip().splitlines()) == sorted(at_once.values())
+    assert not os.path.exists(f'{tmp_path}/out/ckpt.pt') and not os.path.exists(f'{tmp_path}/out/eval.json')
+
+
+def test_bad_inputs_get_one_line(trained, tmp_path):
+    r = fork_run(['sample.py', f'--out_dir={trained}', '--start=FILE:/no/such/file'])
+    assert r.returncode != 0 and r.stderr.strip() == '--start=FILE:/no/such/file: cannot read it (No such file or directory)'
+    bad = tmp_path / 'latin1.txt'
+    bad.write_bytes(b'caf\xe9')
+    r = fork_run(['sample.py', f'--out_dir={trained}', f'--start=FILE:{bad}'])
+    assert r.returncode != 0 and r.stderr.strip() == f'--start=FILE:{bad}: not UTF-8 text'
+    r = fork_run(['sample.py', f'--out_dir={trained}', '--start='])
+    assert r.returncode != 0 and '--start is empty' in r.stderr and 'Traceback' not in r.stderr
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('x')  # an out_dir that cannot be created: checked before any work
+    for script in (['train.py', '--max_iters=2'] + TINY, ['eval.py', f'--init_from={trained}/ckpt.pt']):
+        r = fork_run(script + [f'--out_dir={blocker}/out'])
+        assert r.returncode != 0 and f'cannot write to out_dir {blocker}/out' in r.stderr and 'Traceback' not in r.stderr
+    ck = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=False)
+    ck['model_args']['n_embd'] = 64  # weights of a 32-wide model under a 64-wide description
+    torch.save(ck, tmp_path / 'edited.pt')
+    r = fork_run(['eval.py', f'--init_from={tmp_path}/edited.pt', f'--out_dir={tmp_path}/ev', '--quick=True'])
+    assert r.returncode != 0 and "weights do not match its model_args, first at 'transformer.wte.weight'" in r.stderr
+    assert 'Traceback' not in r.stderr
+    r = fork_run(['compare.py', trained, str(blocker)])
+    assert r.returncode != 0 and f'not a run directory: {blocker}' in r.stderr
+
+
+def test_full_disk_keeps_the_previous_checkpoint_and_no_temp_file(data, trained, tmp_path):
+    """A save into a full disk: one clear line (how much space it needed), the temporary file
+    removed, the previous ckpt.pt loadable -- in process, and through train.py."""
+    import errno
+    from checkpoint import atomic_save
+    path = str(tmp_path / 'ckpt.pt')
+    atomic_save({'model': torch.ones(4), 'model_args': {}, 'v': 1}, path)
+    real = torch.save
+
+    def full(obj, f, *a, **k):
+        f.write(b'partial bytes')
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    torch.save = full
+    try:
+        with pytest.raises(OSError, match=r'no space left on device: .*ckpt.pt needs about'):
+            atomic_save({'model': torch.ones(2**20), 'model_args': {}, 'v': 2}, path)
+    finally:
+        torch.save = real
+    assert os.listdir(tmp_path) == ['ckpt.pt'] and torch.load(path)['v'] == 1
+    wrapper = tmp_path / 'full_disk.py'  # train.py with a disk that fills up after its first save
+    wrapper.write_text(f"import errno, runpy, sys, torch\nsys.path.insert(0, {ROOT!r})\nreal, n = torch.save, [0]\n"
+                       "def save(obj, f, *a, **k):\n    n[0] += 1\n    if n[0] > 1:\n"
+                       "        f.write(b'partial')\n        raise OSError(errno.ENOSPC, 'No space left on device')\n"
+                       "    return real(obj, f, *a, **k)\ntorch.save = save\nsys.argv = ['train.py'] + sys.argv[1:]\n"
+                       "runpy.run_path('train.py', run_name='__main__')\n")
+    out = str(tmp_path / 'out')
+    r = run([str(wrapper), f'--data_dir={data}', f'--out_dir={out}', '--max_iters=6', '--eval_interval=2'] + TINY)
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    assert 'no space left on device' in r.stderr and 'ckpt.pt (iter 2) is the last good checkpoint' in r.stderr
+    assert not [f for f in os.listdir(out) if f.endswith('.tmp')] and ckpt_iter(out) == 2
+
+
+def test_memory_guard_skips_lengths_that_would_not_fit(monkeypatch, capsys):
+    import eval as E
+    from conftest import tiny_model
+    m = tiny_model('alibi')
+    monkeypatch.setattr(E, 'available_bytes', lambda device: 600 * 2**20)  # 600 MB free
+    data = np.random.default_rng(0).integers(0, 37, 400_000).astype(np.uint16)
+    need = E.peak_bytes(m, 2**16, 2**14, 'cpu')
+    assert need > 0.8 * 600 * 2**20 > E.peak_bytes(m, 16, 2**14, 'cpu')
+    res = E.evaluate(m, data, 16, mults=(1, 4096), tokens=512, quick=True)
+    assert res['nonoverlap'][0] is not None and res['nonoverlap'][1] is None and res['complete']
+    assert '4096' in res['skipped'] and 'skipping 4096L' in capsys.readouterr().err
+
+
+def test_smaller_ones(data, trained, tmp_path):
+    """The truncated-checkpoint advice names ckpt_best.pt only where it is whole; a resume that
+    raises max_iters says what happens to the schedule; --rope_scaling=None turns a fine-tuned
+    model's scaling off at evaluation."""
+    out = copy_run(trained, tmp_path)
+    blob = open(os.path.join(out, 'ckpt.pt'), 'rb').read()
+    os.remove(os.path.join(out, 'ckpt_best.pt'))
+    with open(os.path.join(out, 'ckpt.pt'), 'wb') as f:
+        f.write(blob[:len(blob) // 2])
+    r = fork_run(['sample.py', f'--out_dir={out}', '--max_new_tokens=2'])
+    assert r.returncode != 0 and 'is unreadable' in r.stderr and 'ckpt_best' not in r.stderr
+    out = copy_run(trained, tmp_path / 'b')
+    r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume', f'--max_iters={N + 2}', '--final_eval=False'])
+    assert r.returncode == 0 and f'the cosine now reaches min_lr at iter {N + 2} instead of {N}' in r.stdout
+    ft = str(tmp_path / 'ft')
+    r = fork_run(['train.py', f'--init_from={trained}/ckpt.pt', f'--out_dir={ft}', '--max_iters=2'] + TINY)
+    assert r.returncode != 0 and 'cannot fine-tune' in r.stderr and 'vocab_size=16' in r.stderr  # another corpus
+    r = fork_run(['train.py', f'--init_from={trained}/ckpt.pt', f'--out_dir={ft}', '--max_iters=2', f'--data_dir={data}',
+                  '--eval_interval=2', "--rope_scaling={'type': 'linear', 'factor': 2}", '--final_eval=False'] + TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = fork_run(['eval.py', f'--out_dir={ft}', '--quick=True', '--mults=[1]', '--tokens=64', '--rope_scaling=None'])
+    assert r.returncode == 0 and 'evaluating with rope_scaling=None' in r.stdout, r.stderr[-2000:]
+    assert os.path.exists(os.path.join(ft, 'eval_noscaling.json'))

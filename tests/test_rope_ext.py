@@ -11,8 +11,7 @@ import torch.nn.functional as F
 import checkpoint
 import model as M
 import positional
-from conftest import SCHEMES, tiny_model
-from test_gpu_path import _Validated, _validating_backend, flex_with_grad_on_cpu  # noqa: F401 (fixture)
+from conftest import SCHEMES, Validated, assert_same_grads, flex_and_dense_grads, tiny_model, validating_backend
 
 
 # --- independent references ---------------------------------------------------
@@ -257,7 +256,7 @@ def test_stack_flex_equals_dense(name):
     assert torch.allclose(dense, flex, atol=1e-4)
 
 
-def test_scaled_bias_flex_backward_graph_validates_and_equals_dense(flex_with_grad_on_cpu, monkeypatch):  # noqa: F811
+def test_scaled_bias_flex_backward_graph_validates_and_equals_dense(flex_with_grad_on_cpu, monkeypatch):
     """SSMax's learned scale is indexed inside the score_mod next to KERPLE's learned bias:
     Inductor's joint-graph check (what the CUDA lowering runs) accepts it, and FlexAttention's
     gradients equal the dense path's."""
@@ -265,21 +264,13 @@ def test_scaled_bias_flex_backward_graph_validates_and_equals_dense(flex_with_gr
     x = torch.randint(0, 37, (2, 64), generator=torch.Generator().manual_seed(0))
     counts = []
     m = stack_model('kerple_log+ssmax', block_size=64, attn_backend='flex')
-    with pytest.raises(_Validated):
-        _, loss = torch.compile(m, backend=_validating_backend(counts))(x, x)
+    with pytest.raises(Validated):
+        _, loss = torch.compile(m, backend=validating_backend(counts))(x, x)
         loss.backward()
     assert len(counts) == m.config.n_layer
     monkeypatch.setitem(M._compiled, 'flex', fa.flex_attention)
-    out = {}
-    for backend in ('flex', 'dense'):
-        m = stack_model('kerple_log+ssmax', block_size=64, attn_backend=backend)
-        _, loss = m(x, x)
-        loss.backward()
-        out[backend] = loss.item(), {n: p.grad for n, p in m.named_parameters()}
-    (lf, gf), (ld, gd) = out['flex'], out['dense']
-    assert lf == pytest.approx(ld, abs=1e-6)
-    for n in gd:
-        assert gf[n] is not None and torch.allclose(gf[n], gd[n], atol=1e-6), n
+    assert_same_grads(flex_and_dense_grads(lambda be: stack_model('kerple_log+ssmax', block_size=64,
+                                                                  attn_backend=be), x))
 
 
 def test_stack_with_scaling_compiles_without_graph_breaks():

@@ -4,10 +4,9 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 
-from conftest import ROOT, SCHEMES
+from conftest import ROOT
 
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=8',
         '--eval_tokens=512', '--wandb_log=False', '--log_interval=1', '--warmup_iters=2']

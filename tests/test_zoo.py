@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import model as M
 import positional as P
