@@ -27,7 +27,7 @@ def label_of(res):
     from eval import scaling_tag
     tag = scaling_tag(res.get('rope_scaling'))
     attn = (res.get('attn_scaling') or {}).get('type')
-    return res.get('scheme', '?') + (f" +{tag}" if tag else '') + (f" +{attn}" if attn else '')
+    return res.get('name') or res.get('scheme', '?') + (f" +{tag}" if tag else '') + (f" +{attn}" if attn else '')
 
 
 def load_runs(dirs):
@@ -252,6 +252,84 @@ def make_report(dirs, report_dir, title='nanoPE comparison', notes=''):
     return path
 
 
+def task_label(res):
+    return res['scheme'] + ('' if res.get('positions', 'plain') == 'plain' else f" +{res['positions']}")
+
+
+def make_task_report(dirs, report_dir, notes=''):
+    """The task suite's report: exact match in and beyond the training sizes per task and run,
+    per length bin, and heat maps (one panel per task, one row per run) -> report.md."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    runs = [r for r in (load_json(os.path.join(d, 'eval.json')) for d in dirs) if r and 'task' in r]
+    if not runs:
+        raise ValueError(f"no task eval.json in {dirs}: run the suite first (python sweep.py --tasks=default)")
+    os.makedirs(report_dir, exist_ok=True)
+    task_names = list(dict.fromkeys(r['task'] for r in runs))
+    labels = list(dict.fromkeys(task_label(r) for r in runs))
+    by = {(r['task'], task_label(r)): r for r in runs}
+    parts = [f"# nanoPE task suite\n\n{notes}", "Exact match (the whole answer right, teacher-forced argmax = greedy "
+             "decoding), mean over the length bins in the training sizes (1..N) / beyond them (N+1..4N). "
+             "`—`: the scheme cannot address those lengths (a finite position table). Randomized-position runs: "
+             "plain positions at evaluation, then (in brackets) ordered random positions as Ruoss et al. evaluate.\n",
+             "![exact match by length](tasks.png)\n"]
+    rows = []
+    for lab in labels:
+        cells = []
+        for t in task_names:
+            r = by.get((t, lab))
+            if r is None:
+                cells.append('')
+                continue
+            cell = f"{_fmt(r.get('exact_id'), 2)} / {_fmt(r.get('exact_ood'), 2)}"
+            if 'exact_ood_randomized' in r:
+                cell += f" ({_fmt(r.get('exact_id_randomized'), 2)} / {_fmt(r.get('exact_ood_randomized'), 2)})"
+            cells.append(cell)
+        rows.append([lab] + cells)
+    parts.append(_table(['run'] + [f"{t} (N={next(r['N'] for r in runs if r['task'] == t)})" for t in task_names],
+                        rows) + '\n')
+    for t in task_names:
+        rs = [by[(t, lab)] for lab in labels if (t, lab) in by]
+        bins = [(b['lo'], b['hi']) for b in max((r['bins'] for r in rs), key=len)]
+        parts.append(f"### {t}: exact match by size (N = {rs[0]['N']})\n")
+        parts.append(_table(['run'] + [f"{lo}-{hi}" if hi > lo else f"{lo}" for lo, hi in bins],
+                            [[task_label(r)] + [_fmt(next((b['exact'] for b in r['bins'] if b['lo'] == lo), None), 2)
+                                                for lo, _ in bins] for r in rs]) + '\n')
+    fig, axes = plt.subplots(1, len(task_names), figsize=(3.2 * len(task_names) + 1, 0.32 * len(labels) + 1.6),
+                             squeeze=False)
+    cmap = matplotlib.colormaps['viridis'].with_extremes(bad='lightgrey')
+    for ax, t in zip(axes[0], task_names):
+        rs = [by.get((t, lab)) for lab in labels]
+        bins = max((r['bins'] for r in rs if r), key=len)
+        grid = np.array([[np.nan if not r else next((np.nan if b['exact'] is None else b['exact']
+                                                     for b in r['bins'] if b['lo'] == c['lo']), np.nan)
+                          for c in bins] for r in rs], dtype=float)
+        ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=1, cmap=cmap, aspect='auto')
+        N = next(r['N'] for r in rs if r)
+        edge = next((i for i, b in enumerate(bins) if b['lo'] > N), len(bins)) - 0.5
+        ax.axvline(edge, color='red', lw=1)
+        ax.set_xticks(range(len(bins)), [str(b['lo']) for b in bins], fontsize=6, rotation=90)
+        ax.set_yticks(range(len(labels)), labels if ax is axes[0][0] else [], fontsize=7)
+        ax.set_title(f"{t} (train 1..{N})", fontsize=9)
+        ax.set_xlabel('size (bin start)', fontsize=7)
+    _save(fig, os.path.join(report_dir, 'tasks.png'))
+    path = os.path.join(report_dir, 'report.md')
+    with open(path, 'w') as f:
+        f.write('\n'.join(parts))
+    with open(os.path.join(report_dir, 'tasks.json'), 'w') as f:
+        json.dump(runs, f)
+    return path
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 if __name__ == '__main__':
     from configurator import options
     o = options(dict(report_dir='report', runs=[]), sys.argv[1:], positional='runs')
@@ -259,4 +337,5 @@ if __name__ == '__main__':
     if missing or not o.runs:
         sys.exit(f"not a run directory: {', '.join(missing)}" if missing else
                  "usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR]  (no out_dir given)")
-    print(f"wrote {make_report(o.runs, o.report_dir)}")
+    tasks_only = all('task' in (load_json(os.path.join(d, 'eval.json')) or {}) for d in o.runs)
+    print(f"wrote {(make_task_report if tasks_only else make_report)(o.runs, o.report_dir)}")

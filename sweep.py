@@ -13,12 +13,22 @@ resumes from its checkpoint (init_from='resume'), and each eval/passkey JSON tha
 exists is kept. Re-running the same command after an interruption finishes the sweep.
 A run that fails is reported and skipped; the report covers the runs that finished.
 
+The algorithmic task suite (tasks.py; issue 15): every task x scheme x position option,
+trained from scratch, exact match by length up to 4x the training sizes, heat maps:
+  python sweep.py --tasks=default                  # the default suite -> out-tasks/, out-tasks/report/
+  python sweep.py --tasks=copy,reverse --schemes=rope,alibi --randomized=rope --workers=2
+
 Sweep options (the rest go to train.py):
   --out=DIR           where runs go (default out-sweep, or out-sweep-gpu with --gpu)
   --schemes=a,b       default: every scheme in positional.REGISTRY
-  --scalings=a,b      rope_scaling types evaluated on rope at eval time (default: all
-                      of linear, ntk, dynamic, yarn, llama3 that positional.py knows)
+  --scalings=a,b      run-time methods evaluated on rope (default: all of SCALINGS: the
+                      rope_scaling types at factor s, and fixed recipes for yarn without
+                      mscale, longrope, Self-Extend, ReRoPE, leaky ReRoPE; see scaling_dicts)
   --scaling_factor=F  their scale factor (default: the longest eval length / L = 16)
+  --variants=a,b      training-time variants of rope run too (default: all of VARIANTS; '' none)
+  --tasks=a,b         the task suite instead of language modelling ('default': TASK_SUITE below)
+  --randomized=a,b    task suite: schemes also trained with randomized positions (default rope,learned)
+  --workers=N         task suite: runs at a time, one CPU thread each (default 2)
   --passkey=True      also run the passkey probe on every run (default: on with --gpu,
                       off on the CPU config, whose 0.8M-parameter model does not learn
                       to retrieve in a short fine-tune: see README, Passkey retrieval);
@@ -32,26 +42,54 @@ import sys
 import time
 
 import positional
+from compare import load_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCALINGS = ['linear', 'ntk', 'dynamic', 'yarn', 'llama3']
+SCALINGS = ['linear', 'ntk', 'dynamic', 'yarn', 'llama3', 'yarn_nomscale', 'longrope', 'self_extend', 'rerope',
+            'leaky_rerope']
+# training-time variants of rope run beside the schemes (name -> train.py args): p-RoPE (arXiv 2410.06205),
+# NoPE in every 4th layer (RNoPE, arXiv 2501.18795), log-n scaling (arXiv 2202.12172), SSMax (arXiv 2501.19399)
+VARIANTS = {'rope-prope': {'pos_encoding': 'rope', 'pos_options': "{'p_rope': 0.25}"},
+            'rope-nope4': {'pos_encoding': 'rope', 'nope_layers': '4'},
+            'rope-logn': {'pos_encoding': 'rope', 'attn_scaling': "{'type': 'logn'}"},
+            'rope-ssmax': {'pos_encoding': 'rope', 'attn_scaling': "{'type': 'ssmax'}"}}
 SCALED_SCHEMES = ['rope']  # schemes evaluated with each rope_scaling type
 EVAL_MULTS = 16            # eval.py's longest length, in units of L
+# the task suite: tasks, schemes, and the small model every task run trains (each task's sizes
+# and lengths come from tasks.DEFAULT_N); single-threaded runs, two at a time on 2 cores
+TASK_SUITE = dict(tasks='copy,reverse,parity,sort,stack,passkey', schemes='none,learned,sinusoidal,rope,alibi,t5',
+                  randomized='rope,learned')
+TASK_TRAIN = dict(n_layer=3, n_head=4, n_embd=64, batch_size=64, max_iters=1500, eval_interval=500,
+                  log_interval=100, learning_rate=3e-3, min_lr=3e-4, warmup_iters=100, compile=False)
 # nanoGPT's shakespeare_char GPU model (6 x 384, 6 heads) at L = 256: 16L = 4096 on a GPU
 GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, max_iters=5000, eval_interval=500,
            learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, dropout=0.1)
 
 
-def scaling_dicts(names, factor, L):
-    """rope_scaling dicts for the types positional.py implements (the others are skipped,
-    with a note); original_max_len only for the types that take it."""
-    keys = getattr(positional, 'ROPE_SCALING_KEYS', {})  # type -> the keys it takes
+def scaling_dicts(names, factor, L, rot_dim=32):
+    """rope_scaling dicts for these names: the scaling types with factor s = `factor` (and
+    original_max_len L where they take it), and the fixed recipes below for the others."""
+    keys = positional.ROPE_SCALING_KEYS  # type -> the keys it takes
+    s = factor
+    yarn = {'type': 'yarn', 'factor': s, 'original_max_len': L}
+    # LongRoPE's factors come from its search (not implemented): here YaRN's per-pair ratios at s, as the
+    # long list (the search's starting point in arXiv 2402.13753), plain RoPE up to L
+    ratio = (positional.rope_frequencies(rot_dim)[0] / positional.rope_frequencies(rot_dim, scaling=yarn)[0]).tolist()
+    recipes = {
+        'yarn_nomscale': {**yarn, 'mscale': 1.0, 'mscale_all_dim': 1.0},  # DeepSeek-V3's form: attention factor 1
+        'longrope': {'type': 'longrope', 'short_factor': [1.0] * (rot_dim // 2), 'long_factor': ratio,
+                     'original_max_len': L, 'factor': s},
+        'self_extend': {'type': 'self_extend', 'window': L // 4, 'group': int(s) * 2},  # distances <= L/4 + 16L/2s
+        'rerope': {'type': 'rerope', 'window': L // 2},
+        'leaky_rerope': {'type': 'leaky_rerope', 'window': L // 2, 'k': s}}
     out = []
     for t in names:
-        if t not in keys:
-            print(f"sweep: skipping rope_scaling type {t!r}: positional.py does not implement it")
-            continue
-        out.append({'type': t, 'factor': factor, **({'original_max_len': L} if 'original_max_len' in keys[t] else {})})
+        if t in recipes:
+            out.append(recipes[t])
+        elif t in keys:
+            out.append({'type': t, 'factor': s, **({'original_max_len': L} if 'original_max_len' in keys[t] else {})})
+        else:
+            print(f"sweep: skipping rope_scaling {t!r}: positional.py does not implement it")
     return out
 
 
@@ -67,25 +105,20 @@ def run(cmd, log_path):
         return p.wait()
 
 
-def load_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def main(argv):
     from configurator import configure
     sweep = dict(out='', schemes='', scalings=','.join(SCALINGS), scaling_factor=float(EVAL_MULTS), passkey=None,
-                 passkey_iters=300, passkey_trials=20, gpu=False)
+                 passkey_iters=300, passkey_trials=20, gpu=False, tasks='', randomized=TASK_SUITE['randomized'],
+                 workers=2, variants='default')
     ours = [a for a in argv if a == '--gpu' or a.split('=', 1)[0][2:] in sweep]
     train_args = dict(a[2:].split('=', 1) for a in argv if a not in ours and a.startswith('--') and '=' in a)
     bad = [a for a in argv if a not in ours and not (a.startswith('--') and '=' in a)]
     if bad:
         sys.exit(f"bad argument(s) {bad}: use --key=value (sweep keys: {', '.join(sweep)}; others go to train.py)")
     configure(sweep, ['--gpu=True' if a == '--gpu' else a for a in ours], dict(scaling_factor='>0', passkey_iters='>=0',
-              passkey_trials='>0', passkey=(lambda v: isinstance(v, bool), 'True or False')))
+              passkey_trials='>0', passkey=(lambda v: isinstance(v, bool), 'True or False'), workers='>0'))
+    if sweep['tasks']:
+        return task_suite(sweep, train_args, argv)
     if sweep['passkey'] is None:
         sweep['passkey'] = sweep['gpu']
     if 'pos_encoding' in train_args or 'out_dir' in train_args:
@@ -106,12 +139,15 @@ def main(argv):
     os.makedirs(out, exist_ok=True)
     print(f"sweep: {len(schemes)} schemes ({', '.join(schemes)}), train args {base}, -> {out}/; rope_scaling "
           f"at eval: {', '.join(sc['type'] for sc in scalings) or 'none'} (factor {factor:g}); passkey {'on' if sweep['passkey'] else 'off'}")
+    variants = {} if not sweep['variants'] else VARIANTS if sweep['variants'] == 'default' else \
+        {v: VARIANTS[v] for v in sweep['variants'].split(',')}
+    runs = [(s, {'pos_encoding': s}) for s in schemes] + [(v, {**a, 'wandb_run_name': v}) for v, a in variants.items()]
     failed, t_start = [], time.time()
-    for s in schemes:
+    for s, run_args in runs:
         d = os.path.join(out, s)
         os.makedirs(d, exist_ok=True)
         log = os.path.join(d, 'sweep.log')
-        args = dict(base, pos_encoding=s, out_dir=d)
+        args = dict(base, **run_args, out_dir=d)
         saved = load_json(os.path.join(d, 'sweep_args.json'))
         if saved is not None and saved != args:
             failed.append((s, f"{d} holds a run with other settings ({saved}); use another --out or delete it"))
@@ -145,7 +181,7 @@ def main(argv):
                         failed.append((s, f'passkey {tag} failed, see {log}'))
         print(f"sweep: {s} done in {time.time() - t0:.0f}s ({time.time() - t_start:.0f}s so far)", flush=True)
     from compare import make_report
-    done = [os.path.join(out, s) for s in schemes if os.path.exists(os.path.join(out, s, 'eval.json'))]
+    done = [os.path.join(out, s) for s, _ in runs if os.path.exists(os.path.join(out, s, 'eval.json'))]
     if done:
         notes = (f"Sweep: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}; rope_scaling "
                  f"variants at eval time with factor {factor:g} and original_max_len {L}.\n")
@@ -153,6 +189,80 @@ def main(argv):
               f"({time.time() - t_start:.0f}s in all)")
     for s, why in failed:
         print(f"sweep: FAILED {s}: {why}")
+    return 1 if failed else 0
+
+
+def task_suite(sweep, train_args, argv):
+    """Train every task x scheme (x randomized positions for some schemes) from scratch, `workers`
+    runs at a time (one thread each: tiny models gain nothing from a second thread), resumable as
+    the LM sweep; then compare.make_task_report. Each run: out/<task>/<scheme>[-randomized]."""
+    import tasks
+    from concurrent.futures import ThreadPoolExecutor
+    names = TASK_SUITE['tasks'] if sweep['tasks'] == 'default' else sweep['tasks']
+    names = names.split(',')
+    schemes = (sweep['schemes'] or TASK_SUITE['schemes']).split(',')
+    bad = [t for t in names if t not in tasks.TASKS] + [s for s in schemes if s not in positional.REGISTRY]
+    if bad:
+        sys.exit(f"unknown task(s)/scheme(s) {bad}; tasks: {', '.join(tasks.TASKS)}; schemes: "
+                 f"{', '.join(sorted(positional.REGISTRY))}")
+    randomized = [s for s in sweep['randomized'].split(',') if s in schemes]
+    out = os.path.abspath(sweep['out'] or 'out-tasks')
+    base = {k: str(v) for k, v in TASK_TRAIN.items()}
+    base.update({'wandb_log': 'False', 'seed': '1337'})
+    base.update(train_args)
+    max_iters = train_config({**base, 'task': names[0]})['max_iters']  # (also checks the settings once)
+    jobs = []
+    for t in names:
+        for s in schemes:
+            for pos in ['plain'] + (['randomized'] if s in randomized else []):
+                args = dict(base, task=t, pos_encoding=s, positions=pos,
+                            out_dir=os.path.join(out, t, s + ('' if pos == 'plain' else f'-{pos}')))
+                if pos == 'randomized' and positional.REGISTRY[s].max_len_of is not \
+                        positional.PositionalEncoding.max_len_of:  # a finite table must hold pos_max positions
+                    args['pos_options'] = repr({'max_len': 4 * tasks.max_len(t, 4 * tasks.DEFAULT_N[t])})
+                jobs.append(args)
+    print(f"sweep: task suite, {len(jobs)} runs ({len(names)} tasks x {len(schemes)} schemes, randomized positions "
+          f"for {', '.join(randomized) or 'none'}), {sweep['workers']} at a time -> {out}/", flush=True)
+    t_start, failed = time.time(), []
+
+    def one(args):
+        d = args['out_dir']
+        os.makedirs(d, exist_ok=True)
+        saved = load_json(os.path.join(d, 'sweep_args.json'))
+        if saved is not None and saved != args:
+            return f"{d} holds a run with other settings; use another --out or delete it"
+        with open(os.path.join(d, 'sweep_args.json'), 'w') as f:
+            json.dump(args, f)
+        res = load_json(os.path.join(d, 'eval.json'))
+        if res is not None and res.get('iter') == max_iters and res.get('complete', True):
+            return None
+        resume = ['--init_from=resume'] if os.path.exists(os.path.join(d, 'ckpt.pt')) else []
+        cmd = [sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items() if k != 'out_dir'] + \
+              [f'--out_dir={d}'] + resume
+        with open(os.path.join(d, 'sweep.log'), 'a') as log:
+            rc = subprocess.run(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, OMP_NUM_THREADS='1')).returncode
+        res = load_json(os.path.join(d, 'eval.json')) or {}
+        print(f"sweep: {os.path.relpath(d, out)}: " + (f"exact match {res.get('exact_id', 0):.2f} in distribution, "
+              f"{res.get('exact_ood') or 0:.2f} beyond" if rc == 0 else f"FAILED (see {d}/sweep.log)")
+              + f" ({time.time() - t_start:.0f}s)", flush=True)
+        return None if rc == 0 else f"training failed, see {d}/sweep.log"
+
+    from tqdm import tqdm
+    with ThreadPoolExecutor(sweep['workers']) as pool:
+        for args, why in tqdm(zip(jobs, pool.map(one, jobs)), total=len(jobs), desc='task suite', unit='run',
+                              mininterval=0.2 if sys.stderr.isatty() else 60):
+            if why:
+                failed.append((args['out_dir'], why))
+    from compare import make_task_report
+    notes = (f"Task suite: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}; "
+             f"{sweep['workers']} single-threaded runs at a time; {time.time() - t_start:.0f}s in all.\n")
+    done = [a['out_dir'] for a in jobs if os.path.exists(os.path.join(a['out_dir'], 'eval.json'))]
+    if done:
+        print(f"sweep: report -> {make_task_report(done, os.path.join(out, 'report'), notes=notes)} "
+              f"({time.time() - t_start:.0f}s in all)")
+    for d, why in failed:
+        print(f"sweep: FAILED {d}: {why}")
     return 1 if failed else 0
 
 

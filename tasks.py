@@ -323,3 +323,59 @@ def random_offset(T, max_offset, generator=None, device=None):
     SHAPE (Kiyono et al., arXiv 2109.05644), so no absolute position is tied to the start."""
     k = torch.randint(0, max_offset + 1, (1,), generator=generator, device=device)
     return torch.arange(T, device=device) + k
+
+
+# -----------------------------------------------------------------------------
+# evaluation of a model (train.py's periodic and final evaluation of a task run)
+
+@torch.no_grad()
+def evaluate(model, name, N, device='cpu', ctx=None, positions='plain', pos_max=0, mult=4, reps=16, seed=1234,
+             stop=None):
+    """Exact match and per-token accuracy per length bin over sizes 1..mult*N (reps rows per
+    size, the same rows for every model), teacher-forced, plus the answer loss in
+    distribution (sizes <= N) -> JSON-ready dict. positions: 'plain' (0..T-1) or
+    'randomized' (a fresh sorted draw from [0, pos_max) per batch, as Ruoss et al.
+    evaluate). A bin with rows the model cannot address (a position table shorter than
+    the sequence, or T > pos_max) is reported as None, not as 0."""
+    import torch.nn.functional as F
+    from contextlib import nullcontext
+    was_training = model.training
+    model.eval()
+    rng = np.random.default_rng(seed)
+    g = torch.Generator().manual_seed(seed)
+    scores, cannot = BinScores(bin_edges(N, mult)), set()
+    loss_sum, loss_n = 0.0, 0
+    for n in range(1, mult * N + 1):  # one batch per size: no padding past what the size needs
+        if stop is not None and stop():
+            break
+        x, y, ns_t = make_batch(name, [n] * reps, rng)
+        T = x.size(1)
+        if (model.pe.max_len is not None and T > model.pe.max_len) or (positions != 'plain' and T > pos_max):
+            cannot.add(n)
+            continue
+        pos = randomized_positions(T, pos_max, g).to(device) if positions != 'plain' else None
+        with ctx or nullcontext():
+            logits, _ = model(x.to(device), pos=pos, n_pos=pos_max if pos is not None else None)
+        scores.add(logits.float(), y.to(device), ns_t)
+        ind = ns_t <= N
+        if ind.any():
+            lp = F.cross_entropy(logits.float()[ind].transpose(1, 2), y[ind].to(device), ignore_index=-1,
+                                 reduction='sum')
+            loss_sum, loss_n = loss_sum + lp.item(), loss_n + int((y[ind] != -1).sum())
+    model.train(was_training)
+    bins = scores.result()
+    for b in bins:
+        if any(b['lo'] <= n <= b['hi'] for n in cannot):
+            b['exact'] = b['token_acc'] = None
+    edges = bin_edges(N, mult)
+    for lo, hi in zip(edges[:-1], edges[1:]):  # bins the model could not address at all
+        if not any(b['lo'] == lo for b in bins) and any(lo <= n < hi for n in cannot):
+            bins.append(dict(lo=lo, hi=hi - 1, rows=0, exact=None, token_acc=None))
+    bins.sort(key=lambda b: b['lo'])
+
+    def mean(sel):
+        v = [b['exact'] for b in bins if sel(b) and b['exact'] is not None]
+        return float(np.mean(v)) if v else None
+    return {'task': name, 'N': N, 'mult': mult, 'reps': reps, 'positions': positions, 'bins': bins,
+            'loss_id': loss_sum / max(loss_n, 1), 'exact_id': mean(lambda b: b['hi'] <= N),
+            'exact_ood': mean(lambda b: b['lo'] > N), 'complete': not (stop is not None and stop())}
