@@ -196,7 +196,12 @@ ROPE_SCALING_KEYS = {
     'llama3': {'factor': None, 'original_max_len': None, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0},
     'longrope': {'short_factor': None, 'long_factor': None, 'original_max_len': None, 'factor': None,
                  'attention_factor': OPTIONAL},
+    # inference-time extensions: frequencies unchanged, two logit maps (RoPE.attention)
+    'self_extend': {'window': None, 'group': None},
+    'rerope': {'window': None},
+    'leaky_rerope': {'window': None, 'k': 16.0},
 }
+EXTENSION_TYPES = ('self_extend', 'rerope', 'leaky_rerope')
 _LIST_KEYS = ('short_factor', 'long_factor')  # per-pair lists (everything else is a number or a bool)
 _BOOL_KEYS = ('truncate',)
 # types whose frequencies depend on the current length (rope_frequencies' seq_len)
@@ -268,6 +273,12 @@ def check_rope_scaling(scaling):
         elif not _number(v):
             raise ValueError(f"rope_scaling {k!r} must be a number, got {v!r}")
         out[k] = v
+    if kind in EXTENSION_TYPES:  # validated by their distance maps
+        if kind == 'self_extend':
+            self_extend_positions(torch.zeros(1), torch.zeros(1), out['window'], out['group'])
+        else:
+            rerope_positions(torch.zeros(1), torch.zeros(1), out['window'], out.get('k'))
+        return out
     if out['factor'] < 1:
         raise ValueError(f"rope_scaling factor must be >= 1 (the context is extended s times), "
                          f"got {out['factor']!r}")
@@ -364,6 +375,8 @@ def rope_frequencies(dim, base=10000.0, scaling=None, seq_len=None, p_rope=None)
 
 def _scaled_frequencies(inv, dim, base, sc, seq_len):
     """rope_frequencies' scaling types: (inv_freq float64, attention factor)."""
+    if sc['type'] in EXTENSION_TYPES:  # they change the distances scored (RoPE.attention), not the frequencies
+        return inv, 1.0
     kind, s = sc['type'], float(sc['factor'])
     if kind in ('ntk', 'dynamic') and dim <= 2:
         raise ValueError(f"{kind} scaling changes the base by s^(d/(d-2)) and needs a rotary dim > 2, got {dim}")
@@ -826,7 +839,14 @@ class RoPE(PositionalEncoding):
     cached keys are rotated with older (less stretched) frequencies than a full
     forward over the same tokens would use -- the method's known inconsistency.
     Re-rotating the cache every step would need unrotated keys in the cache; for
-    the exact method, sample with use_cache=False (recompute each step)."""
+    the exact method, sample with use_cache=False (recompute each step).
+
+    Inference-time extensions (rope_scaling types self_extend, rerope, leaky_rerope;
+    distance maps in self_extend_positions / rerope_positions): every pair closer than
+    `window` is scored by plain RoPE, farther pairs at a remapped distance, so the
+    layer computes two logit maps and merges them by the window mask (the attention
+    hook; dense float32, query chunks without gradients: no FlexAttention, whose
+    score_mod sees one q.k). The KV cache then keeps raw keys, rotated every step."""
     uses_rope_scaling = True
 
     def __init__(self, config, base=10000.0, rotary_pct=1.0, scaling=None, p_rope=None):
@@ -844,6 +864,8 @@ class RoPE(PositionalEncoding):
         self.rot_dim = int(rd)
         self.scaling = scaling = resolve_rope_scaling(config, scaling)
         self.dynamic = scaling is not None and scaling['type'] in LENGTH_DEPENDENT_SCALING
+        self.extension = scaling if scaling is not None and scaling['type'] in EXTENSION_TYPES else None
+        self.transform_after_cache = self.extension is not None  # raw keys: the maps rotate every key each step
         inv_freq, self.attention_factor = rope_frequencies(self.rot_dim, self.base, self.scaling, p_rope=p_rope)
         self.register_buffer('inv_freq', inv_freq, persistent=False)  # at lengths <= L
 
@@ -863,9 +885,42 @@ class RoPE(PositionalEncoding):
         return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
 
     def transform_qk(self, q, k, ctx, layer):
+        if self.extension is not None:  # the extension's attention rotates them, two ways
+            return q, k
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
         kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, ctx.extra['inv']))
         return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        """Self-Extend / ReRoPE: logits = where(i - j < window, exact map, remapped map)."""
+        if self.extension is None:
+            return None
+        ext, inv = self.extension, ctx.extra['inv']
+        w = ext['window']
+        qp, kp = ctx.q_pos, ctx.k_pos[-k.size(2):]  # raw keys: all of them, at their positions
+
+        def rot(t, pos, freqs=inv):  # rotate t by float positions pos
+            cos, sin = self.cos_sin(pos, freqs)
+            return apply_rotary(t, cos, sin).float()
+        if ext['type'] == 'self_extend':
+            G = ext['group']
+            q2, k2 = rot(q, qp // G + (w - w // G)), rot(k, kp // G)
+        elif ext['type'] == 'rerope':  # every far key scored at distance w: q at w, k unrotated
+            q2, k2 = rot(q, torch.full_like(qp, w)), k.float()
+        else:  # leaky: distances beyond w grow k times slower
+            q2, k2 = rot(q, qp + w * (ext['k'] - 1), inv / ext['k']), rot(k, kp, inv / ext['k'])
+        q1, k1 = rot(q, qp), rot(k, kp)
+        B, H, Tq, d = q.shape
+        rows = Tq if torch.is_grad_enabled() else max(1, 2**26 // (4 * B * H * k.size(2)))  # 64 MB of logits
+        out = []
+        with torch.autocast(q.device.type, enabled=False):
+            for s in range(0, Tq, rows):
+                r = qp[s:s + rows, None] - kp[None, :]
+                att = torch.where(r < w, q1[:, :, s:s + rows] @ k1.transpose(-2, -1),
+                                  q2[:, :, s:s + rows] @ k2.transpose(-2, -1)) / math.sqrt(d)
+                att = att.masked_fill(r < 0, float('-inf')).softmax(-1)
+                out.append(att @ v.float())
+        return torch.cat(out, 2).to(q.dtype)
 
 
 @register('alibi')

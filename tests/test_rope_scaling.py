@@ -659,3 +659,62 @@ def test_bad_p_rope_and_extension_maps_are_clear_errors():
         positional.rerope_positions(torch.arange(4), torch.arange(4), 0)
     with pytest.raises(ValueError, match='leaky_k divides the distances beyond the window and must be >= 1'):
         positional.rerope_positions(torch.arange(4), torch.arange(4), 2, leaky_k=0.5)
+
+
+@pytest.mark.parametrize('ext', [{'type': 'self_extend', 'window': 6, 'group': 3}, {'type': 'rerope', 'window': 6},
+                                 {'type': 'leaky_rerope', 'window': 6, 'k': 4}])
+def test_inference_time_extensions_score_each_pair_at_its_mapped_distance(ext):
+    """Self-Extend / ReRoPE / leaky ReRoPE through the model's attention hook: a 1-layer model's
+    attention equals softmax over q_i . R(d_ij) k_j with d from the papers' distance formulas
+    written here per pair; inside the window it is plain RoPE; KV-cache decoding equals a full forward."""
+    torch.manual_seed(0)
+    m = sharpen(tiny_model('rope', n_layer=1, rope_scaling=ext)).eval()
+    base = tiny_model('rope', n_layer=1).eval()
+    base.load_state_dict(m.state_dict())
+    T, w = 40, ext['window']
+    x = torch.randint(0, 37, (1, T))
+
+    def dist(i, j):
+        r = i - j
+        if r < w:
+            return float(r)
+        if ext['type'] == 'self_extend':
+            G = ext['group']
+            return float(i // G - j // G + w - w // G)
+        return float(w) if ext['type'] == 'rerope' else w + (r - w) / ext['k']
+    attn = m.transformer.h[0].attn
+    seen = {}
+    attn.register_forward_hook(lambda mod, inp, out: seen.update(y=out))
+    with torch.no_grad():
+        h = m.transformer.h[0].ln_1(m.transformer.wte(x))
+        q, k, v = attn.c_attn(h).split(32, dim=2)
+        q, k, v = (t.view(1, T, 4, 8).transpose(1, 2)[0] for t in (q, k, v))  # [H, T, 8]
+        inv = m.pe.inv_freq.double()
+        ref = torch.zeros(4, T, 8, dtype=torch.float64)
+        for i in range(T):
+            s = []
+            for j in range(i + 1):
+                ang = dist(i, j) * inv  # (R_d q) . k: RoPE's score at relative distance d, half-split
+                c, sn = torch.cat((ang.cos(), ang.cos())), torch.cat((ang.sin(), ang.sin()))
+                qd = q[:, i].double()
+                rq = qd * c + torch.cat((-qd[:, 4:], qd[:, :4]), -1) * sn
+                s.append((rq * k[:, j].double()).sum(-1) / math.sqrt(8))
+            a = torch.stack(s, -1).softmax(-1)
+            ref[:, i] = a @ v[:, :i + 1].double()
+        full = m(x)[0]
+        got = seen['y']  # the attention block's output: c_proj(y); compare y via the projection
+        want = attn.c_proj(ref.transpose(0, 1).reshape(1, T, 32).float())
+        assert torch.allclose(got, want, atol=1e-4)
+        assert torch.allclose(full[:, :w], base(x)[0][:, :w], atol=1e-5)  # inside the window: plain RoPE
+        cache = m.new_cache()
+        steps = [m(x[:, :10], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(10, T)]
+        assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+
+
+def test_extension_options_are_checked():
+    with pytest.raises(ValueError, match='self-extend needs integer window'):
+        tiny_model('rope', rope_scaling={'type': 'self_extend', 'window': 0, 'group': 2})
+    with pytest.raises(ValueError, match="needs 'group'"):
+        tiny_model('rope', rope_scaling={'type': 'self_extend', 'window': 4})
+    with pytest.raises(ValueError, match='leaky_k'):
+        tiny_model('rope', rope_scaling={'type': 'leaky_rerope', 'window': 4, 'k': 0.5})
