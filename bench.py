@@ -41,8 +41,9 @@ Two parts outside the scheme round-robin, run only when asked for (--parts=evalc
            char no slower.
   smoke    `python train.py config/<scheme>.py --max_iters=4 --wandb_log=False --out_dir=TMP`
            as a subprocess for every registered scheme, as a user runs it (data prepared,
-           final evaluation included): wall time per scheme and where it went (read from
-           the log lines as they arrive); issue 13's bound is <= 90 s each on a 2-core CPU.
+           final evaluation included, torch.compile's on-disk cache empty as on a first run:
+           --smoke_cache=user keeps yours): wall time per scheme and where it went (read
+           from the log lines as they arrive); issue 13's bound is <= 90 s each on a 2-core CPU.
 
 Clocks: `--clock cpu` (the default on CPU) times with process CPU time, which does not
 count the time the OS gives to other people's processes on a shared machine. With one
@@ -250,6 +251,7 @@ def main():
         evalcost_data=2**19,             # part evalcost: length of the random token data
         smoke_timeout=900,               # part smoke: seconds before a train.py run is stopped
         smoke_logs='',                   # part smoke: keep each run's log here (default: not kept)
+        smoke_cache='cold',              # part smoke: 'cold' (an empty torch.compile cache per run) | 'user' (yours)
     ), sys.argv[1:], rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0',
                                 new_tokens='>0', sample_stride='>0', threads='>=0', evalcost_tokens='>0',
                                 evalcost_data='>0', smoke_timeout='>0'))
@@ -691,10 +693,10 @@ def smoke_configs(here):
     return {s: (f'config/{s}.py' if f'config/{s}.py' in ps else ps[0]) for s, ps in found.items()}
 
 
-def timed_run(cmd, cwd, timeout):
+def timed_run(cmd, cwd, timeout, env=None):
     """Run cmd, timestamping each line of its output as it arrives -> (rc, wall s, child CPU s,
     [(t, line)]). Past `timeout` its process group is killed (rc None)."""
-    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    env = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -752,10 +754,13 @@ def smoke(a, names):
     cfgs = smoke_configs(here)
     missing = [s for s in names if f'config/{s}.py' not in cfgs.values()]
     print(f"smoke: {len(names)} schemes, `python train.py config/<scheme>.py {' '.join(SMOKE_ARGS)} "
-          f"--out_dir=<fresh temp dir>`, {os.cpu_count()} CPU(s), torch default threads"
+          f"--out_dir=<fresh temp dir>`, {os.cpu_count()} CPU(s), torch default threads, "
+          f"{a.smoke_cache} torch.compile cache"
           + (f"; no config/<scheme>.py for: " + ', '.join(
               f"{s} (" + (f"uses {cfgs[s]}" if s in cfgs else 'none at all: run with --pos_encoding') + ')'
               for s in missing) if missing else ''), flush=True)
+    if a.smoke_cache not in ('cold', 'user'):
+        sys.exit(f"--smoke_cache={a.smoke_cache!r}: use 'cold' or 'user'")
     if a.smoke_logs:
         os.makedirs(a.smoke_logs, exist_ok=True)
     res = {}
@@ -765,7 +770,10 @@ def smoke(a, names):
             cmd = [sys.executable, 'train.py'] + ([cfg] if cfg else [f'--pos_encoding={name}']) + SMOKE_ARGS + [
                 f'--out_dir={tmp}']
             load = os.getloadavg()[0]
-            rc, wall, cpu, lines = timed_run(cmd, here, a.smoke_timeout)
+            # cold: torch.compile's on-disk caches (FX graph, AOTAutograd, kernels) start empty, as on a
+            # user's first run, rather than holding whatever earlier runs on this machine left there
+            env = {'TORCHINDUCTOR_CACHE_DIR': os.path.join(tmp, 'inductor-cache')} if a.smoke_cache == 'cold' else {}
+            rc, wall, cpu, lines = timed_run(cmd, here, a.smoke_timeout, env)
         r = res[name] = dict(config=cfg, command=' '.join(cmd[1:-1] + ['--out_dir=TMP']), rc=rc, wall_s=wall,
                              child_cpu_s=cpu, loadavg_before=load, **smoke_phases(lines, wall))
         if a.smoke_logs:
@@ -776,7 +784,8 @@ def smoke(a, names):
         print(f"smoke {name}: {wall:.1f} s wall, {cpu:.1f} s CPU" + ('' if rc == 0 else (
             ' TIMED OUT' if rc is None else f' FAILED rc={rc}') + '\n  ' + '\n  '.join(r['tail'])), flush=True)
     cols = ['startup_s', 'eval0_s', 'steps_s', 'eval_end_s', 'save_s', 'final_s', 'other_s']
-    print(f"\n{cpu_name()}, {os.cpu_count()} CPU(s), torch {torch.__version__}; wall seconds per run "
+    print(f"\n{cpu_name()}, {os.cpu_count()} CPU(s), torch {torch.__version__}, {a.smoke_cache} torch.compile "
+          f"cache; wall seconds per run "
           f"(phases from the log lines' arrival: startup = imports/data/model until eval@0 starts; steps = the 4 "
           f"training iterations incl. torch.compile; eval@4 = the eval at the last iteration; save = checkpoint "
           f"write; final = the full suite; other = exit)")
