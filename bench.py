@@ -7,6 +7,8 @@ Speed and memory of every positional scheme, as ratios to rope measured in the s
   python bench.py --device=cuda --compile=True     # GPU: bf16 autocast, TF32, fused AdamW, torch.compile
   python bench.py --device=cuda --compile=True --preset=gpt2 --schemes=rope,alibi --parts=train
   python bench.py --gpu_check=True                 # the one-command GPU check (see gpu_check below)
+  python bench.py --parts=evalcost --threads=1     # evaluation cost: scored-positions-only logits vs full logits
+  python bench.py --parts=smoke                    # 4-iteration train.py run of every scheme, wall time each
 
 What is measured (all models are built once and measured round-robin, so slow
 drift in machine load hits every scheme alike; ratios to rope are taken per round
@@ -28,25 +30,48 @@ and the median is reported):
            recomputing the full context for every token (model.generate(use_cache=False) one
            token at a time). The recompute cost is summed over every `--sample_stride`-th
            length and scaled up (midpoint rule; --sample_stride 1 runs all 1000).
+Two parts outside the scheme round-robin, run only when asked for (--parts=evalcost,smoke):
+  evalcost eval.py's protocols at 8L (sliding windows, non-overlapping, last-k; evaluate()'s
+           default layouts) with today's eval.window_losses (logits only for the scored
+           positions, in chunks) against the previous path written below (full logits for
+           every position, then cross-entropy on the scored ones), for a GPT-2-BPE-sized model
+           (vocab 50257 padded to 50304) and the char model (vocab 84), both train.py's 4x128
+           at L = 128, rope, on random tokens: time (round-robin, median of per-round ratios)
+           and peak memory. Issue 13's targets: BPE sliding >= 3x faster and peak <= 1/4;
+           char no slower.
+  smoke    `python train.py config/<scheme>.py --max_iters=4 --wandb_log=False --out_dir=TMP`
+           as a subprocess for every registered scheme, as a user runs it (data prepared,
+           final evaluation included, torch.compile's on-disk cache empty as on a first run:
+           --smoke_cache=user keeps yours): wall time per scheme and where it went (read
+           from the log lines as they arrive); issue 13's bound is <= 90 s each on a 2-core CPU.
 
 Clocks: `--clock cpu` (the default on CPU) times with process CPU time, which does not
 count the time the OS gives to other people's processes on a shared machine. With one
 thread that equals wall time on an idle core; with more threads it also counts OpenMP
 spin-waiting, so use --threads 1 with it. `--clock wall` is the default on CUDA.
 """
+import glob
 import json
 import math
 import os
 import platform
+import re
+import resource
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import eval as evaluation
 import positional
 import runtime
 from configurator import options
@@ -56,6 +81,7 @@ PRESETS = {  # 'default' = train.py's defaults; 'gpt2' = GPT-2 124M at T=1024 (G
     'gpt2': dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, batch_size=8),
 }
 BASELINE = 'nanogpt'
+SCHEME_PARTS = {'train', 'memory', 'eval', 'sample'}  # the round-robin over schemes
 
 
 # --- the reference: nanoGPT's model, same sizes, written compactly -------------------
@@ -221,8 +247,14 @@ def main():
         json='',                         # write all numbers here
         seed=0,
         gpu_check=False,                 # the one-command GPU check instead of the round-robin (see gpu_check)
+        evalcost_tokens=32768,           # part evalcost: evaluate()'s `tokens` (sliding scores a quarter of them)
+        evalcost_data=2**19,             # part evalcost: length of the random token data
+        smoke_timeout=900,               # part smoke: seconds before a train.py run is stopped
+        smoke_logs='',                   # part smoke: keep each run's log here (default: not kept)
+        smoke_cache='cold',              # part smoke: 'cold' (an empty torch.compile cache per run) | 'user' (yours)
     ), sys.argv[1:], rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0',
-                                new_tokens='>0', sample_stride='>0', threads='>=0'))
+                                new_tokens='>0', sample_stride='>0', threads='>=0', evalcost_tokens='>0',
+                                evalcost_data='>0', smoke_timeout='>0'))
     if a.preset not in PRESETS:
         sys.exit(f"--preset={a.preset!r}: use one of {', '.join(PRESETS)}")
     if a.clock not in ('', 'cpu', 'wall'):
@@ -233,11 +265,12 @@ def main():
     bad = [n for n in names if n not in positional.REGISTRY]
     if bad:
         sys.exit(f"unknown scheme(s) {bad}; valid: {', '.join(sorted(positional.REGISTRY))} (or 'all')")
+    asked = list(names)
     if 'rope' not in names:
         names.append('rope')  # the reference every ratio is taken against
     parts = set(a.parts.split(','))
-    if parts - {'train', 'memory', 'eval', 'sample'}:
-        sys.exit(f"--parts takes a comma list of train, memory, eval, sample; got {a.parts!r}")
+    if parts - SCHEME_PARTS - {'evalcost', 'smoke'}:
+        sys.exit(f"--parts takes a comma list of train, memory, eval, sample, evalcost, smoke; got {a.parts!r}")
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -247,6 +280,13 @@ def main():
     if a.gpu_check:
         return gpu_check(a, names, rt)
     clock = Clock(a.clock or ('cpu' if device_type == 'cpu' else 'wall'), device_type)
+    extra = {}
+    if 'evalcost' in parts:
+        extra['evalcost'] = evalcost(a, rt, clock, threads)
+    if 'smoke' in parts:
+        extra['smoke'] = smoke(a, asked)
+    if not parts & SCHEME_PARTS:
+        return write_json(a, extra, started, rt, clock, threads)
     size = dict(PRESETS[a.preset])
     size.update({k: getattr(a, k) for k in size if getattr(a, k)})
     B, L = size.pop('batch_size'), size['block_size']
@@ -377,13 +417,18 @@ def main():
                 res[name]['sample_kv_vs_rope'] = res[name]['sample_kv_tok_s'] / res['rope']['sample_kv_tok_s']
 
     report(res, order, a, B, L, T8, clock, dev_name, dtype, peak_label)
+    write_json(a, {'results': res, **extra}, started, rt, clock, threads, model=size, batch_size=B,
+               peak_flops=peak_label)
+
+
+def write_json(a, out, started, rt, clock, threads, **meta):
     if a.json:
-        meta = dict(argv=sys.argv, torch=torch.__version__, device=dev_name, dtype=dtype, compile=a.compile,
-                    clock=clock.kind, threads=threads, model=size, batch_size=B, peak_flops=peak_label,
+        meta = dict(argv=sys.argv, torch=torch.__version__, device=runtime.device_name(rt), dtype=rt.dtype,
+                    compile=a.compile, clock=clock.kind, threads=threads, **meta,
                     time=time.strftime('%Y-%m-%d %H:%M:%S'), elapsed_wall_s=time.perf_counter() - started[0],
                     elapsed_cpu_s=time.process_time() - started[1])
         with open(a.json, 'w') as f:
-            json.dump({'meta': meta, 'results': res}, f, indent=1)
+            json.dump({'meta': meta, **out}, f, indent=1)
         print(f"wrote {a.json}")
 
 
@@ -520,6 +565,244 @@ def gpu_check(a, names, rt, budget_s=540):
           + (f"FAILED: {', '.join(bad)}" if bad else 'all correct and trained')
           + (f"; skipped (time budget): {', '.join(out['skipped'])}" if out.get('skipped') else ''))
     return 1 if bad else 0
+
+
+# --- evaluation cost (part evalcost) ------------------------------------------------
+
+EVALCOST_MODELS = {  # train.py's CPU model (4 x 128, 4 heads, L = 128, rope) with two vocabularies
+    'gpt2-bpe': dict(vocab_size=50257, vocab_multiple=64),  # 50304 lm_head rows, as train.py pads BPE
+    'char': dict(vocab_size=84),                             # shakespeare_char
+}
+
+
+@torch.no_grad()
+def full_logits_window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='cpu', ctx=None):
+    """The baseline: eval.window_losses as it was before it scored only what it needs
+    (commit ef92096^): the same windows and batches, the full [batch, T, vocab] logits
+    from model(x), then float32 cross-entropy on the last n_score positions."""
+    bs = max(1, batch_tokens // T)
+    backend = evaluation.long_backend(model, T, device)
+    sums = torch.zeros(n_score, dtype=torch.float64)
+    for i in range(0, len(starts), bs):
+        chunk = starts[i:i + bs]
+        rows = chunk + [chunk[0]] * (bs - len(chunk)) if len(starts) > bs else chunk
+        win = torch.from_numpy(np.stack([data[s:s + T + 1].astype(np.int64) for s in rows])).to(device)
+        logits, backend = evaluation.forward_backend(model, backend, lambda: model(win[:, :-1])[0], ctx)
+        logits, y = logits[:len(chunk), T - n_score:].float(), win[:len(chunk), T - n_score + 1:]
+        sums += F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
+                                reduction='none').view(len(chunk), n_score).sum(0).double().cpu()
+    return sums, len(starts)
+
+
+def evalcost(a, rt, clock, threads):
+    """Part evalcost (see the top of the file) -> {model: {protocol: numbers}}."""
+    L, T, tokens = 128, a.eval_mult * 128, a.evalcost_tokens
+    stride, k = L // 2, L // 4
+    n = a.evalcost_data
+    # evaluate()'s default layouts at one length T: windows advancing by L/2 over tokens/4 scored
+    # tokens; `tokens` in non-overlapping windows; the last k = L/4 tokens of tokens/512 spans
+    ends = np.linspace(T, n - 1, max(8, tokens // 512)).astype(np.int64)
+    layouts = {'sliding': (evaluation.window_layout(n, T, stride, max(1, max(stride, tokens // 4) // stride)), stride),
+               'nonoverlap': (evaluation.window_layout(n, T, T, max(1, tokens // T)), T),
+               'last-k': ([int(e) - T for e in ends], k)}
+    paths = {'old': full_logits_window_losses, 'new': evaluation.window_losses}
+    kw = dict(batch_tokens=a.eval_batch_tokens, device=rt.device, ctx=rt.autocast)
+    models, data = {}, {}
+    for m, voc in EVALCOST_MODELS.items():
+        torch.manual_seed(a.seed)
+        models[m] = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=L, **voc)).to(rt.device).eval()
+        data[m] = np.random.default_rng(a.seed).integers(0, voc['vocab_size'], n, dtype=np.uint16)
+    cases = [(m, p, path) for m in models for p in layouts for path in paths]  # old, new of a protocol adjacent
+
+    def run(c):
+        starts, n_score = layouts[c[1]]
+        return paths[c[2]](models[c[0]], data[c[0]], T, starts, n_score, **kw)
+
+    print(f"evalcost: {runtime.device_name(rt)}, torch {torch.__version__}, {rt.dtype}, clock {clock.kind}; "
+          f"4x128 rope at L={L}, eval at {a.eval_mult}L = {T}, batch_tokens {a.eval_batch_tokens}, "
+          f"{n:,} random tokens; models: " + ', '.join(
+              f"{m} ({models[m].lm_head.weight.size(0)} lm_head rows, {models[m].get_num_params() / 1e6:.2f}M params)"
+              for m in models))
+    first = {}
+    for c in cases:  # untimed once: warm-up, and the two paths must agree
+        t0 = clock.now()
+        first[c] = (run(c), clock.now() - t0)
+    times, mem = {c: [] for c in cases}, {}
+    for r in range(a.rounds):
+        for c in cases[r % len(cases):] + cases[:r % len(cases)]:
+            t0 = clock.now()
+            run(c)
+            times[c].append(clock.now() - t0)
+        print(f"evalcost round {r + 1}/{a.rounds}: " + ', '.join(f"{'/'.join(c)} {times[c][-1]:.2f}" for c in cases)
+              + ' s', flush=True)
+    for c in cases:
+        extra_b = peak_extra_bytes(lambda: run(c), rt.device_type)
+        mem[c] = (static_bytes(models[c[0]]) + extra_b, extra_b)
+    res = {}
+    for m in models:
+        for p, (starts, n_score) in layouts.items():
+            o, w = (m, p, 'old'), (m, p, 'new')
+            (so, no), (sn, nn_) = first[o][0], first[w][0]
+            ratios = [tn / to for tn, to in zip(times[w], times[o])]
+            res.setdefault(m, {})[p] = dict(
+                windows=len(starts), scored_per_window=n_score, old_s=statistics.median(times[o]),
+                new_s=statistics.median(times[w]), new_vs_old_time=statistics.median(ratios),
+                new_vs_old_time_rounds=ratios, old_s_all=times[o], new_s_all=times[w],
+                old_peak_MiB=mem[o][0] / 2**20, new_peak_MiB=mem[w][0] / 2**20,
+                old_extra_MiB=mem[o][1] / 2**20, new_extra_MiB=mem[w][1] / 2**20,
+                new_vs_old_peak=mem[w][0] / mem[o][0],
+                max_abs_diff=(sn / nn_ - so / no).abs().max().item(), mean_loss=(sn.sum() / (nn_ * n_score)).item())
+    unit = 'CPU-time' if clock.kind == 'cpu' else 'wall'
+    print(f"\n{runtime.device_name(rt)}, torch {torch.__version__}, {rt.dtype}; {unit} clock, {a.rounds} rounds "
+          f"round-robin, medians; eval at {a.eval_mult}L = {T}, batch_tokens {a.eval_batch_tokens}; old = full "
+          f"logits for every position (bench.full_logits_window_losses), new = eval.window_losses; peak = params "
+          f"+ the largest allocation on top during the call (profiler)")
+    print(f"| model | protocol @{a.eval_mult}L | windows × scored | old s | new s | new/old time (rounds min–max) | old peak MiB "
+          "| new peak MiB | new/old peak | max abs Δ loss |")
+    print('|' + ' --- |' * 10)
+    for m in res:
+        for p, r in res[m].items():
+            print(f"| {m} | {p} | {r['windows']} × {r['scored_per_window']} | {r['old_s']:.2f} | {r['new_s']:.2f} "
+                  f"| {r['new_vs_old_time']:.3f} ({min(r['new_vs_old_time_rounds']):.3f}–"
+                  f"{max(r['new_vs_old_time_rounds']):.3f}) | {r['old_peak_MiB']:.0f} | {r['new_peak_MiB']:.0f} "
+                  f"| {r['new_vs_old_peak']:.3f} | {r['max_abs_diff']:.1e} |")
+    b, ch = res['gpt2-bpe']['sliding'], res['char']
+    verdict = lambda ok: 'met' if ok else 'MISSED'  # noqa: E731
+    print(f"targets (issue 13, at 8L): GPT-2-BPE sliding @{a.eval_mult}L speedup {1 / b['new_vs_old_time']:.1f}x (>= 3x: "
+          f"{verdict(b['new_vs_old_time'] <= 1 / 3)}), peak {b['new_vs_old_peak']:.3f} of old (<= 1/4: "
+          f"{verdict(b['new_vs_old_peak'] <= 0.25)}); char no slower: " + ', '.join(
+              f"{p} {r['new_vs_old_time']:.3f} ({verdict(r['new_vs_old_time'] <= 1)})" for p, r in ch.items()))
+    return res
+
+
+# --- smoke runs (part smoke) -------------------------------------------------------
+
+SMOKE_ARGS = ['--max_iters=4', '--wandb_log=False']
+SMOKE_BOUND_S = 90  # issue 13, on the 2-core CPU
+
+
+def smoke_configs(here):
+    """scheme -> config/<scheme>.py, or else the first config that trains that scheme from
+    scratch on the default corpus (config/nope.py is the 'none' scheme's)."""
+    from configurator import read_config_file
+    found = {}
+    for path in sorted(glob.glob(os.path.join(here, 'config', '*.py'))):
+        c = read_config_file(path)
+        if 'init_from' not in c and c.get('dataset', 'shakespeare_char') == 'shakespeare_char':
+            found.setdefault(c.get('pos_encoding', 'rope'), []).append(os.path.relpath(path, here))
+    return {s: (f'config/{s}.py' if f'config/{s}.py' in ps else ps[0]) for s, ps in found.items()}
+
+
+def timed_run(cmd, cwd, timeout, env=None):
+    """Run cmd, timestamping each line of its output as it arrives -> (rc, wall s, child CPU s,
+    [(t, line)]). Past `timeout` its process group is killed (rc None)."""
+    env = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    killed = []
+
+    def kill():
+        killed.append(True)
+        os.killpg(proc.pid, signal.SIGKILL)
+    timer = threading.Timer(timeout, kill)
+    timer.start()
+    lines = [(time.perf_counter() - t0, line.rstrip('\n')) for line in proc.stdout]
+    rc = proc.wait()
+    wall = time.perf_counter() - t0
+    timer.cancel()
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return (None if killed else rc), wall, cpu, lines
+
+
+def smoke_phases(lines, wall):
+    """Where a train.py run's time went, from its log lines' arrival times: startup (imports,
+    data, model; until eval @ iter 0 starts), eval@0, the 4 steps (torch.compile included),
+    eval@4 (+ checkpoint save), final suite, the rest (exit)."""
+    t = {}
+    for when, line in lines:
+        mt = re.match(r'eval @ iter (\d+): .*\(([\d.]+)s\)$', line)
+        if mt:
+            t.setdefault(f'eval{mt.group(1)}', (when, float(mt.group(2))))
+        elif line.startswith('smoke run ('):
+            t.setdefault('final_start', (when, 0))
+        elif line.startswith('final eval ('):
+            t.setdefault('final_end', (when, 0))
+    if 'eval0' not in t:
+        return {}
+    ev = sorted((k for k in t if k.startswith('eval') and k != 'eval0'), key=lambda k: int(k[4:]))
+    (t0, d0) = t['eval0']
+    ph = dict(startup_s=t0 - d0, eval0_s=d0)
+    if ev:
+        t1, d1 = t[ev[-1]]
+        ph.update(steps_s=t1 - d1 - t0, eval_end_s=d1)
+        if 'final_end' in t:
+            start = t.get('final_start', (t1, 0))[0]
+            ph.update(final_s=t['final_end'][0] - start, save_s=start - t1)
+    ph['other_s'] = wall - sum(ph.values())
+    return ph
+
+
+def smoke(a, names):
+    """Part smoke (see the top of the file) -> {scheme: numbers}."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if not os.path.exists(os.path.join(here, 'data', 'shakespeare_char', 'train.bin')):
+        sys.exit("part smoke: data/shakespeare_char/train.bin is missing; prepare it first "
+                 "(python data/shakespeare_char/prepare.py) so that the runs time training, not the download")
+    cfgs = smoke_configs(here)
+    missing = [s for s in names if f'config/{s}.py' not in cfgs.values()]
+    print(f"smoke: {len(names)} schemes, `python train.py config/<scheme>.py {' '.join(SMOKE_ARGS)} "
+          f"--out_dir=<fresh temp dir>`, {os.cpu_count()} CPU(s), torch default threads, "
+          f"{a.smoke_cache} torch.compile cache"
+          + (f"; no config/<scheme>.py for: " + ', '.join(
+              f"{s} (" + (f"uses {cfgs[s]}" if s in cfgs else 'none at all: run with --pos_encoding') + ')'
+              for s in missing) if missing else ''), flush=True)
+    if a.smoke_cache not in ('cold', 'user'):
+        sys.exit(f"--smoke_cache={a.smoke_cache!r}: use 'cold' or 'user'")
+    if a.smoke_logs:
+        os.makedirs(a.smoke_logs, exist_ok=True)
+    res = {}
+    for name in names:
+        cfg = cfgs.get(name)
+        with tempfile.TemporaryDirectory(prefix=f'nanope-smoke-{name}-') as tmp:
+            cmd = [sys.executable, 'train.py'] + ([cfg] if cfg else [f'--pos_encoding={name}']) + SMOKE_ARGS + [
+                f'--out_dir={tmp}']
+            load = os.getloadavg()[0]
+            # cold: torch.compile's on-disk caches (FX graph, AOTAutograd, kernels) start empty, as on a
+            # user's first run, rather than holding whatever earlier runs on this machine left there
+            env = {'TORCHINDUCTOR_CACHE_DIR': os.path.join(tmp, 'inductor-cache')} if a.smoke_cache == 'cold' else {}
+            rc, wall, cpu, lines = timed_run(cmd, here, a.smoke_timeout, env)
+        r = res[name] = dict(config=cfg, command=' '.join(cmd[1:-1] + ['--out_dir=TMP']), rc=rc, wall_s=wall,
+                             child_cpu_s=cpu, loadavg_before=load, **smoke_phases(lines, wall))
+        if a.smoke_logs:
+            with open(os.path.join(a.smoke_logs, f'{name}.log'), 'w') as f:
+                f.writelines(f"{when:8.2f}  {line}\n" for when, line in lines)
+        if rc != 0:
+            r['tail'] = [line for _, line in lines[-15:]]
+        print(f"smoke {name}: {wall:.1f} s wall, {cpu:.1f} s CPU" + ('' if rc == 0 else (
+            ' TIMED OUT' if rc is None else f' FAILED rc={rc}') + '\n  ' + '\n  '.join(r['tail'])), flush=True)
+    cols = ['startup_s', 'eval0_s', 'steps_s', 'eval_end_s', 'save_s', 'final_s', 'other_s']
+    print(f"\n{cpu_name()}, {os.cpu_count()} CPU(s), torch {torch.__version__}, {a.smoke_cache} torch.compile "
+          f"cache; wall seconds per run "
+          f"(phases from the log lines' arrival: startup = imports/data/model until eval@0 starts; steps = the 4 "
+          f"training iterations incl. torch.compile; eval@4 = the eval at the last iteration; save = checkpoint "
+          f"write; final = the full suite; other = exit)")
+    print("| scheme | config | wall s | startup | eval@0 | 4 steps | eval@4 | save | final suite | other | CPU s "
+          f"| ≤ {SMOKE_BOUND_S} s |")
+    print('|' + ' --- |' * 12)
+    f = lambda v: '—' if v is None else f'{v:.1f}'  # noqa: E731
+    for name, r in res.items():
+        ok = r['rc'] == 0 and r['wall_s'] <= SMOKE_BOUND_S
+        print(f"| {name} | {r['config'] or '(none)'} | {r['wall_s']:.1f} | " + ' | '.join(f(r.get(c)) for c in cols)
+              + f" | {r['child_cpu_s']:.0f} | {'yes' if ok else 'NO' + ('' if r['rc'] == 0 else ' (failed)')} |")
+    if res:
+        worst = max(res, key=lambda s: res[s]['wall_s'])
+        over = [s for s, r in res.items() if r['rc'] != 0 or r['wall_s'] > SMOKE_BOUND_S]
+        print(f"max {res[worst]['wall_s']:.1f} s ({worst}); bound {SMOKE_BOUND_S} s each: "
+              + (f"MISSED by {', '.join(over)}" if over else 'met by every scheme'))
+    return res
 
 
 def report(res, order, a, B, L, T8, clock, dev_name, dtype, peak_label):
