@@ -756,7 +756,7 @@ def smoke(a, names):
     print(f"smoke: {len(names)} schemes, `python train.py config/<scheme>.py {' '.join(SMOKE_ARGS)} "
           f"--out_dir=<fresh temp dir>`, {os.cpu_count()} CPU(s), torch default threads, "
           f"{a.smoke_cache} torch.compile cache"
-          + (f"; no config/<scheme>.py for: " + ', '.join(
+          + ("; no config/<scheme>.py for: " + ', '.join(
               f"{s} (" + (f"uses {cfgs[s]}" if s in cfgs else 'none at all: run with --pos_encoding') + ')'
               for s in missing) if missing else ''), flush=True)
     if a.smoke_cache not in ('cold', 'user'):
