@@ -243,9 +243,10 @@ def task_suite(sweep, train_args, argv):
             rc = subprocess.run(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, OMP_NUM_THREADS='1')).returncode
         res = load_json(os.path.join(d, 'eval.json')) or {}
-        print(f"sweep: {os.path.relpath(d, out)}: " + (f"exact match {res.get('exact_id', 0):.2f} in distribution, "
-              f"{res.get('exact_ood') or 0:.2f} beyond" if rc == 0 else f"FAILED (see {d}/sweep.log)")
-              + f" ({time.time() - t_start:.0f}s)", flush=True)
+        pct = lambda v: 'unaddressable' if v is None else f"{v:.2f}"  # noqa: E731 (None: a finite position table)
+        print(f"sweep: {os.path.relpath(d, out)}: " + (f"exact match {pct(res.get('exact_id'))} in distribution, "
+              f"{pct(res.get('exact_ood'))} beyond" if rc == 0 else f"FAILED (see {d}/sweep.log)")
+              + f" ({time.time() - t_start:.0f}s since the suite started)", flush=True)
         return None if rc == 0 else f"training failed, see {d}/sweep.log"
 
     from tqdm import tqdm
