@@ -61,6 +61,8 @@ TASK_SUITE = dict(tasks='copy,reverse,parity,sort,stack,passkey', schemes='none,
                   randomized='rope,learned')
 TASK_TRAIN = dict(n_layer=3, n_head=4, n_embd=64, batch_size=64, max_iters=1500, eval_interval=500,
                   log_interval=100, learning_rate=3e-3, min_lr=3e-4, warmup_iters=100, compile=False)
+# tasks that need more steps: at 1500, stack's best scheme reached 0.94 exact match in distribution
+TASK_ITERS = {'stack': 3000}
 # nanoGPT's shakespeare_char GPU model (6 x 384, 6 heads) at L = 256: 16L = 4096 on a GPU
 GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, max_iters=5000, eval_interval=500,
            learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, dropout=0.1)
@@ -210,12 +212,13 @@ def task_suite(sweep, train_args, argv):
     base = {k: str(v) for k, v in TASK_TRAIN.items()}
     base.update({'wandb_log': 'False', 'seed': '1337'})
     base.update(train_args)
-    max_iters = train_config({**base, 'task': names[0]})['max_iters']  # (also checks the settings once)
+    train_config({**base, 'task': names[0]})  # checks the settings once
     jobs = []
     for t in names:
         for s in schemes:
             for pos in ['plain'] + (['randomized'] if s in randomized else []):
-                args = dict(base, task=t, pos_encoding=s, positions=pos,
+                iters = {} if 'max_iters' in train_args or t not in TASK_ITERS else {'max_iters': str(TASK_ITERS[t])}
+                args = dict(base, **iters, task=t, pos_encoding=s, positions=pos,
                             out_dir=os.path.join(out, t, s + ('' if pos == 'plain' else f'-{pos}')))
                 if pos == 'randomized' and positional.REGISTRY[s].max_len_of is not \
                         positional.PositionalEncoding.max_len_of:  # a finite table must hold pos_max positions
@@ -234,7 +237,7 @@ def task_suite(sweep, train_args, argv):
         with open(os.path.join(d, 'sweep_args.json'), 'w') as f:
             json.dump(args, f)
         res = load_json(os.path.join(d, 'eval.json'))
-        if res is not None and res.get('iter') == max_iters and res.get('complete', True):
+        if res is not None and res.get('iter') == int(args['max_iters']) and res.get('complete', True):
             return None
         resume = ['--init_from=resume'] if os.path.exists(os.path.join(d, 'ckpt.pt')) else []
         cmd = [sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items() if k != 'out_dir'] + \
