@@ -253,7 +253,9 @@ def make_report(dirs, report_dir, title='nanoPE comparison', notes=''):
 
 
 def task_label(res):
-    return res['scheme'] + ('' if res.get('positions', 'plain') == 'plain' else f" +{res['positions']}")
+    """'rope', or 'rope +randomized' for a run trained with a position trick."""
+    pos = res.get('train_positions', 'plain')
+    return res['scheme'] + ('' if pos == 'plain' else f" +{pos}")
 
 
 def make_task_report(dirs, report_dir, notes=''):

@@ -615,7 +615,7 @@ if master and final_eval and iter_num >= max_iters and not stopped and not failu
     te = time.time()
     if task:  # exact match per length bin, 1..4N, with plain positions (and, as Ruoss et al. evaluate,
         print(f"final eval: {task}, sizes 1..{4 * task_n}, exact match per length bin", flush=True)  # random ones)
-        res = tasks.evaluate(raw_model, task, task_n, device, autocast, stop=stopping)
+        res = dict(tasks.evaluate(raw_model, task, task_n, device, autocast, stop=stopping), train_positions=positions)
         if positions == 'randomized':
             r = tasks.evaluate(raw_model, task, task_n, device, autocast, 'randomized', pos_max, stop=stopping)
             res.update(bins_randomized=r['bins'], exact_id_randomized=r['exact_id'],
