@@ -133,6 +133,7 @@ def main(argv):
     base = {k: str(v) for k, v in GPU.items()} if sweep['gpu'] else {}
     base.update({'wandb_log': 'False', 'seed': '1337'})
     base.update(train_args)  # the user's keys win
+    from eval import scaling_tag
     # train.py resolves (and checks) the settings every run will use: one dry run, no training
     cfg = train_config(base)
     max_iters, L = cfg['max_iters'], cfg['block_size']
@@ -140,7 +141,7 @@ def main(argv):
     scalings = scaling_dicts([t for t in sweep['scalings'].split(',') if t], factor, L)
     os.makedirs(out, exist_ok=True)
     print(f"sweep: {len(schemes)} schemes ({', '.join(schemes)}), train args {base}, -> {out}/; rope_scaling "
-          f"at eval: {', '.join(sc['type'] for sc in scalings) or 'none'} (factor {factor:g}); passkey {'on' if sweep['passkey'] else 'off'}")
+          f"at eval: {', '.join(scaling_tag(sc) for sc in scalings) or 'none'} (factor {factor:g}); passkey {'on' if sweep['passkey'] else 'off'}")
     variants = {} if not sweep['variants'] else VARIANTS if sweep['variants'] == 'default' else \
         {v: VARIANTS[v] for v in sweep['variants'].split(',')}
     runs = [(s, {'pos_encoding': s}) for s in schemes] + [(v, {**a, 'wandb_run_name': v}) for v, a in variants.items()]
@@ -165,7 +166,6 @@ def main(argv):
                 failed.append((s, f'training failed, see {log}'))
                 continue
         variants = [None] + (scalings if s in SCALED_SCHEMES else [])
-        from eval import scaling_tag
         for sc in variants[1:]:
             if not os.path.exists(os.path.join(d, f'eval_{scaling_tag(sc)}.json')):
                 cmd = [sys.executable, 'eval.py', f'--out_dir={d}', f'--rope_scaling={sc!r}']
