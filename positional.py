@@ -754,6 +754,12 @@ class PositionalEncoding(nn.Module):
     transform_after_cache = False
 
     @property
+    def owns_attention(self):
+        """True when this scheme computes its layers' attention itself (its `attention` hook),
+        so model.py's logit hooks (attn_scaling) never see its logits."""
+        return type(self).attention is not PositionalEncoding.attention
+
+    @property
     def embeds_positions(self):
         """True when positions enter the token embeddings (embed), i.e. the residual stream."""
         return type(self).embed is not PositionalEncoding.embed
@@ -890,6 +896,10 @@ class RoPE(PositionalEncoding):
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
         kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, ctx.extra['inv']))
         return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
+
+    @property
+    def owns_attention(self):  # only with a Self-Extend / ReRoPE extension; plain RoPE uses model.py's
+        return self.extension is not None
 
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
         """Self-Extend / ReRoPE: logits = where(i - j < window, exact map, remapped map)."""
@@ -1881,8 +1891,7 @@ class LayerStack(PositionalEncoding):
                                  f"none (NoPE layers: {self.nope_layers}). Set nope_layers (Llama 4 scales its NoPE "
                                  f"layers), or 'layers': 'all' or a list of layer indices")
             self.ssmax_init = sc.get('init', 1 / math.log(max(2, config.block_size)))
-            own = [i for i in sorted(self.scaled) if plan[i] is not None
-                   and type(schemes[plan[i]]).attention is not PositionalEncoding.attention]
+            own = [i for i in sorted(self.scaled) if plan[i] is not None and schemes[plan[i]].owns_attention]
             if own:
                 raise ValueError(f"attn_scaling multiplies the logits of model.py's attention, but {pe.name} computes "
                                  f"its attention itself (its `attention` hook) on layers {own}; apply attn_scaling "

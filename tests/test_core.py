@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import positional
-from conftest import SCHEMES, has_attention_mod, tiny_model
+from conftest import SCHEMES, assert_trains_and_pe_params_learn, has_attention_mod, tiny_model
 from model import dense_bias
 
 
@@ -143,25 +143,7 @@ def test_forward_at_4x_block_size(scheme):
 
 @pytest.mark.parametrize('scheme', SCHEMES)
 def test_training_lowers_loss(scheme):
-    m = tiny_model(scheme)
-    opt = m.configure_optimizers(0.0, 3e-3, (0.9, 0.99), 'cpu')
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 37, (8, 17), generator=g)
-    losses = []
-    for _ in range(30):
-        _, loss = m(x[:, :-1], x[:, 1:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.7 * losses[0]
-    # every parameter the scheme owns receives a gradient
-    _, loss = m(x[:, :-1], x[:, 1:])
-    opt.zero_grad()
-    loss.backward()
-    for n, p in m.named_parameters():
-        if '.pe' in '.' + n or 'pe_layer' in n:
-            assert p.grad is not None and p.grad.abs().sum() > 0, n
+    assert_trains_and_pe_params_learn(tiny_model(scheme))
 
 
 def test_generate_learned_falls_back_to_sliding_window():

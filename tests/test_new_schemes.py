@@ -389,6 +389,10 @@ def test_layer_stack_delegates_the_attention_hook():
         assert torch.isfinite(scaled(x)[0]).all()
     with pytest.raises(ValueError, match='computes its attention itself'):
         tiny_model('stick_breaking', attn_scaling={'type': 'logn'})
+    # rope takes attn_scaling, except with a run-time extension that computes its attention itself
+    assert tiny_model('rope', attn_scaling={'type': 'logn'}).pe.attn_scaling['type'] == 'logn'
+    with pytest.raises(ValueError, match='computes its attention itself'):
+        tiny_model('rope', attn_scaling={'type': 'logn'}, rope_scaling={'type': 'rerope', 'window': 8})
 
 
 def test_rolling_cache_evicts_fox_state_with_its_keys():

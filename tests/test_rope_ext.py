@@ -11,7 +11,8 @@ import torch.nn.functional as F
 import checkpoint
 import model as M
 import positional
-from conftest import SCHEMES, Validated, assert_same_grads, flex_and_dense_grads, tiny_model, validating_backend
+from conftest import (SCHEMES, Validated, assert_same_grads, assert_trains_and_pe_params_learn, flex_and_dense_grads,
+                      tiny_model, validating_backend)
 
 
 # --- independent references ---------------------------------------------------
@@ -223,23 +224,7 @@ def test_stack_causal_and_kv_cache_parity(name):
 
 @pytest.mark.parametrize('name', list(STACKS))
 def test_stack_trains_and_every_positional_parameter_learns(name):
-    m = stack_model(name)
-    opt = m.configure_optimizers(0.0, 3e-3, (0.9, 0.99), 'cpu')
-    x = torch.randint(0, 37, (8, 17), generator=torch.Generator().manual_seed(0))
-    losses = []
-    for _ in range(30):
-        _, loss = m(x[:, :-1], x[:, 1:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.7 * losses[0]
-    _, loss = m(x[:, :-1], x[:, 1:])
-    opt.zero_grad()
-    loss.backward()
-    owned = [(n, p) for n, p in m.named_parameters() if '.pe' in '.' + n or 'pe_layer' in n]
-    for n, p in owned:
-        assert p.grad is not None and p.grad.abs().sum() > 0, n
+    owned = assert_trains_and_pe_params_learn(stack_model(name))
     if 'ssmax' in name:
         assert sum('ssmax' in n for n, _ in owned) == 2  # one [H] vector per layer
 
