@@ -25,7 +25,8 @@ Sweep options (the rest go to train.py):
                       rope_scaling types at factor s, and fixed recipes for yarn without
                       mscale, longrope, Self-Extend, ReRoPE, leaky ReRoPE; see scaling_dicts)
   --scaling_factor=F  their scale factor (default: the longest eval length / L = 16)
-  --variants=a,b      training-time variants of rope run too (default: all of VARIANTS; '' none)
+  --variants=a,b      training-time variants of rope run too (default: all of VARIANTS in a full
+                      sweep, none when --schemes is given; 'default' all; '' none)
   --tasks=a,b         the task suite instead of language modelling ('default': TASK_SUITE below)
   --randomized=a,b    task suite: schemes also trained with randomized positions (default rope,learned)
   --workers=N         task suite: runs at a time, one CPU thread each (default 2)
@@ -142,8 +143,12 @@ def main(argv):
     os.makedirs(out, exist_ok=True)
     print(f"sweep: {len(schemes)} schemes ({', '.join(schemes)}), train args {base}, -> {out}/; rope_scaling "
           f"at eval: {', '.join(scaling_tag(sc) for sc in scalings) or 'none'} (factor {factor:g}); passkey {'on' if sweep['passkey'] else 'off'}")
-    variants = {} if not sweep['variants'] else VARIANTS if sweep['variants'] == 'default' else \
-        {v: VARIANTS[v] for v in sweep['variants'].split(',')}
+    # 'default': every variant in a full sweep; with --schemes, only the schemes asked for
+    chosen = '' if sweep['variants'] == 'default' and sweep['schemes'] else sweep['variants']
+    unknown = [v for v in chosen.split(',') if chosen not in ('', 'default') and v not in VARIANTS]
+    if unknown:
+        sys.exit(f"unknown variant(s) {unknown}; variants: {', '.join(VARIANTS)} (or 'default' for all)")
+    variants = {} if not chosen else VARIANTS if chosen == 'default' else {v: VARIANTS[v] for v in chosen.split(',')}
     runs = [(s, {'pos_encoding': s}) for s in schemes] + [(v, {**a, 'wandb_run_name': v}) for v, a in variants.items()]
     failed, t_start = [], time.time()
     for s, run_args in runs:

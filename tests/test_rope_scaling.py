@@ -310,7 +310,7 @@ def test_finetune_from_checkpoint_keeps_new_length_and_scaling(tmp_path, char_da
     assert not os.path.exists(tmp_path / 'ft' / 'ckpt.pt') and 'Traceback' not in out.stderr
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert 'eval @ iter 0: 0.5L' in out.stdout               # "before" at the original L
+    assert 'eval @ iter 0: loss@0.5L' in out.stdout          # "before" at the original L
     ck = torch.load(tmp_path / 'ft' / 'ckpt.pt', weights_only=False)
     a = ck['model_args']
     assert a['block_size'] == 32 and a['rope_scaling']['type'] == 'yarn'
@@ -700,7 +700,7 @@ def test_inference_time_extensions_score_each_pair_at_its_mapped_distance(ext):
                 rq = qd * c + torch.cat((-qd[:, 4:], qd[:, :4]), -1) * sn
                 s.append((rq * k[:, j].double()).sum(-1) / math.sqrt(8))
             a = torch.stack(s, -1).softmax(-1)
-            ref[:, i] = a @ v[:, :i + 1].double()
+            ref[:, i] = (a.unsqueeze(1) @ v[:, :i + 1].double()).squeeze(1)  # [H, 1, i+1] @ [H, i+1, 8]
         full = m(x)[0]
         got = seen['y']  # the attention block's output: c_proj(y); compare y via the projection
         want = attn.c_proj(ref.transpose(0, 1).reshape(1, T, 32).float())

@@ -132,3 +132,5 @@ def test_sweep_end_to_end_resumes_without_retraining(char_data, tmp_path):
     assert r.returncode != 0 and 'holds a run with other settings' in r.stdout
     r = run(['sweep.py', '--passkey=maybe'])
     assert r.returncode != 0 and 'True or False' in r.stderr
+    r = run(args + ['--variants=rope-bogus'])  # --schemes alone runs no variant; a named one must exist
+    assert r.returncode != 0 and "unknown variant(s) ['rope-bogus']" in r.stderr and 'Traceback' not in r.stderr
