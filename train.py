@@ -353,12 +353,6 @@ if init_from == 'resume':
         scaler.load_state_dict(resume_state['scaler'])
 ckpt = None
 raw_model = model
-if compile and device_type == 'cpu' and max_iters < eval_interval and 'compile' not in explicit_keys:
-    # a smoke run on CPU spends longer compiling (up to minutes for the dense paths) than training
-    compile = False
-    if master:
-        print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}) on CPU: not compiled "
-              f"(--compile=True compiles anyway)")
 if compile:
     model = torch.compile(model)
 if ddp:
