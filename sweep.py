@@ -264,8 +264,10 @@ def task_suite(sweep, train_args, argv):
             if why:
                 failed.append((args['out_dir'], why))
     from compare import make_task_report
-    notes = (f"Task suite: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}; "
-             f"{sweep['workers']} single-threaded runs at a time; {time.time() - t_start:.0f}s in all.\n")
+    own_iters = {t: a['max_iters'] for a in jobs for t in [a['task']] if a['max_iters'] != base['max_iters']}
+    notes = (f"Task suite: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}"
+             + (f" (max_iters per task: {own_iters})" if own_iters else '') + f"; {sweep['workers']} single-threaded "
+             f"runs at a time; {time.time() - t_start:.0f}s for this invocation.\n")
     done = [a['out_dir'] for a in jobs if os.path.exists(os.path.join(a['out_dir'], 'eval.json'))]
     if done:
         print(f"sweep: report -> {make_task_report(done, os.path.join(out, 'report'), notes=notes)} "
