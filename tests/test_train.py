@@ -69,7 +69,7 @@ def test_ddp_gradients_equal_single_process(tmp_path):
 
 
 def test_torchrun_train_exits_cleanly_and_matches_single_process(char_data, tmp_path):
-    """The README's command, `torchrun --standalone --nproc_per_node=2 train.py config/rope.py`,
+    """The README's command, `torchrun --standalone --nproc_per_node=2 train.py config/rope.py` (+ out_dir),
     with the default batch (gradient_accumulation_steps=1: it used to be refused), and an
     uneven split over 3 ranks: per-iteration losses equal one process on the same batch."""
     args = ['train.py', 'config/rope.py', f'--data_dir={char_data}', '--max_iters=3', '--eval_interval=100',
