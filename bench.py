@@ -726,7 +726,7 @@ def smoke_phases(lines, wall):
         mt = re.match(r'eval @ iter (\d+): .*\(([\d.]+)s\)$', line)
         if mt:
             t.setdefault(f'eval{mt.group(1)}', (when, float(mt.group(2))))
-        elif line.startswith('smoke run ('):
+        elif line.startswith('final eval: '):
             t.setdefault('final_start', (when, 0))
         elif line.startswith('final eval ('):
             t.setdefault('final_end', (when, 0))

@@ -82,8 +82,7 @@ eval_mults = [1, 2, 4, 8]
 eval_tokens = 32768       # tokens scored per length
 final_eval = True         # at the end: eval.py's full suite (sliding, by position, last k) -> out_dir/eval.json
 final_eval_mults = [1, 2, 4, 8, 16]
-final_eval_tokens = 0     # tokens per length in the final suite; 0: eval_tokens, or 2048 for a smoke run
-                          # (max_iters < eval_interval), whose untrained model needs no precise numbers
+final_eval_tokens = 0     # tokens per length in the final suite; 0: as the periodic evaluations
 # system
 device = 'auto'           # 'auto' | 'cpu' | 'cuda' | 'cuda:0' ...
 dtype = 'auto'            # 'auto' (bf16 on CUDA if supported, else float32) | 'float32' | 'bfloat16' | 'float16'
@@ -193,6 +192,14 @@ if master:
           + (f"{world_size} ranks of {rows // world_size}-{-(-rows // world_size)} rows, rank 0 in "
              f"{accum} micro-step(s) of {micro[0]})" if ddp else f"{accum} micro-step(s) of {micro[0]} rows)")
           + f"; {device}, {dtype}")
+# A smoke run (max_iters < eval_interval: evaluated only at the start and the end) checks that things
+# run; its barely trained model needs no precise numbers, so its evaluations score 2048 tokens per length.
+smoke_tokens = not task and max_iters < eval_interval and 'eval_tokens' not in explicit_keys and eval_tokens > 2048
+if smoke_tokens:
+    eval_tokens = 2048
+    if master:
+        print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): evaluations on {eval_tokens} "
+              f"tokens per length instead of {config['eval_tokens']} (--eval_tokens=N to choose)")
 
 # data: the default corpus is prepared on first use
 default_data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
@@ -615,10 +622,7 @@ if master and final_eval and iter_num >= max_iters and not stopped and not failu
             res.update(bins_randomized=r['bins'], exact_id_randomized=r['exact_id'],
                        exact_ood_randomized=r['exact_ood'], complete=res['complete'] and r['complete'])
     else:
-        tokens = final_eval_tokens or (eval_tokens if max_iters >= eval_interval else min(eval_tokens, 2048))
-        if tokens != eval_tokens and not final_eval_tokens:
-            print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): final eval on {tokens} "
-                  f"tokens per length instead of {eval_tokens} (--final_eval_tokens=N to choose)")
+        tokens = final_eval_tokens or eval_tokens
         print(f"final eval: {', '.join(f'{m}L' for m in final_eval_mults)} x (non-overlapping, sliding, last-k) on "
               f"{tokens} tokens per length (Ctrl-C stops it and keeps what it has)", flush=True)
         res = evaluate(raw_model, val_data, block_size, tuple(final_eval_mults), tokens=tokens, device=device,

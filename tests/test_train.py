@@ -134,3 +134,20 @@ def test_sweep_end_to_end_resumes_without_retraining(char_data, tmp_path):
     assert r.returncode != 0 and 'True or False' in r.stderr
     r = run(args + ['--variants=rope-bogus'])  # --schemes alone runs no variant; a named one must exist
     assert r.returncode != 0 and "unknown variant(s) ['rope-bogus']" in r.stderr and 'Traceback' not in r.stderr
+
+
+def test_smoke_run_evaluates_on_fewer_tokens_unless_told(char_data, tmp_path):
+    # max_iters < eval_interval: every evaluation (at 0, at the end, the final suite) scores 2048 tokens
+    # per length instead of the default 32768; an explicit --eval_tokens is kept
+    base = ['train.py', f'--data_dir={char_data}', '--max_iters=2', '--eval_interval=250', '--final_eval_mults=[1]',
+            '--eval_mults=[1]'] + [a for a in TINY if not a.startswith('--eval_tokens')] + ['--compile=False']
+    r = run(base + [f'--out_dir={tmp_path / "a"}'])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'evaluations on 2048 tokens per length instead of 32768' in r.stdout
+    assert json.load(open(tmp_path / 'a' / 'eval.json'))['tokens'] == 2048
+    r = run(base + [f'--out_dir={tmp_path / "b"}', '--eval_tokens=3000'])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'smoke run' not in r.stdout and json.load(open(tmp_path / 'b' / 'eval.json'))['tokens'] == 3000
+    r = run(base + [f'--out_dir={tmp_path / "c"}', '--eval_interval=2'])  # not a smoke run
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'smoke run' not in r.stdout and json.load(open(tmp_path / 'c' / 'eval.json'))['tokens'] == 32768
