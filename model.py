@@ -68,6 +68,7 @@ FLEX_LSE_ON_CPU = False
 # this (where FlexAttention cannot run: Shaw on CPU, or attn_backend='dense').
 DENSE_CHUNK_BYTES = 256 * 2**20
 FLEX_BLOCK = 128  # FlexAttention's default sparse block size
+FLEX_SHAPES = 256  # compiled FlexAttention kernels kept per process (one per input shape)
 _compiled = {}
 
 
@@ -76,6 +77,9 @@ def _flex():
     (13 GiB and 24 s at T=8192 on CPU; compiled 0.6 GiB, 1.3 s)."""
     if 'flex' not in _compiled:
         from torch.nn.attention.flex_attention import flex_attention
+        # one kernel per shape, and an evaluation suite visits dozens of shapes (lengths x batch
+        # sizes); past dynamo's default limit of 8 it would fall back to eager FlexAttention
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_SHAPES)
         _compiled['flex'] = torch.compile(flex_attention, dynamic=False)
     return _compiled['flex']
 
