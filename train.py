@@ -194,8 +194,7 @@ if master:
           + f"; {device}, {dtype}")
 # A smoke run (max_iters < eval_interval: evaluated only at the start and the end) checks that things
 # run; its barely trained model needs no precise numbers, so its evaluations score 2048 tokens per length.
-smoke_tokens = not task and max_iters < eval_interval and 'eval_tokens' not in explicit_keys and eval_tokens > 2048
-if smoke_tokens:
+if not task and max_iters < eval_interval and 'eval_tokens' not in explicit_keys and eval_tokens > 2048:
     eval_tokens = 2048
     if master:
         print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): evaluations on {eval_tokens} "
