@@ -145,10 +145,11 @@ def main(argv):
           f"at eval: {', '.join(scaling_tag(sc) for sc in scalings) or 'none'} (factor {factor:g}); passkey {'on' if sweep['passkey'] else 'off'}")
     # 'default': every variant in a full sweep; with --schemes, only the schemes asked for
     chosen = '' if sweep['variants'] == 'default' and sweep['schemes'] else sweep['variants']
-    unknown = [v for v in chosen.split(',') if chosen not in ('', 'default') and v not in VARIANTS]
+    names = list(VARIANTS) if chosen == 'default' else [v for v in chosen.split(',') if v]
+    unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         sys.exit(f"unknown variant(s) {unknown}; variants: {', '.join(VARIANTS)} (or 'default' for all)")
-    variants = {} if not chosen else VARIANTS if chosen == 'default' else {v: VARIANTS[v] for v in chosen.split(',')}
+    variants = {v: VARIANTS[v] for v in names}
     runs = [(s, {'pos_encoding': s}) for s in schemes] + [(v, {**a, 'wandb_run_name': v}) for v, a in variants.items()]
     failed, t_start = [], time.time()
     for s, run_args in runs:
@@ -264,7 +265,7 @@ def task_suite(sweep, train_args, argv):
             if why:
                 failed.append((args['out_dir'], why))
     from compare import make_task_report
-    own_iters = {t: a['max_iters'] for a in jobs for t in [a['task']] if a['max_iters'] != base['max_iters']}
+    own_iters = {a['task']: a['max_iters'] for a in jobs if a['max_iters'] != base['max_iters']}
     notes = (f"Task suite: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}"
              + (f" (max_iters per task: {own_iters})" if own_iters else '') + f"; {sweep['workers']} single-threaded "
              f"runs at a time; {time.time() - t_start:.0f}s for this invocation.\n")
