@@ -1035,9 +1035,9 @@ class Shaw(PositionalEncoding):
     in score_mod. Value term: sum_j a_ij aV[r] needs only the attention weights of
     the k nearest keys (the rest share aV[k] with weight 1 - their sum), which come
     from each row's logsumexp: a_ij = exp(e_ij - lse_i) (the value_mod hook), so
-    FlexAttention can run this scheme too. Those k logits are q_i.k_{i-r} on shifted
-    views of q and k (no copies kept for backward) plus the key term, read through
-    score_mod itself. Attention dropout is not applied to the value term."""
+    FlexAttention can run this scheme too. Those k logits are q_i.k_{i-r} on a
+    sliding-window view of the keys (no copies kept for backward) plus the key term,
+    read through score_mod itself. Attention dropout is not applied to the value term."""
 
     def __init__(self, config, max_distance=16):
         super().__init__(config)
@@ -1060,15 +1060,17 @@ class Shaw(PositionalEncoding):
     def value_mod(self, q, k, ctx, layer, score_mod):
         B, H, Tq, d = q.shape
         K, off = self.k, k.size(2) - Tq  # query i is key i + off
-        qf, kf = q.float(), k.float()
-        e = qf.new_full((B, H, Tq, K), float('-inf'))  # logits at distance r = 0..K-1 (their own aV[r])
-        b, h = torch.arange(B, device=q.device)[:, None, None], torch.arange(H, device=q.device)[None, :, None]
-        for r in range(K):
-            n = min(Tq, Tq + off - r)  # queries that have a key r back
-            if n > 0:  # views of q and k: autograd keeps no per-r copies
-                raw = (qf[:, :, Tq - n:] * kf[:, :, Tq + off - r - n:Tq + off - r]).sum(-1) / math.sqrt(d)
-                i = torch.arange(Tq - n, Tq, device=q.device)
-                e[:, :, Tq - n:, r] = score_mod(raw, b, h, i, i + off - r)
+        # the K nearest keys of every query in one sliding-window view (no copy per distance, and
+        # one op rather than K for torch.compile): kp[t] = k[t - K + 1], window s of query i is
+        # key i + off - (K - 1 - s), so flipping s gives the distance r = 0..K-1
+        kp = F.pad(k.float(), (0, 0, K - 1, 0))
+        win = kp[:, :, off:off + Tq + K - 1].unfold(2, K, 1)  # [B, H, Tq, d, K]
+        raw = (q.float().unsqueeze(-1) * win).sum(-2).flip(-1) / math.sqrt(d)  # [B, H, Tq, K]
+        i = torch.arange(Tq, device=q.device)[:, None]
+        j = i + off - torch.arange(K, device=q.device)  # [Tq, K] the key at distance r
+        b = torch.arange(B, device=q.device)[:, None, None, None]
+        h = torch.arange(H, device=q.device)[None, :, None, None]
+        e = torch.where(j >= 0, score_mod(raw, b, h, i, j.clamp(min=0)), float('-inf'))  # no key r back: weight 0
 
         def g(lse):
             p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
@@ -1205,9 +1207,9 @@ class FIRE(PositionalEncoding):
     query position as well as the distance, so it cannot be tabulated per distance:
     without gradients (evaluation at any length) the MLP runs inside score_mod as
     `width` scalar ReLU units, O(T) memory; with gradients it is tabulated as
-    [H, Tq, Tk] once per layer (the paper's dense bias, by the same code, so the two
-    agree bit for bit), because FlexAttention's backward can only scatter a score's
-    gradient into a tensor it indexes once.
+    [H, Tq, Tk] once per layer, all units in one expression (the paper's dense
+    bias; the unit loop there took torch.compile 3x longer), because FlexAttention's
+    backward can only scatter a score's gradient into a tensor it indexes once.
     Note: with the default L0 = 512 and a training length below 512, training
     never reaches the interpolating regime; set init_L (e.g. block_size / 4 as
     the paper's 512 / 2048) to study it. Options: width, init_c, init_L."""
@@ -1220,27 +1222,25 @@ class FIRE(PositionalEncoding):
         return _FireLayer(self.n_head, self.width, self.init_c, self.init_L)
 
     @staticmethod
-    def bias(layer, h, qp, r):
-        """bias_h for query positions qp and distances r (broadcast tensors)."""
-        w1, b1 = layer.fc1.weight[:, 0], layer.fc1.bias
-        w2, b2 = layer.fc2.weight, layer.fc2.bias
+    def normalised(layer, qp, r):
+        """The MLP's input psi(r) / psi(max(qp, L_thr)) for query positions qp and distances r."""
         c, thr = layer.c, (layer.L_mult * layer.init_L).abs()
         rel = torch.log(torch.abs(c * r.float()) + 1)
-        norm = torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6
-        x = rel / norm
-        out = b2[h]
-        for u in range(w1.size(0)):  # the MLP, one hidden unit at a time
-            out = out + w2[h, u] * torch.relu(w1[u] * x + b1[u])
-        return out
+        return rel / (torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6)
 
     def score_mod(self, q, k, ctx, layer):
+        w1, b1, w2, b2 = layer.fc1.weight[:, 0], layer.fc1.bias, layer.fc2.weight, layer.fc2.bias
         if not torch.is_grad_enabled():
             def mod(score, b, h, i, j):
-                return score + self.bias(layer, h, ctx.q_pos[i], ctx.dist(i, j))
+                x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))
+                for u in range(w1.size(0)):  # the MLP on a scalar, one hidden unit at a time
+                    score = score + w2[h, u] * torch.relu(w1[u] * x + b1[u])
+                return score + b2[h]
             return mod
-        h = torch.arange(self.n_head, device=q.device)[:, None, None]
         i, j = torch.arange(q.size(2), device=q.device)[:, None], torch.arange(k.size(2), device=q.device)
-        table = self.bias(layer, h, ctx.q_pos[i], ctx.dist(i, j))  # [H, Tq, Tk]
+        x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))  # [Tq, Tk]
+        hidden = torch.relu(x[..., None, None] * w1 + b1)  # [Tq, Tk, 1, width]
+        table = ((hidden * w2).sum(-1) + b2).permute(2, 0, 1)  # [H, Tq, Tk]
 
         def mod(score, b, h, i, j):
             return score + table[h, i, j]
