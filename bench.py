@@ -24,8 +24,9 @@ and the median is reported):
            order -- exact for tensors, blind to non-tensor memory such as oneDNN scratch).
            For schemes that bias the logits, also the same forward forced onto the dense path
            ("dense path": the T x T additive mask that FlexAttention avoids).
-  eval     tokens/s of that forward at 8L (eval.py's path: FlexAttention for bias schemes
-           where model.py picks it; its one-time compile is reported apart as eval_first_s).
+  eval     tokens/s of that forward at 8L (eval.py's path: FlexAttention for bias schemes on
+           CUDA, the dense path in query chunks on CPU; the first call, which compiles where
+           anything is compiled, is reported apart as eval_first_s).
   sample   1000 new tokens from a 1-token prompt with the KV cache (model.generate) against
            recomputing the full context for every token (model.generate(use_cache=False) one
            token at a time). The recompute cost is summed over every `--sample_stride`-th
@@ -64,7 +65,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -581,13 +582,13 @@ def full_logits_window_losses(model, data, T, starts, n_score, batch_tokens=2**1
     (commit ef92096^): the same windows and batches, the full [batch, T, vocab] logits
     from model(x), then float32 cross-entropy on the last n_score positions."""
     bs = max(1, batch_tokens // T)
-    backend = evaluation.long_backend(model, T, device)
     sums = torch.zeros(n_score, dtype=torch.float64)
     for i in range(0, len(starts), bs):
         chunk = starts[i:i + bs]
         rows = chunk + [chunk[0]] * (bs - len(chunk)) if len(starts) > bs else chunk
         win = torch.from_numpy(np.stack([data[s:s + T + 1].astype(np.int64) for s in rows])).to(device)
-        logits, backend = evaluation.forward_backend(model, backend, lambda: model(win[:, :-1])[0], ctx)
+        with ctx or nullcontext():
+            logits = model(win[:, :-1])[0]
         logits, y = logits[:len(chunk), T - n_score:].float(), win[:len(chunk), T - n_score + 1:]
         sums += F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
                                 reduction='none').view(len(chunk), n_score).sum(0).double().cpu()

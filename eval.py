@@ -30,16 +30,10 @@ import json
 import math
 import os
 import sys
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import numpy as np
 import torch
-
-# On CPU, a window whose dense score bias (n_head x T x T float32) would exceed this always
-# goes through compiled FlexAttention (for schemes with a score bias), whatever the batch
-# size, so long evaluations never build a T x T bias. At the default config (4 heads, L=128)
-# that is 8L and 16L, where model.py's own rule (batch bias over 256 MiB) picks flex too.
-FLEX_MIN_WINDOW_BIAS_BYTES = 16 * 2**20
 
 
 # --- windows --------------------------------------------------------------------
@@ -64,44 +58,6 @@ def window_layout(n_data, T, stride, n_windows, runs=16):
     return [r * gap + j * stride for r in range(runs) for j in range(per_run)]
 
 
-def long_backend(model, T, device):
-    """'flex' where a T-window's bias would be big on CPU (and the config leaves the choice
-    to model.py), else None: keep the model's own choice."""
-    big = model.config.n_head * T * T * 4 >= FLEX_MIN_WINDOW_BIAS_BYTES
-    cpu = torch.device(device).type == 'cpu'
-    return 'flex' if big and cpu and model.config.attn_backend == 'auto' else None
-
-
-def forward_backend(model, backend, fn, ctx=None):
-    """fn() with every attention layer's backend forced to `backend` (None: the model's) ->
-    (fn's result, the backend to use next time). If compiled FlexAttention fails for a
-    scheme, say why and use the dense path (in query chunks, O(T) memory) from then on."""
-    try:
-        with (attention_backend(model, backend) if backend else nullcontext()), (ctx or nullcontext()):
-            return fn(), backend
-    except Exception as e:  # noqa: BLE001 - any compile failure: fall back, loudly
-        if backend != 'flex':
-            raise
-        print(f"eval: compiled FlexAttention failed for {model.config.pos_encoding} ({type(e).__name__}: "
-              f"{str(e)[:200]}); using the dense path in query chunks instead", file=sys.stderr)
-        with attention_backend(model, 'dense'), (ctx or nullcontext()):
-            return fn(), 'dense'
-
-
-@contextmanager
-def attention_backend(model, backend):
-    """Temporarily set every attention layer's backend ('auto' | 'flex' | 'dense')."""
-    layers = [m for m in model.modules() if hasattr(m, 'backend')]
-    old = [m.backend for m in layers]
-    for m in layers:
-        m.backend = backend
-    try:
-        yield
-    finally:
-        for m, b in zip(layers, old):
-            m.backend = b
-
-
 class Interrupted(Exception):
     """A stop was asked for (train.py's signal handler) between two batches of an evaluation."""
 
@@ -123,7 +79,6 @@ def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='c
     same shape so compiled attention kernels are reused rather than recompiled. Only
     the scored positions get logits. stop(): checked before every batch; True raises Interrupted."""
     bs = max(1, batch_tokens // T)
-    backend = long_backend(model, T, device)
     sums = torch.zeros(n_score, dtype=torch.float64)
     with progress_bar(-(-len(starts) // bs), label) as bar:
         for i in range(0, len(starts), bs):
@@ -133,7 +88,8 @@ def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='c
             rows = chunk + [chunk[0]] * (bs - len(chunk)) if len(starts) > bs else chunk
             win = torch.from_numpy(np.stack([data[s:s + T + 1].astype(np.int64) for s in rows])).to(device)
             x, y = win[:, :-1], win[:, T - n_score + 1:]
-            loss, backend = forward_backend(model, backend, lambda: model(x, y, reduction='none', last=n_score)[1], ctx)
+            with ctx or nullcontext():
+                loss = model(x, y, reduction='none', last=n_score)[1]
             sums += loss[:len(chunk)].sum(0).double().cpu()
             bar.update()
     return sums, len(starts)
@@ -208,12 +164,9 @@ def peak_bytes(model, T, batch_tokens, device):
     token and width, a 64 MB logit chunk, and the attention: O(T) on FlexAttention / SDPA, a
     T-wide float32 bias chunk (about 3 copies of model.DENSE_CHUNK_BYTES) where it runs dense."""
     import model as M
-    import positional
-    c, pe = model.config, model.pe
+    c = model.config
     B = max(1, batch_tokens // T)
-    has_value_term = type(pe).value_mod is not positional.PositionalEncoding.value_mod  # (Shaw: dense on CPU)
-    dense = c.attn_backend == 'dense' or (torch.device(device).type == 'cpu' and not M.FLEX_LSE_ON_CPU
-                                          and has_value_term)
+    dense = c.attn_backend == 'dense' or (torch.device(device).type == 'cpu' and c.attn_backend != 'flex')
     attn = 3 * min(M.DENSE_CHUNK_BYTES, B * c.n_head * T * T * 4) if dense else 4 * B * T * c.n_embd * 4
     return 16 * B * T * c.n_embd * 4 + attn + 64 * 2**20
 

@@ -58,15 +58,14 @@ class GPTConfig:
 
 # --- attention backends -------------------------------------------------------
 
-# On CPU, use FlexAttention for a no-grad forward once the dense bias would exceed
-# this many bytes; below it the dense mask is cheaper than compiling a kernel.
-FLEX_CPU_MIN_BIAS_BYTES = 256 * 2**20
 # Compiled FlexAttention on CPU cannot return the logsumexp (torch 2.13: "return_lse is
 # not supported yet"), so a scheme with a value term (Shaw) runs dense on CPU.
 FLEX_LSE_ON_CPU = False
 # The dense path without gradients scores queries in chunks whose float32 bias stays below
-# this (where FlexAttention cannot run: Shaw on CPU, or attn_backend='dense').
-DENSE_CHUNK_BYTES = 256 * 2**20
+# this (where FlexAttention cannot run: Shaw on CPU, or attn_backend='dense'). Small on
+# purpose: glibc maps every allocation over 32 MiB afresh (page faults on each op), and at
+# T = 2048 on CPU 16 MiB chunks ran 2-4x faster than 256 MiB ones (docs/speed.md).
+DENSE_CHUNK_BYTES = 16 * 2**20
 FLEX_BLOCK = 128  # FlexAttention's default sparse block size
 FLEX_SHAPES = 256  # compiled FlexAttention kernels kept per process (one per input shape)
 _compiled = {}
@@ -104,16 +103,12 @@ def causal_block_mask(Tq, Tk, device):
 
 
 def use_flex(q, k, backend, vmod):
+    """'auto': FlexAttention on CUDA; on CPU the dense path, which is as fast there (query
+    chunks without gradients, SDPA's fused kernel) while compiled flex costs 10-500 s per
+    new shape (docs/speed.md). A decoding step's bias is one row per head: dense too."""
     if backend == 'dense' or (vmod is not None and q.device.type == 'cpu' and not FLEX_LSE_ON_CPU):
         return False
-    if backend == 'flex':
-        return True
-    if q.size(2) == 1:  # a decoding step: its bias is one row per head, cheaper dense
-        return False
-    if q.device.type == 'cuda':
-        return True
-    B, H, Tq, _ = q.shape
-    return (not torch.is_grad_enabled()) and B * H * Tq * k.size(2) * 4 >= FLEX_CPU_MIN_BIAS_BYTES
+    return backend == 'flex' or (q.device.type == 'cuda' and q.size(2) > 1)
 
 
 def _mix(x):
@@ -151,6 +146,11 @@ def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse):
     bias = dense_bias(mod, B, H, Tq, k.size(2), q.device)
     if not (dropout_p or need_lse):  # SDPA's fused softmax; float32 inputs so the bias stays float32
         return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias), None
+    if not dropout_p and q.device.type == 'cpu' and not torch.is_grad_enabled():
+        # SDPA's fused CPU kernel also returns each row's logsumexp (15x faster than the three
+        # passes below at T = 2048); without gradients only, as its lse has no backward
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q.float(), k.float(), v.float(),
+                                                                         attn_mask=bias)
     att = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(d) + bias
     lse = att.logsumexp(-1)
     p = (att - lse.unsqueeze(-1)).exp()

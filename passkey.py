@@ -163,7 +163,7 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
     """Grids [len(mults)][len(depths)] of accuracy, digit accuracy and answer loss (None
     where the scheme cannot address the length). The prompts depend only on (seed,
     length), so every scheme sees the same ones. Logits only for the answer positions."""
-    from eval import forward_backend, length_of, long_backend, progress_bar
+    from eval import length_of, progress_bar
     model.eval()
     max_len = model.pe.max_len
     grids = {'acc': [], 'digit_acc': [], 'answer_loss': []}
@@ -176,7 +176,6 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
         rng = np.random.default_rng([seed, T])
         ids, answer_at = make_batch(encode, T, [d for d in depths for _ in range(trials)], rng)
         bs = max(1, batch_tokens // T)
-        backend = long_backend(model, T, device)
         stats = {k: [] for k in grids}
         bar = progress_bar(-(-len(ids) // bs), f"passkey @{m}L" if progress else None)
         for i in range(0, len(ids), bs):
@@ -185,7 +184,8 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
             if n < bs and len(ids) > bs:  # pad: reuse compiled attention for this shape
                 chunk = torch.cat([chunk, chunk[:1].expand(bs - n, -1)])
             x = chunk[:, :-1].to(device)
-            tail, backend = forward_backend(model, backend, lambda: model(x, last=N_DIGITS)[0], ctx)
+            with ctx or nullcontext():
+                tail = model(x, last=N_DIGITS)[0]
             # the answer is the last N_DIGITS tokens: logits of the positions before them, at T-N_DIGITS..T-1
             logits = torch.zeros(n, x.size(1) - N_DIGITS, tail.size(-1))
             logits = torch.cat((logits, tail[:n].float().cpu()), 1)

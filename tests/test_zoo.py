@@ -98,7 +98,12 @@ def shaw_attention(pe, layer, q, k, v, q_pos, k_pos, backend='dense'):
 
 
 @pytest.mark.parametrize('q0', [0, 6])  # 6: the last queries of a cached sequence
-def test_shaw_matches_per_pair_loop(q0):
+@pytest.mark.parametrize('grad,chunk', [(True, False), (False, False), (False, True)])
+def test_shaw_matches_per_pair_loop(q0, grad, chunk, monkeypatch):
+    """With gradients the dense path's own softmax; without, SDPA's fused CPU kernel and its
+    logsumexp, in one pass or in query chunks of 2 rows."""
+    if chunk:
+        monkeypatch.setattr(M, 'DENSE_CHUNK_BYTES', 4 * 2 * 4 * 11 * 2)
     torch.manual_seed(0)
     K = 3
     pe = P.REGISTRY['shaw'](tiny_config('shaw'), max_distance=K)
@@ -108,7 +113,8 @@ def test_shaw_matches_per_pair_loop(q0):
     Tk = 11
     q, k, v = (torch.randn(2, 4, Tk - q0, 8), torch.randn(2, 4, Tk, 8), torch.randn(2, 4, Tk, 8))
     q_pos, k_pos = torch.arange(q0, Tk), torch.arange(Tk)
-    got = shaw_attention(pe, layer, q, k, v, q_pos, k_pos)
+    with torch.set_grad_enabled(grad):
+        got = shaw_attention(pe, layer, q, k, v, q_pos, k_pos)
     want = shaw_reference(q, k, v, layer.rel_k.detach(), layer.rel_v.detach(), K, q_pos, k_pos)
     assert torch.allclose(got, want, atol=1e-5)
 
