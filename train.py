@@ -199,6 +199,13 @@ if not task and max_iters < eval_interval and 'eval_tokens' not in explicit_keys
     if master:
         print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): evaluations on {eval_tokens} "
               f"tokens per length instead of {config['eval_tokens']} (--eval_tokens=N to choose)")
+# Nor do its few steps repay torch.compile (on a cold CPU cache 12-60 s per scheme, for a step that
+# takes 0.5-1.3x the eager one: docs/speed.md), so it trains uncompiled and says so.
+if max_iters < eval_interval and 'compile' not in explicit_keys and compile:
+    compile = False
+    if master:
+        print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): not compiled (--compile=True "
+              f"to compile)")
 
 # data: the default corpus is prepared on first use
 default_data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
