@@ -9,6 +9,7 @@ Speed and memory of every positional scheme, as ratios to rope measured in the s
   python bench.py --gpu_check=True                 # the one-command GPU check (see gpu_check below)
   python bench.py --parts=evalcost --threads=1     # evaluation cost: scored-positions-only logits vs full logits
   python bench.py --parts=smoke                    # 4-iteration train.py run of every scheme, wall time each
+  python bench.py --parts=attnpath --schemes=alibi,fire  # no-grad attention: dense path vs compiled flex
 
 What is measured (all models are built once and measured round-robin, so slow
 drift in machine load hits every scheme alike; ratios to rope are taken per round
@@ -31,7 +32,7 @@ and the median is reported):
            recomputing the full context for every token (model.generate(use_cache=False) one
            token at a time). The recompute cost is summed over every `--sample_stride`-th
            length and scaled up (midpoint rule; --sample_stride 1 runs all 1000).
-Two parts outside the scheme round-robin, run only when asked for (--parts=evalcost,smoke):
+Parts outside the scheme round-robin, run only when asked for (--parts=evalcost,smoke,attnpath):
   evalcost eval.py's protocols at 8L (sliding windows, non-overlapping, last-k; evaluate()'s
            default layouts) with today's eval.window_losses (logits only for the scored
            positions, in chunks) against the previous path written below (full logits for
@@ -45,6 +46,12 @@ Two parts outside the scheme round-robin, run only when asked for (--parts=evalc
            final evaluation included, torch.compile's on-disk cache empty as on a first run:
            --smoke_cache=user keeps yours): wall time per scheme and where it went (read
            from the log lines as they arrive); issue 13's bound is <= 90 s each on a 2-core CPU.
+           Such a run trains uncompiled; --smoke_args=--compile=True times it compiled.
+  attnpath one no-grad forward (wall clock) of train.py's model, random weights and tokens,
+           at eval.py's batching (16384 tokens per batch) for T = 16L, 32L, 64L, of each
+           asked-for scheme with a score bias: the dense path (query chunks of 16 MiB, and of
+           256 MiB as before) against compiled FlexAttention (first call: compile included,
+           then warm), on a cold compile cache. Why model.py's 'auto' runs dense on CPU.
 
 Clocks: `--clock cpu` (the default on CPU) times with process CPU time, which does not
 count the time the OS gives to other people's processes on a shared machine. With one
@@ -253,6 +260,7 @@ def main():
         smoke_timeout=900,               # part smoke: seconds before a train.py run is stopped
         smoke_logs='',                   # part smoke: keep each run's log here (default: not kept)
         smoke_cache='cold',              # part smoke: 'cold' (an empty torch.compile cache per run) | 'user' (yours)
+        smoke_args='',                   # part smoke: more train.py arguments for every run, space-separated
     ), sys.argv[1:], rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0',
                                 new_tokens='>0', sample_stride='>0', threads='>=0', evalcost_tokens='>0',
                                 evalcost_data='>0', smoke_timeout='>0'))
@@ -270,8 +278,9 @@ def main():
     if 'rope' not in names:
         names.append('rope')  # the reference every ratio is taken against
     parts = set(a.parts.split(','))
-    if parts - SCHEME_PARTS - {'evalcost', 'smoke'}:
-        sys.exit(f"--parts takes a comma list of train, memory, eval, sample, evalcost, smoke; got {a.parts!r}")
+    if parts - SCHEME_PARTS - {'evalcost', 'smoke', 'attnpath'}:
+        sys.exit(f"--parts takes a comma list of train, memory, eval, sample, evalcost, smoke, attnpath; "
+                 f"got {a.parts!r}")
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -286,6 +295,8 @@ def main():
         extra['evalcost'] = evalcost(a, rt, clock, threads)
     if 'smoke' in parts:
         extra['smoke'] = smoke(a, asked)
+    if 'attnpath' in parts:
+        extra['attnpath'] = attnpath(a, asked, rt)
     if not parts & SCHEME_PARTS:
         return write_json(a, extra, started, rt, clock, threads)
     size = dict(PRESETS[a.preset])
@@ -676,6 +687,52 @@ def evalcost(a, rt, clock, threads):
     return res
 
 
+# --- attention path without gradients (part attnpath) ---------------------------------
+
+def attnpath(a, names, rt):
+    """Part attnpath (see the top of the file) -> {scheme: {T: seconds}}."""
+    import model as M
+    chunk = M.DENSE_CHUNK_BYTES
+    os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', tempfile.mkdtemp(prefix='nanope-attnpath-'))  # cold
+    L, res = 128, {}
+    print(f"attnpath: {runtime.device_name(rt)}, torch {torch.__version__}, {rt.dtype}; 4x128 at L={L}, "
+          f"{a.eval_batch_tokens} tokens per batch, wall s of one no-grad forward")
+    print("| scheme | T x batch | dense s | dense, 256 MiB chunks s | flex first s (compile) | flex warm s "
+          "| dense / flex warm |")
+    print('|' + ' --- |' * 7)
+    for name in names:
+        torch.manual_seed(a.seed)
+        m = GPT(GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=L, vocab_size=84,
+                          pos_encoding=name)).to(rt.device).eval()
+        base = positional.PositionalEncoding
+        if m.pe.max_len is not None or (type(m.pe).score_mod is base.score_mod
+                                        and type(m.pe).attention is base.attention):
+            continue  # no score bias: SDPA on every path
+        res[name] = {}
+        for T in (16 * L, 32 * L, 64 * L):
+            x = torch.randint(84, (max(1, a.eval_batch_tokens // T), T), device=rt.device)
+            t = {}
+            for be in ('dense', 'dense 256', 'flex', 'flex warm'):
+                for mod in m.modules():
+                    if hasattr(mod, 'backend'):
+                        mod.backend = be.split()[0]
+                M.DENSE_CHUNK_BYTES = 256 * 2**20 if be == 'dense 256' else chunk
+                if rt.device_type == 'cuda':
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                with torch.no_grad(), rt.autocast:
+                    m(x, x[:, -64:], reduction='none', last=64)
+                if rt.device_type == 'cuda':
+                    torch.cuda.synchronize()
+                t[be] = time.perf_counter() - t0
+            res[name][T] = t
+            print(f"| {name} | {T} x {x.size(0)} | {t['dense']:.2f} | {t['dense 256']:.2f} | {t['flex']:.1f} "
+                  f"| {t['flex warm']:.2f} "
+                  f"| {t['dense'] / t['flex warm']:.2f} |", flush=True)
+    M.DENSE_CHUNK_BYTES = chunk
+    return res
+
+
 # --- smoke runs (part smoke) -------------------------------------------------------
 
 SMOKE_ARGS = ['--max_iters=4', '--wandb_log=False']
@@ -720,7 +777,7 @@ def timed_run(cmd, cwd, timeout, env=None):
 
 def smoke_phases(lines, wall):
     """Where a train.py run's time went, from its log lines' arrival times: startup (imports,
-    data, model; until eval @ iter 0 starts), eval@0, the 4 steps (torch.compile included),
+    data, model; until eval @ iter 0 starts), eval@0, the 4 steps (and any torch.compile),
     eval@4 (+ checkpoint save), final suite, the rest (exit)."""
     t = {}
     for when, line in lines:
@@ -754,7 +811,8 @@ def smoke(a, names):
                  "(python data/shakespeare_char/prepare.py) so that the runs time training, not the download")
     cfgs = smoke_configs(here)
     missing = [s for s in names if f'config/{s}.py' not in cfgs.values()]
-    print(f"smoke: {len(names)} schemes, `python train.py config/<scheme>.py {' '.join(SMOKE_ARGS)} "
+    args = SMOKE_ARGS + a.smoke_args.split()
+    print(f"smoke: {len(names)} schemes, `python train.py config/<scheme>.py {' '.join(args)} "
           f"--out_dir=<fresh temp dir>`, {os.cpu_count()} CPU(s), torch default threads, "
           f"{a.smoke_cache} torch.compile cache"
           + ("; no config/<scheme>.py for: " + ', '.join(
@@ -768,7 +826,7 @@ def smoke(a, names):
     for name in names:
         cfg = cfgs.get(name)
         with tempfile.TemporaryDirectory(prefix=f'nanope-smoke-{name}-') as tmp:
-            cmd = [sys.executable, 'train.py'] + ([cfg] if cfg else [f'--pos_encoding={name}']) + SMOKE_ARGS + [
+            cmd = [sys.executable, 'train.py'] + ([cfg] if cfg else [f'--pos_encoding={name}']) + args + [
                 f'--out_dir={tmp}']
             load = os.getloadavg()[0]
             # cold: torch.compile's on-disk caches (FX graph, AOTAutograd, kernels) start empty, as on a
@@ -788,7 +846,7 @@ def smoke(a, names):
     print(f"\n{cpu_name()}, {os.cpu_count()} CPU(s), torch {torch.__version__}, {a.smoke_cache} torch.compile "
           f"cache; wall seconds per run "
           f"(phases from the log lines' arrival: startup = imports/data/model until eval@0 starts; steps = the 4 "
-          f"training iterations incl. torch.compile; eval@4 = the eval at the last iteration; save = checkpoint "
+          f"training iterations and any torch.compile; eval@4 = the eval at the last iteration; save = checkpoint "
           f"write; final = the full suite; other = exit)")
     print("| scheme | config | wall s | startup | eval@0 | 4 steps | eval@4 | save | final suite | other | CPU s "
           f"| ≤ {SMOKE_BOUND_S} s |")

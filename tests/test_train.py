@@ -151,3 +151,14 @@ def test_smoke_run_evaluates_on_fewer_tokens_unless_told(char_data, tmp_path):
     r = run(base + [f'--out_dir={tmp_path / "c"}', '--eval_interval=2'])  # not a smoke run
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'smoke run' not in r.stdout and json.load(open(tmp_path / 'c' / 'eval.json'))['tokens'] == 32768
+
+
+def test_smoke_run_trains_uncompiled_unless_told(char_data, tmp_path, monkeypatch):
+    # torch.compile (compile=True by default) would write Inductor's cache; a smoke run leaves it empty
+    cache = tmp_path / 'inductor'
+    monkeypatch.setenv('TORCHINDUCTOR_CACHE_DIR', str(cache))
+    r = run(['train.py', f'--data_dir={char_data}', '--max_iters=2', '--eval_interval=250', '--final_eval=False',
+             '--eval_mults=[1]', f'--out_dir={tmp_path / "a"}'] + TINY)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'not compiled (--compile=True to compile)' in r.stdout
+    assert not cache.exists() or not any(cache.rglob('*.py')), sorted(cache.rglob('*'))[:5]
