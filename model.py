@@ -61,10 +61,10 @@ class GPTConfig:
 # Compiled FlexAttention on CPU cannot return the logsumexp (torch 2.13: "return_lse is
 # not supported yet"), so a scheme with a value term (Shaw) runs dense on CPU.
 FLEX_LSE_ON_CPU = False
-# The dense path without gradients scores queries in chunks whose float32 bias stays below
-# this (where FlexAttention cannot run: Shaw on CPU, or attn_backend='dense'). Small on
-# purpose: glibc maps every allocation over 32 MiB afresh (page faults on each op), and at
-# T = 2048 on CPU 16 MiB chunks ran 2-4x faster than 256 MiB ones (docs/speed.md).
+# The dense path (a score bias on CPU, or attn_backend='dense') without gradients scores
+# queries in chunks whose float32 bias stays below this. Small on purpose: glibc maps every
+# allocation over 32 MiB afresh (page faults on each op); at T = 2048-8192 on CPU 16 MiB
+# chunks ran 1.0-5.9x faster than 256 MiB ones (docs/speed.md).
 DENSE_CHUNK_BYTES = 16 * 2**20
 FLEX_BLOCK = 128  # FlexAttention's default sparse block size
 FLEX_SHAPES = 256  # compiled FlexAttention kernels kept per process (one per input shape)
@@ -104,7 +104,7 @@ def causal_block_mask(Tq, Tk, device):
 
 def use_flex(q, k, backend, vmod):
     """'auto': FlexAttention on CUDA; on CPU the dense path, which is as fast there (query
-    chunks without gradients, SDPA's fused kernel) while compiled flex costs 10-500 s per
+    chunks without gradients, SDPA's fused kernel) while compiled flex costs 9-500 s per
     new shape (docs/speed.md). A decoding step's bias is one row per head: dense too."""
     if backend == 'dense' or (vmod is not None and q.device.type == 'cpu' and not FLEX_LSE_ON_CPU):
         return False
