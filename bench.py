@@ -155,6 +155,20 @@ class Clock:
 
 
 @contextmanager
+def attention_backend(model, backend):
+    """Every attention layer on `backend` ('flex' | 'dense') inside the block, as before after it."""
+    attns = [blk.attn for blk in model.transformer.h]
+    saved = [m.backend for m in attns]
+    for m in attns:
+        m.backend = backend
+    try:
+        yield
+    finally:
+        for m, b in zip(attns, saved):
+            m.backend = b
+
+
+@contextmanager
 def quiet_stderr():
     """The profiler's C++ side prints start/stop banners and a warning to fd 2."""
     sys.stderr.flush()
@@ -393,13 +407,9 @@ def main():
             res[name]['fwd8L_peak_MiB'] = (st + peak_extra_bytes(lambda: eval_fwd(name), device_type)) / 2**20
             if type(models[name].pe).score_mod is not positional.PositionalEncoding.score_mod:
                 # a bias scheme: what the same forward holds on the dense path (T x T bias per layer)
-                attns = [blk.attn for blk in models[name].transformer.h]
-                saved = [m.backend for m in attns]
-                for m in attns:
-                    m.backend = 'dense'
-                res[name]['fwd8L_dense_peak_MiB'] = (st + peak_extra_bytes(lambda: eval_fwd(name), device_type)) / 2**20
-                for m, b in zip(attns, saved):
-                    m.backend = b
+                with attention_backend(models[name], 'dense'):
+                    peak = peak_extra_bytes(lambda: eval_fwd(name), device_type)
+                res[name]['fwd8L_dense_peak_MiB'] = (st + peak) / 2**20
         print('memory (MiB): ' + ', '.join(f"{n} train {res[n].get('train_peak_MiB', math.nan):.0f} fwd@8L {res[n].get('fwd8L_peak_MiB', math.nan):.0f}"
                                           + (f" (dense {res[n]['fwd8L_dense_peak_MiB']:.0f})" if 'fwd8L_dense_peak_MiB' in res[n] else '') for n in order))
 
@@ -499,11 +509,8 @@ def gpu_check(a, names, rt, budget_s=540):
             if type(model.pe).score_mod is not positional.PositionalEncoding.score_mod:
                 backends = {}
                 for be in ('flex', 'dense'):
-                    for blk in model.transformer.h:
-                        blk.attn.backend = be
-                    backends[be] = model(x)[0]
-                for blk in model.transformer.h:
-                    blk.attn.backend = 'auto'
+                    with attention_backend(model, be):
+                        backends[be] = model(x)[0]
                 r['flex_vs_dense'] = rel(backends['flex'], backends['dense'])
             if model.pe.max_len is None or model.pe.max_len >= Tc:
                 cache = model.new_cache()
@@ -713,14 +720,11 @@ def attnpath(a, names, rt):
             x = torch.randint(84, (max(1, a.eval_batch_tokens // T), T), device=rt.device)
             t = {}
             for be in ('dense', 'dense 256', 'flex', 'flex warm'):
-                for mod in m.modules():
-                    if hasattr(mod, 'backend'):
-                        mod.backend = be.split()[0]
                 M.DENSE_CHUNK_BYTES = 256 * 2**20 if be == 'dense 256' else chunk
                 if rt.device_type == 'cuda':
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                with torch.no_grad(), rt.autocast:
+                with torch.no_grad(), rt.autocast, attention_backend(m, be.split()[0]):
                     m(x, x[:, -64:], reduction='none', last=64)
                 if rt.device_type == 'cuda':
                     torch.cuda.synchronize()

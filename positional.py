@@ -1459,7 +1459,7 @@ class RoPE2D(_SectionRoPE):
 
 # The O(T^2) schemes (CoPE, stick-breaking) build [B, H, Tq, Tk] tensors outside any kernel;
 # without gradients they go through in query chunks whose float32 [B, H, rows, Tk] tensor
-# stays below this (as model.DENSE_CHUNK_BYTES: under glibc's 32 MiB mmap threshold, 10-40%
+# stays below this (as model.DENSE_CHUNK_BYTES: under glibc's 32 MiB mmap threshold, 8-42%
 # faster than 32 MiB at T = 1024-2048 on CPU).
 QUERY_CHUNK_BYTES = 16 * 2**20
 

@@ -233,7 +233,7 @@ def test_fire_normalisation():
             assert torch.allclose(bias[:, i, 0], bias[:, 8, 0], atol=1e-5)
         # and distances shrink as the query moves on (progressive interpolation)
         assert not torch.allclose(bias[:, 20, 10], bias[:, 39, 29])
-    # with gradients the bias is tabulated by another code path (matmuls, not per-unit scalars): same values
+    # with gradients the bias is tabulated by another code path (all units broadcast at once): same values
     trained = dense_bias(pe, layer, q, pos, pos)[0]
     assert trained.requires_grad
     keep = torch.isfinite(bias)
