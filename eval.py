@@ -26,7 +26,6 @@ after its first T-stride is scored exactly once. Batches hold about `batch_token
 tokens, so memory stays bounded at any length, and logits are made only for the
 positions a protocol scores, a chunk at a time (model.forward(last=, reduction='none')).
 """
-import json
 import math
 import os
 import sys
@@ -63,11 +62,9 @@ class Interrupted(Exception):
 
 
 def progress_bar(total, label, unit='batch'):
-    """tqdm on stderr: redrawn in place on a terminal, a line every 30 s in a log file;
-    none for label=None or a single step."""
-    from tqdm import tqdm
-    return tqdm(total=total, desc=label, unit=unit, disable=label is None or total <= 1, leave=False,
-                mininterval=0.2 if sys.stderr.isatty() else 30, file=sys.stderr)
+    """console.progress: a bar on a terminal, a line per finished length in a log file."""
+    from console import progress
+    return progress(total, label, unit)
 
 
 @torch.no_grad()
@@ -313,6 +310,8 @@ if __name__ == '__main__':
                      batch_tokens=2**14, quick=False, name='', wandb_log=False, wandb_project='nanoPE', doc_aware=False),
                 sys.argv[1:], rules=dict(tokens='>0', stride='>=0', sliding_tokens='>=0', last_k='>=0',
                                          last_k_spans='>=0', batch_tokens='>0'))
+    from console import exit_on_ctrl_c
+    exit_on_ctrl_c('eval.py', 'nothing was written; run it again')
     rt = runtime.setup(o.device, o.dtype)
     # run-time choices as given on the command line (--rope_scaling=None turns a fine-tuned model's off)
     model, ckpt = checkpoint.load(o.init_from, o.out_dir, rt.device,
@@ -332,8 +331,11 @@ if __name__ == '__main__':
     print(f"scheme {model.config.pos_encoding} (iter {ckpt.get('iter_num')}), trained with rope_scaling="
           f"{ckpt['model_args'].get('rope_scaling')}, evaluating with rope_scaling={getattr(model.pe, 'scaling', None)}"
           f" on {rt.device} ({rt.dtype})")
-    res = evaluate(model, data, L, tuple(o.mults), o.tokens, o.stride, o.sliding_tokens, o.last_k, o.last_k_spans,
-                   o.quick, o.batch_tokens, rt.device, ctx=rt.autocast, progress=True, doc_eot=doc_eot)
+    try:
+        res = evaluate(model, data, L, tuple(o.mults), o.tokens, o.stride, o.sliding_tokens, o.last_k, o.last_k_spans,
+                       o.quick, o.batch_tokens, rt.device, ctx=rt.autocast, progress=True, doc_eot=doc_eot)
+    except ValueError as e:  # e.g. a split too short for one window of the longest length
+        sys.exit(f"eval.py: {e}")
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
            'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'attn_scaling': o.attn_scaling,
            'iter': ckpt.get('iter_num'), 'out_dir': o.out_dir, 'dtype': rt.dtype, **res}
@@ -342,8 +344,7 @@ if __name__ == '__main__':
     tag = '_'.join(t for t in (scaling_tag(o.rope_scaling), (o.attn_scaling or {}).get('type')) if t)
     tag = tag or ('noscaling' if 'rope_scaling' in o.explicit and ckpt['model_args'].get('rope_scaling') else '')
     path = os.path.join(o.out_dir, (o.name or ('eval' + (f'_{tag}' if tag else ''))) + '.json')
-    with open(path, 'w') as f:
-        json.dump(res, f)
+    checkpoint.atomic_json(res, path)
     print(f"wrote {path}")
     if o.wandb_log:
         run = runtime.wandb_init(project=o.wandb_project, name=f"{res['scheme']}-eval" + (f'-{tag}' if tag else ''),

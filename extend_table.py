@@ -21,6 +21,7 @@ import numpy as np
 import runtime
 from checkpoint import data_dir, load_model
 from configurator import configure
+from console import exit_on_ctrl_c
 from eval import eval_loss
 
 S, MULTS, TOKENS = 4, (1, 2, 4, 8), 32768
@@ -47,6 +48,7 @@ def rows(L):
 if __name__ == '__main__':
     device, dtype = 'auto', 'auto'
     configure(globals(), sys.argv[1:], keys=['device', 'dtype'])
+    exit_on_ctrl_c('extend_table.py')
     rt = runtime.setup(device, dtype)
     for out_dir, args in RUNS.items():
         if not os.path.exists(os.path.join(out_dir, 'ckpt.pt')):

@@ -24,7 +24,6 @@ Accuracy = all 5 digits right under greedy decoding: the argmax at every answer
 position, given the correct digits before it (teacher forcing is exactly greedy
 decoding as long as every earlier digit is right).
 """
-import json
 import os
 import sys
 import time
@@ -220,7 +219,8 @@ def plot_heatmap(res, path=None, ax=None, title=None):
     ax.set_title(title or f"passkey: {res.get('scheme', '')}", fontsize=9)
     if own:
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        from files import atomic_write
+        atomic_write(path, lambda f: fig.savefig(f, dpi=120, format='png'))  # never through a link
         plt.close(fig)
 
 
@@ -233,6 +233,8 @@ if __name__ == '__main__':
                      retrain=False, mults=[1, 2, 4, 8, 16], depths=[0.0, 0.25, 0.5, 0.75, 1.0], trials=20, seed=0,
                      batch_tokens=2**14, rope_scaling=None, name='', data_dir=''), sys.argv[1:],
                 rules=dict(iters='>=0', lr='>0', batch_size='>0', train_len='>=0', trials='>0', batch_tokens='>0'))
+    from console import exit_on_ctrl_c
+    exit_on_ctrl_c('passkey.py', 'a finished fine-tune (passkey_ckpt.pt) is reused when you run it again')
     rt = runtime.setup(o.device, o.dtype)
     checkpoint.check_writable(o.out_dir)
     checkpoint.lock_out_dir(o.out_dir, 'passkey.py')  # it writes passkey_ckpt.pt and its results there
@@ -273,8 +275,7 @@ if __name__ == '__main__':
                                + f"   (answer loss {np.mean(al):.3f})"))
     tag = scaling_tag(o.rope_scaling)
     name = o.name or ('passkey' + (f'_{tag}' if tag else ''))
-    with open(os.path.join(o.out_dir, name + '.json'), 'w') as f:
-        json.dump(res, f)
+    checkpoint.atomic_json(res, os.path.join(o.out_dir, name + '.json'))
     plot_heatmap(res, os.path.join(o.out_dir, name + '.png'),
                  title=f"passkey: {res['scheme']}" + (f" ({tag})" if tag else ''))
     print(f"wrote {os.path.join(o.out_dir, name)}.json/.png")

@@ -16,6 +16,7 @@ import torch
 import checkpoint
 import runtime
 from configurator import configure
+from console import exit_on_ctrl_c
 
 out_dir = 'out'
 init_from = 'resume'      # 'resume' (out_dir/ckpt.pt) | path to a .pt | 'gpt2', 'gpt2-medium', ... (Hugging Face)
@@ -46,6 +47,7 @@ if start.startswith('FILE:'):
         sys.exit(f"--start=FILE:{start[5:]}: not UTF-8 text")
 if not start:
     sys.exit("--start is empty: give at least one character of prompt (the default is a newline)")
+exit_on_ctrl_c('sample.py')
 rt = runtime.setup(device, dtype)
 torch.manual_seed(seed)
 # run-time choices as given on the command line (--rope_scaling=None turns a fine-tuned model's off)

@@ -181,6 +181,9 @@ def sample(name, n, rng):
 # longest sequence at 4N (tokens), then a short check (3 layers, d=64, 0.15M params, rope,
 # batch 64, AdamW 3e-3 cosine, 2 CPU cores): in-distribution exact match after that many steps.
 # addition and mqar did not get there: they need a longer budget (or leave them out).
+# The largest task_n a run may ask for: it is evaluated up to 4 x task_n, i.e. sequences of ~8-16k tokens
+# whose dense attention already needs GBs; past that a typo (task_n=10**9) would only exhaust memory.
+MAX_N = 1024
 DEFAULT_N = {
     'copy': 12,         # 4N: 97  | 0.89 @ 2000 steps (N=16: 0.87)
     'reverse': 12,      # 97      | 1.00 @ 2000

@@ -10,8 +10,6 @@ import gc
 import json
 import math
 import os
-import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,8 +21,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
-from checkpoint import atomic_json, atomic_save, check_writable, load_weights, lock_out_dir, read_checkpoint, read_meta
+from checkpoint import (atomic_json, atomic_save, check_writable, load_weights, lock_out_dir, read_checkpoint, read_meta,
+                        restore_rng, rng_states)
 from configurator import configure
+from files import LinkRefused, atomic_write, link_or_copy, open_append, open_no_follow
 from eval import Interrupted, eval_lengths, evaluate, flat_metrics, log_wandb
 from model import GPT, GPTConfig
 
@@ -122,6 +122,11 @@ if init_from != 'scratch' and not hf_init:
         sys.exit(f"init_from={init_from!r}: no checkpoint at {ckpt_path}")
     ckpt = read_checkpoint(ckpt_path, 'cpu')
 if init_from == 'resume':
+    lacking = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss') if ckpt.get(k) is None]
+    if lacking:  # e.g. a checkpoint shared as weights only: it can seed a fine-tune, not continue a run
+        sys.exit(f"cannot resume {ckpt_path}: it has no {', '.join(lacking)} (a checkpoint shared as weights only?), so "
+                 f"the run cannot continue exactly; fine-tune from it instead: --init_from={ckpt_path} "
+                 f"--out_dir=ANOTHER_DIR")
     # The rule: a resumed run continues as it was. Every key not set explicitly (config file
     # or --key=value) comes from the checkpoint; explicit keys change the run (listed below),
     # except model keys, which must match the checkpoint: we refuse rather than silently
@@ -150,6 +155,9 @@ if task:  # an algorithmic task instead of a corpus: the model's L is its longes
     import tasks
     if task not in tasks.TASKS:
         sys.exit(f"unknown task {task!r}; tasks: {', '.join(tasks.TASKS)}")
+    if task_n > tasks.MAX_N:
+        sys.exit(f"task_n={task_n} is too large: runs are evaluated up to 4 x task_n, and past task_n="
+                 f"{tasks.MAX_N} that is sequences no CPU or GPU memory holds; use task_n <= {tasks.MAX_N}")
     task_n = config['task_n'] = task_n or tasks.DEFAULT_N[task]
     block_size = config['block_size'] = tasks.max_len(task, task_n) - 1
     pos_max = config['pos_max'] = pos_max or 4 * tasks.max_len(task, 4 * task_n)
@@ -228,12 +236,17 @@ if missing:
 # the vocabulary (char) or tiktoken encoding: saved in every checkpoint
 meta = {'vocab_size': tasks.vocab_size, 'stoi': tasks.stoi, 'itos': tasks.itos} if task else read_meta(data_dir)
 vocab_size = meta['vocab_size'] if meta else None
-for f in [] if task else ['train.bin', 'val.bin']:  # np.memmap cannot map an empty file; say what is wrong
-    if os.path.getsize(os.path.join(data_dir, f)) == 0:
-        sys.exit(f"{data_dir}/{f} is empty: the corpus was empty or its preparation failed; re-run the "
-                 f"prepare script on a non-empty text (python data/shakespeare_char/prepare.py --input FILE)")
+for f in [] if task else ['train.bin', 'val.bin']:  # np.memmap cannot map these; say what is wrong
+    size = os.path.getsize(os.path.join(data_dir, f))
+    if size == 0 or size % 2:
+        sys.exit(f"{data_dir}/{f} " + ("is empty" if size == 0 else f"has {size} bytes, not a whole number of uint16 "
+                 f"tokens (cut short or not a token file)") + ": re-run the prepare script that made it "
+                 f"(for your own text: python data/shakespeare_char/prepare.py --input FILE --out_dir {data_dir})")
 train_data = None if task else np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r')
 val_data = None if task else np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r')
+if val_data is not None and vocab_size and len(val_data) and val_data.max() >= vocab_size:
+    sys.exit(f"{data_dir}/val.bin holds token id {int(val_data.max())}, past the vocabulary of {vocab_size} in "
+             f"{data_dir}/meta.json: the two files come from different preparations; re-run the prepare script")
 
 
 def get_batch(it):
@@ -260,6 +273,11 @@ def get_batch(it):
             sel = ix[start:start + n].tolist()
             x = torch.stack([torch.from_numpy(train_data[i:i + block_size].astype(np.int64)) for i in sel])
             y = torch.stack([torch.from_numpy(train_data[i + 1:i + 1 + block_size].astype(np.int64)) for i in sel])
+            top = max(int(x.max()), int(y.max()))
+            if vocab_size and top >= vocab_size:  # checked here, on the CPU: train.bin may be too big to scan
+                sys.exit(f"{data_dir}/train.bin holds token id {top}, past the vocabulary of {vocab_size} in "
+                         f"{data_dir}/meta.json: the two files come from different preparations; re-run the prepare "
+                         f"script")
             weight = n * world_size / rows
         start += n
         if device_type == 'cuda':  # pinned memory: the copy runs asynchronously, no host sync
@@ -393,8 +411,7 @@ def save_checkpoint(best=False):
     ckpt = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'scaler': scaler.state_dict(),
             'model_args': model_args, 'iter_num': iter_num, 'best_val_loss': best_val_loss, 'config': config,
             # (training reseeds every iteration from (seed, iter, rank); the states are kept for eval-only runs)
-            'rng': {'torch': torch.get_rng_state(), 'numpy': np.random.get_state(), 'python': random.getstate(),
-                    'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
+            'rng': rng_states(device_type),
             'wandb_id': wandb_run.id if wandb_run is not None else None, 'meta': meta}
     path = os.path.join(out_dir, 'ckpt.pt')
     try:
@@ -402,38 +419,42 @@ def save_checkpoint(best=False):
     except OSError as e:
         return f"saving {path} failed: {e.strerror or e}"
     if best:
-        tmp = os.path.join(out_dir, 'ckpt_best.pt.tmp')
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        try:
-            os.link(path, tmp)  # the next save of ckpt.pt writes a new file; this one stays
-        except OSError:
-            shutil.copyfile(path, tmp)
-        os.replace(tmp, os.path.join(out_dir, 'ckpt_best.pt'))
+        link_or_copy(path, os.path.join(out_dir, 'ckpt_best.pt'))  # the next save of ckpt.pt writes a new file
     return None
 
 
 def log_metrics(d):
-    with open(os.path.join(out_dir, 'metrics.jsonl'), 'a') as f:
+    with open_append(os.path.join(out_dir, 'metrics.jsonl')) as f:
         f.write(json.dumps(d) + '\n')
     if wandb_run is not None:
         wandb_run.log(d, step=d['iter'])
 
 
 metrics_path = os.path.join(out_dir, 'metrics.jsonl')
-if master and os.path.exists(metrics_path):
+if master and os.path.lexists(metrics_path):
     # a new run starts a fresh file; a resumed one drops what was logged after its checkpoint
-    # (a hard kill loses those iterations, and the resumed run logs them again)
-    with open(metrics_path) as f:  # (a line cut by a kill is dropped too)
-        keep = [l for l in f if init_from == 'resume' and l.endswith('\n') and json.loads(l).get('iter', 0) <= iter_num]
+    # (a hard kill loses those iterations, and the resumed run logs them again). A damaged line
+    # (cut by a kill, or edited) is not a reason to refuse the resume: it moves to metrics.jsonl.damaged
+    keep, damaged = [], []
     try:
-        with open(metrics_path + '.tmp', 'w') as f:
-            f.writelines(keep)
-        os.replace(metrics_path + '.tmp', metrics_path)
-    except OSError as e:  # disk full: leave metrics.jsonl as it was, no stray .tmp
-        if os.path.exists(metrics_path + '.tmp'):
-            os.remove(metrics_path + '.tmp')
-        sys.exit(f"cannot rewrite {metrics_path}: {e.strerror}; free some space and run again")
+        with os.fdopen(open_no_follow(metrics_path, os.O_RDONLY)) as f:
+            for line in f:
+                try:
+                    row = json.loads(line) if line.endswith('\n') else None
+                except ValueError:
+                    row = None
+                if not isinstance(row, dict):
+                    damaged.append(line if line.endswith('\n') else line + '\n')
+                elif init_from == 'resume' and row.get('iter', 0) <= iter_num:
+                    keep.append(line)
+        atomic_write(metrics_path, lambda f: f.writelines(keep), binary=False)
+        if damaged:
+            with open_append(metrics_path + '.damaged') as f:
+                f.writelines(damaged)
+            print(f"{metrics_path}: {len(damaged)} damaged line(s) moved to {metrics_path}.damaged")
+    except OSError as e:  # disk full, or a link: leave metrics.jsonl as it was
+        sys.exit(str(e) if isinstance(e, LinkRefused) else
+                 f"cannot rewrite {metrics_path}: {e.strerror}; free some space and run again")
 wandb_run = runtime.wandb_init(wandb_project, wandb_run_name or pos_encoding, config, out_dir,
                                resume_state.get('wandb_id')) if (wandb_log and master) else None
 peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
@@ -514,12 +535,7 @@ def check_losses():
 
 
 if resume_state.get('rng'):  # restored last: building the model above drew from the RNG
-    rng = resume_state['rng']
-    torch.set_rng_state(rng['torch'].cpu())
-    if rng['cuda'] is not None and device_type == 'cuda':
-        torch.cuda.set_rng_state(rng['cuda'].cpu())
-    np.random.set_state(rng['numpy'])
-    random.setstate(rng['python'])
+    restore_rng(resume_state['rng'], device_type)
 last_saved = resumed_at = iter_num if init_from == 'resume' else None
 failure, stopped, res = None, False, None
 t0 = time.time()

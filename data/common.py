@@ -3,7 +3,7 @@ Shared helpers for the prepare scripts in data/:
 
   get_encoding(name)        the GPT-2 BPE through tiktoken, also on machines that cannot
                             reach tiktoken's download host (the vocabulary then comes from PyPI)
-  write_bin / write_meta    flat uint16 token files (train.bin, val.bin) and meta.pkl
+  write_bin / write_meta    flat uint16 token files (train.bin, val.bin) and meta.json
   tokenize_to_bin(docs, ..) stream documents through worker processes into a uint16 file,
                             an EOT token after every document
   document_windows(...)     window starts that never cross an EOT (long-context eval on books)
@@ -18,14 +18,16 @@ import itertools
 import json
 import multiprocessing as mp
 import os
-import pickle
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from console import progress  # noqa: E402
+from files import atomic_json, atomic_write  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # the GPT-2 tokenizer, offline
@@ -176,53 +178,24 @@ def install_gpt2_vocab(cache_dir):
 # token files
 
 def write_bin(ids, path):
-    """Write token ids as a flat uint16 file, atomically (temp file, then rename)."""
+    """Write token ids as a flat uint16 file, atomically (files.atomic_write: a fresh temporary
+    file, then rename; a link at either name is never written through)."""
     ids = np.asarray(ids)
     if ids.size and (ids.min() < 0 or ids.max() >= 2 ** 16):
         raise ValueError(f"token ids must fit uint16 (0..65535), got range {ids.min()}..{ids.max()}; "
                          f"a vocabulary this large needs uint32 files, which train.py does not read")
-    tmp = path + '.tmp'
-    ids.astype(np.uint16).tofile(tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write(ids.astype(np.uint16).tobytes()))
     return len(ids)
 
 
-def write_meta(out_dir, enc, **extra):
-    """meta.pkl for a tiktoken-tokenized dataset. train.py reads vocab_size; sample.py
-    decodes with the encoding named here (char datasets carry stoi/itos instead)."""
-    meta = {'vocab_size': enc.n_vocab, 'encoding': enc.name, 'eot_token': enc.eot_token, **extra}
-    with open(os.path.join(out_dir, 'meta.pkl'), 'wb') as f:
-        pickle.dump(meta, f)
+def write_meta(out_dir, enc=None, **extra):
+    """meta.json for a dataset: vocab_size plus the tiktoken encoding (name, EOT token) for a
+    BPE corpus, or stoi/itos for a char corpus (pass them in extra). JSON, not pickle: a data
+    folder shared with others cannot carry code."""
+    meta = {'vocab_size': enc.n_vocab, 'encoding': enc.name, 'eot_token': enc.eot_token} if enc else {}
+    meta.update(extra)
+    atomic_json(meta, os.path.join(out_dir, 'meta.json'))
     return meta
-
-
-class _PrintProgress:
-    """A line every 10 s, for when tqdm is not installed (it comes with `datasets`)."""
-
-    def __init__(self, total, desc, unit):
-        self.n, self.total, self.desc, self.unit, self.t = 0, total, desc or '', unit, time.time()
-        self.post = ''
-
-    def update(self, k=1):
-        self.n += k
-        if time.time() - self.t > 10:
-            self.t = time.time()
-            print(f"{self.desc}: {self.n:,}" + (f"/{self.total:,}" if self.total else '')
-                  + f" {self.unit}s {self.post}", flush=True)
-
-    def set_postfix_str(self, s):
-        self.post = s
-
-    def close(self):
-        pass
-
-
-def progress_bar(total=None, desc=None, unit='doc'):
-    try:
-        from tqdm import tqdm
-        return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True)
-    except ImportError:
-        return _PrintProgress(total, desc, unit)
 
 
 _worker_enc = None
@@ -257,25 +230,27 @@ def tokenize_to_bin(docs, path, encoding='gpt2', num_proc=None, max_tokens=None,
     num_proc = num_proc or max(1, (os.cpu_count() or 2) - 1)
     chunk_docs = chunk_docs or 256 * num_proc
     docs = iter(docs)
-    n_docs = n_tokens = 0
-    bar = progress_bar(total, desc or os.path.basename(path))
-    tmp = path + '.tmp'
-    with open(tmp, 'wb') as f, mp.Pool(num_proc, _init_worker, (encoding,)) as pool:
-        while max_tokens is None or n_tokens < max_tokens:
-            batch = list(itertools.islice(docs, chunk_docs))
-            if not batch:
-                break
-            before = n_docs
-            for ids in pool.imap(encode_doc, batch, chunksize=max(1, len(batch) // (4 * num_proc))):
-                f.write(ids.tobytes())
-                n_docs += 1
-                n_tokens += len(ids)
-                if max_tokens is not None and n_tokens >= max_tokens:
+    bar = progress(total, desc or os.path.basename(path), 'doc')  # a bar on a terminal, one line in a log
+    counts = [0, 0]  # documents, tokens
+
+    def write(f):
+        with mp.Pool(num_proc, _init_worker, (encoding,)) as pool:
+            while max_tokens is None or counts[1] < max_tokens:
+                batch = list(itertools.islice(docs, chunk_docs))
+                if not batch:
                     break
-            bar.update(n_docs - before)
-            bar.set_postfix_str(f"{n_tokens / 1e6:,.1f}M tokens")
+                before = counts[0]
+                for ids in pool.imap(encode_doc, batch, chunksize=max(1, len(batch) // (4 * num_proc))):
+                    f.write(ids.tobytes())
+                    counts[0] += 1
+                    counts[1] += len(ids)
+                    if max_tokens is not None and counts[1] >= max_tokens:
+                        break
+                bar.update(counts[0] - before)
+                bar.set_postfix_str(f"{counts[1] / 1e6:,.1f}M tokens")
+    atomic_write(path, write)
     bar.close()
-    os.replace(tmp, path)
+    n_docs, n_tokens = counts
     return n_docs, n_tokens
 
 

@@ -3,7 +3,7 @@ the prepare scripts on small local fixtures, and the GPU configs."""
 import ast
 import hashlib
 import os
-import pickle
+import json
 import sys
 
 import numpy as np
@@ -123,7 +123,7 @@ def test_fineweb_prepare_on_fixture(offline, tmp_path):
     assert out['val'][0] == 7 and out['train'][0] == 53
     np.testing.assert_array_equal(read_bin(str(tmp_path / 'val.bin')), expected_tokens(offline['enc'], docs[:7]))
     np.testing.assert_array_equal(read_bin(str(tmp_path / 'train.bin')), expected_tokens(offline['enc'], docs[7:]))
-    meta = pickle.load(open(tmp_path / 'meta.pkl', 'rb'))
+    meta = json.load(open(tmp_path / 'meta.json'))
     assert meta == {'vocab_size': 50257, 'encoding': 'gpt2', 'eot_token': EOT}
 
 
@@ -156,7 +156,7 @@ def test_shakespeare_bpe_prepare(offline, tmp_path):
     train, val = read_bin(str(tmp_path / 'train.bin')), read_bin(str(tmp_path / 'val.bin'))
     split = int(len(SONNET) * 0.9)  # the char-level script's split point
     assert enc.decode(train.tolist()) == SONNET[:split] and enc.decode(val.tolist()) == SONNET[split:]
-    meta = pickle.load(open(tmp_path / 'meta.pkl', 'rb'))
+    meta = json.load(open(tmp_path / 'meta.json'))
     assert meta['vocab_size'] == 50257 and meta['encoding'] == 'gpt2'
 
 
@@ -187,7 +187,7 @@ def test_train_pads_the_bpe_vocab_and_never_samples_padding(offline, tmp_path):
                         '--final_eval=False', '--compile=False', '--wandb_log=False'],
                        cwd=ROOT, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=False)
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert ck['model_args']['vocab_size'] == 50257 and ck['model']['lm_head.weight'].shape[0] == 50304
     r = subprocess.run([sys.executable, 'sample.py', f'--out_dir={out}', '--max_new_tokens=300', '--temperature=10.0',
                         '--top_k=50304', '--start=Shall'], cwd=ROOT, capture_output=True, text=True, env=env)
@@ -198,9 +198,9 @@ def test_text_prepare_char(tmp_path):
     from data.text.prepare import prepare
     texts = [SONNET, 'zebra quartz\n' * 100]
     prepare(texts, str(tmp_path), tokenizer='char')
-    meta = pickle.load(open(tmp_path / 'meta.pkl', 'rb'))
+    meta = json.load(open(tmp_path / 'meta.json'))
     ids = np.concatenate([read_bin(str(tmp_path / 'train.bin')), read_bin(str(tmp_path / 'val.bin'))])
-    assert ''.join(meta['itos'][i] for i in ids.tolist()) == ''.join(texts)
+    assert ''.join(meta['itos'][str(i)] for i in ids.tolist()) == ''.join(texts)  # JSON keys are strings
     assert meta['vocab_size'] == len(set(''.join(texts)))
 
 

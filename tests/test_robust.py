@@ -91,7 +91,7 @@ def losses(out_dir):
 
 
 def ckpt_iter(out_dir, name='ckpt.pt'):
-    return torch.load(os.path.join(out_dir, name), weights_only=False)['iter_num']
+    return torch.load(os.path.join(out_dir, name), weights_only=True)['iter_num']
 
 
 def wait_for_iter(out_dir, alive, it=3):
@@ -228,8 +228,8 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path):
 
 
 def test_latest_and_best_checkpoints(trained):
-    ref = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=False)
-    best = torch.load(os.path.join(trained, 'ckpt_best.pt'), weights_only=False)
+    ref = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+    best = torch.load(os.path.join(trained, 'ckpt_best.pt'), weights_only=True)
     vals = {m['iter']: m['val/loss@1L'] for m in metrics(trained) if 'val/loss@1L' in m and m['iter'] > 0}
     assert ref['iter_num'] == N and ref['best_val_loss'] == min(vals.values())
     assert best['iter_num'] == min(vals, key=vals.get)
@@ -269,7 +269,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(trained, tmp_path, 
     m = re.search(r'stopping: (val|train) loss is (nan|inf|-inf|not finite) at iter (\d+)', r.stderr)
     assert m, r.stderr[-2000:]
     bad = int(m.group(3))
-    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=False)
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert N <= ck['iter_num'] < bad and f"ckpt.pt (iter {ck['iter_num']}) is the last good" in r.stderr
     assert all(torch.isfinite(v).all() for v in ck['model'].values())
     if eval_interval == 1000:  # nothing was saved during the run: the checkpoint is the original
@@ -453,7 +453,7 @@ def test_bad_inputs_get_one_line(trained, tmp_path):
     for script in (['train.py', '--max_iters=2'] + TINY, ['eval.py', f'--init_from={trained}/ckpt.pt']):
         r = fork_run(script + [f'--out_dir={blocker}/out'])
         assert r.returncode != 0 and f'cannot write to out_dir {blocker}/out' in r.stderr and 'Traceback' not in r.stderr
-    ck = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=False)
+    ck = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
     ck['model_args']['n_embd'] = 64  # weights of a 32-wide model under a 64-wide description
     torch.save(ck, tmp_path / 'edited.pt')
     r = fork_run(['eval.py', f'--init_from={tmp_path}/edited.pt', f'--out_dir={tmp_path}/ev', '--quick=True'])

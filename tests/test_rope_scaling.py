@@ -2,6 +2,7 @@
 formula against an independent computation written here, properties through the
 real model attention, the dynamic-NTK + KV-cache choice, and run-time overrides
 of a saved checkpoint."""
+import json
 import math
 import os
 import subprocess
@@ -273,8 +274,7 @@ def save_ckpt(model, path, data_dir):
 
 def test_eval_override_on_saved_checkpoint(tmp_path, char_data):
     from checkpoint import load_model as load_checkpoint
-    import pickle
-    vocab = pickle.load(open(os.path.join(char_data, 'meta.pkl'), 'rb'))['vocab_size']
+    vocab = json.load(open(os.path.join(char_data, 'meta.json')))['vocab_size']
     m = sharpen(tiny_model('rope', vocab_size=vocab))
     save_ckpt(m, str(tmp_path / 'ckpt.pt'), char_data)
     x = torch.randint(0, vocab, (1, 64))                      # 4x block_size
@@ -294,8 +294,7 @@ def test_eval_override_on_saved_checkpoint(tmp_path, char_data):
 
 
 def test_finetune_from_checkpoint_keeps_new_length_and_scaling(tmp_path, char_data):
-    import pickle
-    vocab = pickle.load(open(os.path.join(char_data, 'meta.pkl'), 'rb'))['vocab_size']
+    vocab = json.load(open(os.path.join(char_data, 'meta.json')))['vocab_size']
     m = tiny_model('rope', vocab_size=vocab)
     save_ckpt(m, str(tmp_path / 'src.pt'), char_data)
     sc = "{'type':'yarn','factor':2,'original_max_len':16}"
@@ -311,7 +310,7 @@ def test_finetune_from_checkpoint_keeps_new_length_and_scaling(tmp_path, char_da
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert 'eval @ iter 0: loss@0.5L' in out.stdout          # "before" at the original L
-    ck = torch.load(tmp_path / 'ft' / 'ckpt.pt', weights_only=False)
+    ck = torch.load(tmp_path / 'ft' / 'ckpt.pt', weights_only=True)
     a = ck['model_args']
     assert a['block_size'] == 32 and a['rope_scaling']['type'] == 'yarn'
     assert a['n_layer'] == 2 and a['n_embd'] == 32            # architecture from the source checkpoint

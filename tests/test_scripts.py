@@ -116,7 +116,7 @@ def test_gpt2_sample_eval_and_finetune(hf_gpt2, offline, tmp_path):
              '--block_size=32', '--batch_size=4', '--max_iters=2', '--eval_interval=2', '--eval_tokens=128',
              '--eval_mults=[1]', '--final_eval=False', '--compile=False', '--wandb_log=False'], env)
     assert r.returncode == 0, r.stderr[-2000:]
-    ck = torch.load(str(tmp_path / 'ft' / 'ckpt.pt'), weights_only=False)
+    ck = torch.load(str(tmp_path / 'ft' / 'ckpt.pt'), weights_only=True)
     assert ck['model_args']['gelu'] == 'tanh' and ck['config']['pos_encoding'] == 'learned'
     assert ck['config']['n_layer'] == 2  # the saved config describes the saved model
     r = run(['train.py', f'--init_from={folder}', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={tmp_path / "x"}',

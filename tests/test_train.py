@@ -42,7 +42,7 @@ def test_train_checkpoint_round_trip_and_sample(char_data, tmp_path):
              '--eval_interval=6', '--compile=True', '--eval_mults=[1, 2]'] + TINY)
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'eval @ iter 12' in r.stdout and 'tok/s' in r.stdout
-    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=False)
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert not any(k.startswith('_orig_mod.') for k in ck['model'])  # uncompiled names
     assert ck['config']['pos_encoding'] == 'learned' and ck['iter_num'] == 12
     sys.path.insert(0, ROOT)

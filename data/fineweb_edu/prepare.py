@@ -6,7 +6,7 @@ Streams HuggingFaceFW/fineweb-edu (default config sample-10BT: ~9.7M web pages,
 `datasets` package (pip install datasets). Documents are tokenized by worker
 processes and written in stream order, each followed by EOT (50256):
 the first --val_docs documents -> val.bin, the rest -> train.bin (uint16,
-~20 GB for sample-10BT), plus meta.pkl. Nothing is kept but the token files.
+~20 GB for sample-10BT), plus meta.json. Nothing is kept but the token files.
 
   python data/fineweb_edu/prepare.py                           # all of sample-10BT
   python data/fineweb_edu/prepare.py --max_tokens=500_000_000  # a 0.5B-token slice
@@ -40,6 +40,8 @@ def prepare(texts, out_dir, val_docs=10_000, max_tokens=None, num_proc=None, tot
 
 
 if __name__ == '__main__':
+    from console import exit_on_ctrl_c
+    exit_on_ctrl_c(os.path.relpath(__file__), 'run it again: its files appear only when complete')
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--hf_path', default=HF_PATH, help='the Hub dataset (or a local copy with the same configs)')
     ap.add_argument('--name', default='sample-10BT', help='fineweb-edu config: sample-10BT, sample-100BT, ...')

@@ -7,7 +7,7 @@ Streams the Hub's parquet copy emozilla/pg19 (same splits and `text` field as
 deepmind/pg19, whose loading script recent `datasets` no longer runs), so it needs
 a network and `pip install datasets`. Writes val.bin (validation split),
 test.bin (test split), train.bin (train split, ~3B tokens; skip it with
---splits validation test) and meta.pkl.
+--splits validation test) and meta.json.
 
 For evaluation on whole books use document-aware windows (data/common.py,
 document_windows): each window stays inside one book and starts at its beginning.
@@ -45,6 +45,8 @@ def prepare(splits, out_dir, num_proc=None, encoding='gpt2', totals=None):
 
 
 if __name__ == '__main__':
+    from console import exit_on_ctrl_c
+    exit_on_ctrl_c(os.path.relpath(__file__), 'run it again: its files appear only when complete')
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--splits', nargs='+', default=['validation', 'test', 'train'], choices=list(FILES))
     ap.add_argument('--hf_path', default=HF_PATH, help='a Hub dataset with PG-19 splits and a `text` field')

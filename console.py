@@ -1,0 +1,56 @@
+"""
+What a person reads: a progress bar on a terminal, one line per finished stage in a log file
+(CI, nohup, sweep logs), and one line, not a traceback, when Ctrl-C ends a script.
+
+  with progress(total=40, desc='sliding @4L', unit='batch') as bar:
+      for ...: bar.update()
+  exit_on_ctrl_c('eval.py')        # at the top of a script's main
+"""
+import signal
+import sys
+import time
+
+
+class _StageLine:
+    """tqdm's interface, minus the bar: one line when the stage ends (if it ran to its end)."""
+
+    def __init__(self, total, desc, unit):
+        self.n, self.total, self.desc, self.unit, self.t0, self.post = 0, total, desc, unit, time.time(), ''
+
+    def update(self, k=1):
+        self.n += k
+
+    def set_postfix_str(self, s):
+        self.post = s
+
+    def close(self):
+        if self.desc is not None and (self.total is None or self.n >= self.total):
+            print(f"{self.desc}: {self.n:,} {self.unit}(s) in {time.time() - self.t0:.1f}s"
+                  + (f", {self.post}" if self.post else ''), file=sys.stderr, flush=True)
+        self.desc = None  # once
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            self.close()
+
+
+def progress(total=None, desc=None, unit='it'):
+    """A tqdm bar on stderr when it is a terminal; else one line per finished stage. desc=None or
+    a single step: silent."""
+    quiet = desc is None or (total is not None and total <= 1)
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, unit=unit, disable=quiet, leave=False, dynamic_ncols=True)
+    return _StageLine(total, None if quiet else desc, unit)
+
+
+def exit_on_ctrl_c(script, hint=''):
+    """Ctrl-C (SIGINT) ends the script with one line instead of a KeyboardInterrupt traceback.
+    Whatever the script writes is atomic, so what it had written before stays whole."""
+    def handler(signum, frame):
+        sys.stderr.flush()
+        raise SystemExit(f"{script}: interrupted by Ctrl-C" + (f"; {hint}" if hint else ''))
+    signal.signal(signal.SIGINT, handler)
