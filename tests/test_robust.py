@@ -531,3 +531,106 @@ def test_smaller_ones(data, trained, tmp_path):
     r = fork_run(['eval.py', f'--out_dir={ft}', '--quick=True', '--mults=[1]', '--tokens=64', '--rope_scaling=None'])
     assert r.returncode == 0 and 'evaluating with rope_scaling=None' in r.stdout, r.stderr[-2000:]
     assert os.path.exists(os.path.join(ft, 'eval_noscaling.json'))
+
+
+# --- bad data, bad checkpoints, damaged logs: one line each, nothing already written lost ------
+
+def corpus_with_meta(d, train_ids, val_ids, vocab_size=84, raw_train=None):
+    os.makedirs(d, exist_ok=True)
+    if raw_train is not None:
+        open(os.path.join(d, 'train.bin'), 'wb').write(raw_train)
+    else:
+        np.asarray(train_ids, dtype=np.uint16).tofile(os.path.join(d, 'train.bin'))
+    np.asarray(val_ids, dtype=np.uint16).tofile(os.path.join(d, 'val.bin'))
+    json.dump({'vocab_size': vocab_size}, open(os.path.join(d, 'meta.json'), 'w'))
+    return d
+
+
+def test_bad_data_files_get_one_line(data, tmp_path):
+    base = ['train.py', f'--out_dir={tmp_path}/out', '--max_iters=2'] + TINY
+    ok = np.arange(5000) % 84
+    cases = {  # folder: the line's start
+        corpus_with_meta(str(tmp_path / 'odd'), None, ok, raw_train=b'\x01' * 5001):
+            'train.bin has 5001 bytes, not a whole number of uint16 tokens',
+        corpus_with_meta(str(tmp_path / 'val_ids'), ok, np.full(5000, 90)):
+            'val.bin holds token id 90, past the vocabulary of 84',
+        corpus_with_meta(str(tmp_path / 'train_ids'), np.full(5000, 300), ok):
+            'train.bin holds token id 300, past the vocabulary of 84',
+    }
+    for folder, line in cases.items():
+        r = fork_run(base + [f'--data_dir={folder}'])
+        assert r.returncode != 0 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+        assert f'{folder}/{line}' in r.stderr and 're-run the prepare script' in r.stderr
+    assert not os.path.exists(f'{tmp_path}/out/ckpt.pt')
+
+
+def test_bad_task_settings_get_one_line(tmp_path):
+    base = ['train.py', f'--out_dir={tmp_path}/out', '--max_iters=2'] + TINY
+    r = fork_run(base + ['--task=copy', '--task_n=1000000000'])
+    assert r.returncode != 0 and r.stderr.strip().startswith('task_n=1000000000 is too large') and \
+        'use task_n <= 1024' in r.stderr
+    r = fork_run(base + ['--task=cpy'])
+    assert r.returncode != 0 and r.stderr.strip().startswith("unknown task 'cpy'; tasks: copy")
+
+
+def test_checkpoint_missing_parts_on_resume(trained, tmp_path):
+    """A checkpoint shared as weights only cannot continue its run: resume refuses in one line
+    and names the fine-tune that works; the fine-tune then runs."""
+    for drop in (('optimizer',), ('config',), ('optimizer', 'rng', 'config')):
+        out = copy_run(trained, tmp_path / '-'.join(drop))
+        path = os.path.join(out, 'ckpt.pt')
+        ck = torch.load(path, weights_only=True)
+        for k in drop:
+            del ck[k]
+        os.remove(path)
+        torch.save(ck, path)
+        before = open(path, 'rb').read()
+        r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume', '--max_iters=200'])
+        assert r.returncode != 0 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+        assert f"cannot resume {path}: it has no {', '.join(k for k in ('optimizer', 'config') if k in drop)}" \
+            in r.stderr and f'--init_from={path} --out_dir=ANOTHER_DIR' in r.stderr
+        assert open(path, 'rb').read() == before
+    data_dir = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)['config']['data_dir']
+    r = fork_run(['train.py', f'--init_from={path}', f'--out_dir={tmp_path}/ft', f'--data_dir={data_dir}',
+                  '--max_iters=2'] + TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_damaged_metrics_line_does_not_block_resume(trained, tmp_path):
+    out = copy_run(trained, tmp_path)
+    path = os.path.join(out, 'metrics.jsonl')
+    lines = open(path).read().splitlines(keepends=True)
+    k = next(i for i, l in enumerate(lines) if json.loads(l).get('iter') == 4 and 'train/loss' in l)
+    lines[k] = '{"iter": 4, "train/lo\n'  # a line edited or cut mid-write
+    open(path, 'w').writelines(lines)
+    r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume', f'--max_iters={N + 5}'])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f'{path}: 1 damaged line(s) moved to {path}.damaged' in r.stdout
+    assert open(path + '.damaged').read() == '{"iter": 4, "train/lo\n'  # kept, not lost
+    its = [m['iter'] for m in metrics(out) if 'train/loss' in m]
+    assert its == sorted(set(its)) and its[-1] == N + 5 and 4 not in its
+
+
+def test_explicit_data_dir_that_does_not_fit_is_refused(trained, tmp_path):
+    """eval.py --data_dir=FOLDER with another vocabulary is refused in one line, never silently
+    replaced by the run's own data; a fitting one is used."""
+    other = corpus_with_meta(str(tmp_path / 'other'), np.arange(5000) % 50, np.arange(5000) % 50, vocab_size=50)
+    out = copy_run(trained, tmp_path)
+    r = fork_run(['eval.py', f'--out_dir={out}', f'--data_dir={other}', '--quick=True', '--tokens=64'])
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    have = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)['meta']['vocab_size']
+    assert f'--data_dir does not fit this run: {other}: another vocabulary (50 tokens; the run has {have})' in r.stderr
+    own = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)['config']['data_dir']
+    r = fork_run(['eval.py', f'--out_dir={out}', f'--data_dir={own}', '--quick=True', '--tokens=64', '--mults=[1]'])
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_eval_split_shorter_than_a_window_is_one_line(trained, tmp_path):
+    meta = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)['meta']
+    short = corpus_with_meta(str(tmp_path / 'short'), np.arange(5000) % 16, np.arange(20) % 16)
+    json.dump(meta, open(os.path.join(short, 'meta.json'), 'w'))  # the run's own vocabulary
+    r = fork_run(['eval.py', f'--init_from={trained}/ckpt.pt', f'--out_dir={tmp_path}/ev', f'--data_dir={short}',
+                  '--tokens=64'])
+    assert r.returncode != 0 and 'Traceback' not in r.stderr
+    assert r.stderr.strip().startswith('eval.py: the eval data has 20 tokens, too few for one window of 32')
+    assert not os.path.exists(f'{tmp_path}/ev/eval.json')
