@@ -1712,7 +1712,8 @@ def deberta_log_bucket(rel, bucket_size, max_position):
     authors' make_log_bucket_position): rel clamped to +-(max_position - 1); with
     mid = bucket_size // 2, |rel| <= mid is kept exactly, larger distances become
     sign(rel) * (mid + ceil(log(|rel|/mid) / log((max_position - 1)/mid) * (mid - 1))),
-    so |rel| = max_position - 1 lands on bucket_size - 1. Odd in rel. float64 logs."""
+    so |rel| = max_position - 1 lands on 2 * mid - 1: bucket_size - 1 for an even bucket_size,
+    bucket_size - 2 for an odd one. Odd in rel. float64 logs."""
     mid = bucket_size // 2
     rel = torch.as_tensor(rel).long().clamp(-(max_position - 1), max_position - 1)
     a = rel.abs()
@@ -1740,7 +1741,9 @@ class DeBERTa(PositionalEncoding):
     (k = position_buckets; bucket = deberta_log_bucket, the v2/v3 log buckets).
     The paper's attention is bidirectional; this is the causal restriction of the same
     score: keys j <= i only, so c2p reads P's rows k.. (i - j >= 0) and p2c its rows
-    ..k (d(j, i) = k - bucket(i - j)), and every row stays in use. The authors' code
+    ..k (d(j, i) = k - bucket(i - j)). Row 0 is never read by a causal model (it would
+    take bucket(i - j) = k, past the largest bucket 2 * (k // 2) - 1); with an odd k, rows 1
+    and 2k - 1 are never read either. The authors' code
     (and HF's) effectively indexes p2c with d(i, j) like c2p (microsoft/DeBERTa issue
     #162); this follows the paper's d(j, i). No absolute position embedding, no biases
     on the position projections (eq. 4), init N(0, 0.02) (DeBERTa's initializer_range).

@@ -324,6 +324,21 @@ def test_deberta_log_bucket_published_facts():
     assert torch.equal(P.deberta_log_bucket(-torch.arange(0, 2000), 256, 512), -b)  # odd
 
 
+@pytest.mark.parametrize('k,mx', [(8, 16), (64, 128), (7, 16), (5, 40)])
+def test_deberta_causal_table_rows_read(k, mx):
+    """Which rows of P a causal model reads, counted through the reference bucket (not the code
+    under test): c2p reads k + b(d), p2c reads k - b(d) for d = i - j >= 0. Row 0 is never read;
+    an odd k leaves rows 1 and 2k - 1 unread too; the farthest distance lands on 2 * (k // 2) - 1."""
+    b = [deberta_bucket_reference(d, k, mx) for d in range(4 * mx)]
+    read = {min(2 * k - 1, max(0, k + s * x)) for x in b for s in (1, -1)}
+    unread = sorted(set(range(2 * k)) - read)
+    assert unread == ([0] if k % 2 == 0 else [0, 1, 2 * k - 1])
+    assert b[mx - 1] == 2 * (k // 2) - 1 == (k - 1 if k % 2 == 0 else k - 2)
+    m = P.REGISTRY['deberta'](tiny_config('deberta', block_size=mx), position_buckets=k, max_relative_positions=mx)
+    ctx = m.context(torch.arange(4 * mx), torch.arange(4 * mx))
+    assert sorted(set(ctx.extra['c2p'].tolist()) | set(ctx.extra['p2c'].tolist())) == sorted(read)
+
+
 def test_deberta_score_matches_disentangled_formula():
     """z_ij = (Q_i.K_j + Q_i.K^r[k + b(i - j)] + K_j.Q^r[k + b(j - i)]) / sqrt(3d), indices clamped to
     [0, 2k), K^r = P W_kr, Q^r = P W_qr split into heads; the last queries of a cached sequence, with

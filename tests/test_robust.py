@@ -634,3 +634,34 @@ def test_eval_split_shorter_than_a_window_is_one_line(trained, tmp_path):
     assert r.returncode != 0 and 'Traceback' not in r.stderr
     assert r.stderr.strip().startswith('eval.py: the eval data has 20 tokens, too few for one window of 32')
     assert not os.path.exists(f'{tmp_path}/ev/eval.json')
+
+
+# --- logs a person can read ---------------------------------------------------------------------
+
+def test_log_file_gets_one_line_per_stage_and_no_bars(trained, tmp_path):
+    """Off a terminal (a log file, CI, nohup), eval.py prints one line per finished stage and
+    no progress bar residue."""
+    r = fork_run(['eval.py', f'--init_from={trained}/ckpt.pt', f'--out_dir={tmp_path}', '--tokens=512',
+                  '--mults=[1,2]', '--batch_tokens=64'])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert '%|' not in r.stderr and '\r' not in r.stderr
+    stages = [l for l in r.stderr.splitlines() if ' batch(s) in ' in l]
+    assert [l.split(':')[0] for l in stages] == ['non-overlapping @1L', 'non-overlapping @2L', 'sliding @1L',
+                                                 'sliding @2L', 'last-k (window 16)', 'last-k (window 32)']
+
+
+@pytest.mark.parametrize('script', ['eval.py', 'sample.py'])
+def test_ctrl_c_ends_a_script_with_one_line(trained, tmp_path, script):
+    args = {'eval.py': [f'--init_from={trained}/ckpt.pt', f'--out_dir={tmp_path}', '--tokens=200000', '--mults=[1]',
+                        '--batch_tokens=16'],
+            'sample.py': [f'--out_dir={trained}', '--max_new_tokens=100000', '--num_samples=50']}[script]
+    p = subprocess.Popen(cmd([script] + args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=ENV)
+    first = p.stdout.readline()  # the script is past its imports and loading
+    assert first, p.stderr.read()
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and 'Traceback' not in err and 'KeyboardInterrupt' not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith(f'{script}: interrupted by Ctrl-C')
+    assert not os.path.exists(os.path.join(tmp_path, 'eval.json'))
