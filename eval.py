@@ -326,7 +326,7 @@ if __name__ == '__main__':
     if o.doc_aware:  # whole documents (e.g. PG-19 books): needs a BPE corpus whose meta names its EOT
         doc_eot = (ckpt.get('meta') or checkpoint.read_meta(folder) or {}).get('eot_token')
         if doc_eot is None:
-            sys.exit(f"--doc_aware=True needs an EOT token in {folder}/meta.pkl (BPE corpora from "
+            sys.exit(f"--doc_aware=True needs an EOT token in {folder}/meta.json (BPE corpora from "
                      f"data/*/prepare.py have one; char corpora have no document boundaries)")
     print(f"scheme {model.config.pos_encoding} (iter {ckpt.get('iter_num')}), trained with rope_scaling="
           f"{ckpt['model_args'].get('rope_scaling')}, evaluating with rope_scaling={getattr(model.pe, 'scaling', None)}"
