@@ -217,8 +217,8 @@ else:
 master = rank == 0
 config['world_size'] = world_size  # saved in each checkpoint's config, so a resume can tell a changed world size
 if init_from == 'resume' and master and ckpt['config'].get('world_size', world_size) != world_size:
-    print(f"resuming on {world_size} rank(s) a run checkpointed on {ckpt['config']['world_size']}: it continues "
-          f"the same global batches (a pure function of seed and iteration), split over {world_size} rank(s)")
+    print(f"resuming with world size {ckpt['config']['world_size']} -> {world_size}: the run continues with the same "
+          f"global batches (a pure function of seed and iteration), so its losses differ only in float rounding")
 # The global batch (rows of block_size tokens) is split over the ranks as evenly as the sizes allow,
 # and each rank's share into micro-steps of at most batch_size rows. Each micro-step's mean loss is
 # weighted by its share of the global batch's targets (x world_size, since DDP averages gradients
