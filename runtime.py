@@ -6,6 +6,7 @@ bf16 autocast and TF32 settings and the tables they write are comparable.
   rt = runtime.setup('auto', 'auto')   # CUDA + bf16 autocast where available, else CPU float32
   with rt.autocast: logits, loss = model(x, y)
 """
+import atexit
 import os
 import threading
 import time
@@ -94,7 +95,15 @@ class Heartbeat:
         self.rank, self.world_size, self.every = rank, world_size, every
         # a torchrun restart reuses the store: its counters start afresh
         self.prefix = f"nanoPE/heartbeat/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-        threading.Thread(target=self._beat, daemon=True).start()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+        self.thread.start()
+        atexit.register(self.stop)
+
+    def stop(self):
+        """End the thread, and close its store client, before the interpreter shuts down."""
+        self.done.set()
+        self.thread.join(timeout=10)
 
     def _store(self):  # a client of its own per thread: a store connection is not shared across threads
         import torch.distributed as dist
@@ -104,9 +113,9 @@ class Heartbeat:
     def _beat(self):
         try:
             store = self._store()
-            while True:
+            while not self.done.is_set():
                 store.add(self.prefix + str(self.rank), 1)
-                time.sleep(self.every)
+                self.done.wait(self.every)
         except Exception:  # noqa: BLE001 - the store is gone (the launcher exited): nothing left to tell
             return
 
