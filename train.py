@@ -6,9 +6,9 @@ DDP (gloo on CPU, nccl on CUDA):
 Any global below can be set by a config file or `--key=value` (nanoGPT style, see
 configurator.py); unknown keys, values of the wrong type and values out of range are errors.
 """
+import datetime
 import gc
 import json
-import datetime
 import math
 import os
 import random
@@ -185,7 +185,7 @@ if ddp:
         resume, instead of a traceback. Any other exception gets the usual traceback."""
         if not (isinstance(e, dist.DistError) or isinstance(e, RuntimeError) and 'gloo' in str(e)):
             return sys.__excepthook__(kind, e, tb)
-        # torchrun SIGTERMs the survivors of a dead worker: let this line finish first (at most 4 s)
+        # torchrun SIGTERMs the survivors of a dead worker: let this line finish first (3-8 s)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         sys.stdout.flush()
