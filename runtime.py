@@ -6,9 +6,13 @@ bf16 autocast and TF32 settings and the tables they write are comparable.
   rt = runtime.setup('auto', 'auto')   # CUDA + bf16 autocast where available, else CPU float32
   with rt.autocast: logits, loss = model(x, y)
 """
+import atexit
 import os
+import threading
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 
@@ -78,6 +82,65 @@ def split_batch(rows, world_size, rank, batch_size):
     n = share[rank]
     accum = -(-n // batch_size)
     return sum(share[:rank]), [n // accum + (m < n % accum) for m in range(accum)]
+
+
+class Heartbeat:
+    """A DDP rank's pulse in the launcher's c10d store (MASTER_ADDR:MASTER_PORT; torchrun's
+    agent holds it, so it outlives the workers): a daemon thread adds 1 to this rank's counter
+    every `every` seconds. A rank whose counter stands still is killed, crashed or frozen
+    (SIGSTOP, a dead node); one blocked in a collective still beats, so after a failed
+    collective lost() tells the ranks that are gone from the ones that are merely late."""
+
+    def __init__(self, rank, world_size, every=1.0):
+        self.rank, self.world_size, self.every = rank, world_size, every
+        # a torchrun restart reuses the store: its counters start afresh
+        self.prefix = f"nanoPE/heartbeat/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+        self.thread.start()
+        atexit.register(self.stop)
+
+    def stop(self):
+        """End the thread, and close its store client, before the interpreter shuts down."""
+        self.done.set()
+        self.thread.join(timeout=10)
+
+    def _store(self):  # a client of its own per thread: a store connection is not shared across threads
+        import torch.distributed as dist
+        return dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False,
+                             timeout=timedelta(seconds=5))
+
+    def _beat(self):
+        try:
+            store = self._store()
+            while not self.done.is_set():
+                store.add(self.prefix + str(self.rank), 1)
+                self.done.wait(self.every)
+        except Exception:  # noqa: BLE001 - the store is gone (the launcher exited): nothing left to tell
+            return
+
+    def lost(self, window=3.0):
+        """{rank: its last word, or ''} for the other ranks whose counter did not move for
+        `window` seconds (several beats, so a loaded machine's late beat is not taken for
+        death); None if the store is unreachable."""
+        others = [r for r in range(self.world_size) if r != self.rank]
+        try:
+            store = self._store()
+            before = [store.add(self.prefix + str(r), 0) for r in others]
+            time.sleep(window)
+            after = [store.add(self.prefix + str(r), 0) for r in others]
+            gone = [r for r, a, b in zip(others, before, after) if a == b]
+            words = [self.prefix + f'why/{r}' for r in gone]
+            return {r: store.get(k).decode() if store.check([k]) else '' for r, k in zip(gone, words)}
+        except Exception:  # noqa: BLE001 - the launcher (and its store) died with the rank, or the network is down
+            return None
+
+    def last_word(self, text):
+        """Leave why this rank gives up, for the ranks that see it go."""
+        try:
+            self._store().set(self.prefix + f'why/{self.rank}', text)
+        except Exception:  # noqa: BLE001 - no store: the others will say "killed, crashed or frozen"
+            pass
 
 
 def wandb_init(project, name, config, out_dir, resume_id=None):

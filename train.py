@@ -6,6 +6,7 @@ DDP (gloo on CPU, nccl on CUDA):
 Any global below can be set by a config file or `--key=value` (nanoGPT style, see
 configurator.py); unknown keys, values of the wrong type and values out of range are errors.
 """
+import datetime
 import gc
 import json
 import math
@@ -88,12 +89,15 @@ device = 'auto'           # 'auto' | 'cpu' | 'cuda' | 'cuda:0' ...
 dtype = 'auto'            # 'auto' (bf16 on CUDA if supported, else float32) | 'float32' | 'bfloat16' | 'float16'
 compile = True
 seed = 1337
+ddp_timeout = 600.0       # DDP: seconds a rank waits in a collective before it gives up on the others; must
+                          # outlast rank 0's longest solo phase (an evaluation plus a save), see docs/reliability.md
 # -----------------------------------------------------------------------------
 RULES = dict(batch_size='>0', block_size='>0', task_n='>=0', pos_max='>=0',
              positions=(lambda v: v in ('plain', 'randomized', 'offset'), "'plain', 'randomized' or 'offset'"), gradient_accumulation_steps='>0', n_layer='>0', n_head='>0',
              n_embd='>0', max_iters='>=0', eval_interval='>0', log_interval='>0', eval_tokens='>0',
              final_eval_tokens='>=0', learning_rate='>0', min_lr='>=0', warmup_iters='>=0', lr_decay_iters='>=0',
              weight_decay='>=0', grad_clip='>=0', dropout='[0,1)', beta1='[0,1)', beta2='[0,1)')
+RULES['ddp_timeout'] = '>0'
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and k != 'RULES'
                and isinstance(v, (int, float, bool, str, list, dict, type(None)))]
 explicit_keys = configure(globals(), sys.argv[1:], RULES, keys=config_keys)
@@ -177,11 +181,52 @@ except ValueError as e:
 device, device_type, dtype, autocast = rt.device, rt.device_type, rt.dtype, rt.autocast
 ptdtype = rt.ptdtype
 if ddp:
-    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+    # an explicit timeout: a frozen rank (SIGSTOP, a dead node) otherwise holds the others for gloo's 30 min
+    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
+                            timeout=datetime.timedelta(seconds=ddp_timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    heartbeat = runtime.Heartbeat(rank, world_size)
+
+    def lost_rank(kind, e, tb):
+        """sys.excepthook under DDP: a collective that failed because a rank died or froze (or
+        outlasted ddp_timeout) ends this rank with one line naming the lost rank(s) and how to
+        resume, instead of a traceback. Any other exception gets the usual traceback."""
+        if not (isinstance(e, dist.DistError) or isinstance(e, RuntimeError) and 'gloo' in str(e)):
+            return sys.__excepthook__(kind, e, tb)
+        # torchrun SIGTERMs the survivors of a dead worker: let this line finish first (3-8 s)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sys.stdout.flush()
+        lost, others = heartbeat.lost(), [r for r in range(world_size) if r != rank]
+        ck = os.path.join(out_dir, 'ckpt.pt')
+        saved = globals().get('last_saved') if master else None  # (only rank 0 saves, so only it knows)
+        resume = (f"resume from {ck}" + (f" (iter {saved})" if saved is not None else '')
+                  + " by running the same command with --init_from=resume" if os.path.exists(ck) else
+                  f"nothing was saved yet ({ck} does not exist): run the same command again")
+        names = lambda rs: ('rank ' if len(rs) == 1 else 'ranks ') + ', '.join(map(str, rs))  # noqa: E731
+        if lost and any(lost.values()):  # a rank that gave up first said why
+            why = f"lost {names(lost)}, which gave up first: " + '; '.join(w for w in lost.values() if w)
+        elif lost:
+            why = f"lost {names(lost)} (no heartbeat for 3 s: killed, crashed or frozen)"
+        elif lost is None:
+            why = (f"lost contact with {names(others)} and with the launcher's store (the node or the launcher "
+                   f"is gone?)")
+        else:  # everyone is alive: a rank was busy for longer than the timeout
+            cause = str(e).split('] ', 1)[-1].split('. ')[0][:120]
+            why = (f"a collective failed ({cause}) while every rank was alive: a rank-0-only phase (evaluation, "
+                   f"save, data preparation) may outlast ddp_timeout={ddp_timeout:g}s; raise --ddp_timeout")
+            heartbeat.last_word(why)
+        print(f"[rank {rank}] {why}; the run cannot go on: {resume}", file=sys.stderr, flush=True)
+        os._exit(1)  # not a normal exit: gloo's teardown with a peer gone can abort with a C++ message
+
+    sys.excepthook = lost_rank
 else:
     rank, world_size = 0, 1
 master = rank == 0
+config['world_size'] = world_size  # saved in each checkpoint's config, so a resume can tell a changed world size
+if init_from == 'resume' and master and ckpt['config'].get('world_size', world_size) != world_size:
+    print(f"resuming with world size {ckpt['config']['world_size']} -> {world_size}: the run continues with the same "
+          f"global batches (a pure function of seed and iteration), so its losses differ only in float rounding")
 # The global batch (rows of block_size tokens) is split over the ranks as evenly as the sizes allow,
 # and each rank's share into micro-steps of at most batch_size rows. Each micro-step's mean loss is
 # weighted by its share of the global batch's targets (x world_size, since DDP averages gradients
@@ -487,7 +532,7 @@ def stopping():
 
 signal.signal(signal.SIGTERM, request_stop)
 signal.signal(signal.SIGINT, request_stop)
-ctrl_group = dist.new_group(backend='gloo') if ddp else None
+ctrl_group = dist.new_group(backend='gloo', timeout=datetime.timedelta(seconds=ddp_timeout)) if ddp else None
 stop_flag, stop_work = torch.zeros(1, dtype=torch.int32), None
 
 

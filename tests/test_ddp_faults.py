@@ -1,0 +1,122 @@
+"""Ranks that die or freeze under torchrun (2 CPU ranks, gloo): the survivor exits within a
+bound with one line on its own stderr naming the lost rank and how to resume, and the
+resumed run continues the uninterrupted run's losses, on the same or another world size."""
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from test_robust import ENV, TINY, ckpt_iter, data, fork_run, losses, run, wait_for_iter, worker_pid  # noqa: F401
+
+N = 300  # iterations: enough (~5 ms each) that a fault lands mid-training, after a save
+ARGS = ['train.py', f'--max_iters={N}', '--eval_interval=10', '--final_eval=False'] + TINY
+
+
+def launch(args, logs):
+    """torchrun, 2 ranks; each worker's stdout and stderr go to their own files under `logs`,
+    so a worker's own stderr can be told from torchrun's summary."""
+    return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                             f'--log-dir={logs}', '--redirects=3'] + args, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def worker_stderr(logs, rank):
+    return open(glob.glob(f'{logs}/*/attempt_0/{rank}/stderr.log')[0]).read()
+
+
+def alive(pid):
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
+def fault(data, tmp_path, sig, extra=()):
+    """Send `sig` to rank 1 once iteration 15 is logged (after the save at 10); return the
+    seconds rank 0 took to exit after it, rank 0's own stderr, the out_dir and torchrun's rc."""
+    out, logs = str(tmp_path / 'run'), str(tmp_path / 'logs')
+    p = launch(ARGS + [f'--data_dir={data}', f'--out_dir={out}'] + list(extra), logs)
+    r1 = None
+    try:
+        wait_for_iter(out, lambda: p.poll() is None, 15)
+        r0, r1 = worker_pid(p.pid, 0), worker_pid(p.pid, 1)
+        t = time.time()
+        os.kill(r1, sig)
+        while alive(r0) and time.time() - t < 60:
+            time.sleep(0.02)
+        took = time.time() - t
+        if sig == signal.SIGSTOP:  # torchrun would wait 30 s for the frozen rank to honour its SIGTERM
+            os.kill(r1, signal.SIGKILL)
+        p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            for pid in (r1, p.pid):
+                if pid:
+                    os.kill(pid, signal.SIGKILL)
+            p.wait()
+    return took, worker_stderr(logs, 0), out, p.returncode
+
+
+@pytest.fixture(scope='module')
+def killed(data, tmp_path_factory):
+    return fault(data, tmp_path_factory.mktemp('killed'), signal.SIGKILL)
+
+
+@pytest.fixture(scope='module')
+def reference(data, tmp_path_factory):
+    """The same 2-rank run, uninterrupted."""
+    out = str(tmp_path_factory.mktemp('ref') / 'run')
+    r = run(ARGS + [f'--data_dir={data}', f'--out_dir={out}'], torchrun=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return losses(out)
+
+
+def test_sigkill_of_rank_1_ends_rank_0_with_one_line(killed):
+    took, err, out, rc = killed
+    assert rc != 0
+    assert took < 10, f"rank 0 took {took:.1f} s to exit"  # expected: the 3 s heartbeat window
+    saved = ckpt_iter(out)
+    assert 10 <= saved < N
+    assert re.fullmatch(rf'\[rank 0\] lost rank 1 \(no heartbeat .*killed, crashed or frozen\).* resume from '
+                        rf'{re.escape(out)}/ckpt.pt \(iter {saved}\) .*--init_from=resume\n', err), err
+    assert 'Traceback' not in err
+
+
+def test_frozen_rank_1_ends_rank_0_after_ddp_timeout(data, tmp_path):
+    """SIGSTOP: rank 1's sockets stay open, so only the process-group timeout can end rank 0's wait."""
+    took, err, out, rc = fault(data, tmp_path, signal.SIGSTOP, ['--ddp_timeout=5'])
+    assert rc != 0
+    assert 5 <= took < 20, f"rank 0 took {took:.1f} s to exit"  # expected: 5 s timeout + the 3 s window
+    assert re.fullmatch(r'\[rank 0\] lost rank 1 \(no heartbeat .*frozen\).*--init_from=resume\n', err), err
+    assert f'(iter {ckpt_iter(out)})' in err and 'Traceback' not in err
+
+
+def test_resume_after_the_kill_continues_the_same_losses(killed, reference, tmp_path):
+    """Same world size: the checkpoint saved before the kill loads, the lines logged after it are
+    dropped and logged again, and every iteration's loss is the uninterrupted run's, bit for bit."""
+    out = str(tmp_path / 'run')
+    shutil.copytree(killed[2], out)
+    r = run(ARGS + [f'--out_dir={out}', '--init_from=resume'], torchrun=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'world size' not in r.stdout
+    b = losses(out)
+    assert sorted(b) == list(range(1, N + 1)) and b == reference
+
+
+def test_resume_on_another_world_size_says_so(killed, reference, tmp_path):
+    """One process resumes the 2-rank checkpoint: it says so and continues the same global
+    batches, equal to the 2-rank run up to float summation order."""
+    out = str(tmp_path / 'run')
+    shutil.copytree(killed[2], out)
+    r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume'])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'resuming with world size 2 -> 1: the run continues' in r.stdout
+    b = losses(out)
+    assert sorted(b) == list(range(1, N + 1)) and max(abs(b[k] - reference[k]) for k in b) < 1e-5
