@@ -96,8 +96,7 @@ RULES = dict(batch_size='>0', block_size='>0', task_n='>=0', pos_max='>=0',
              positions=(lambda v: v in ('plain', 'randomized', 'offset'), "'plain', 'randomized' or 'offset'"), gradient_accumulation_steps='>0', n_layer='>0', n_head='>0',
              n_embd='>0', max_iters='>=0', eval_interval='>0', log_interval='>0', eval_tokens='>0',
              final_eval_tokens='>=0', learning_rate='>0', min_lr='>=0', warmup_iters='>=0', lr_decay_iters='>=0',
-             weight_decay='>=0', grad_clip='>=0', dropout='[0,1)', beta1='[0,1)', beta2='[0,1)')
-RULES['ddp_timeout'] = '>0'
+             weight_decay='>=0', grad_clip='>=0', dropout='[0,1)', beta1='[0,1)', beta2='[0,1)', ddp_timeout='>0')
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and k != 'RULES'
                and isinstance(v, (int, float, bool, str, list, dict, type(None)))]
 explicit_keys = configure(globals(), sys.argv[1:], RULES, keys=config_keys)
