@@ -18,11 +18,12 @@ import glob
 import json
 import math
 import os
+import signal
 import sys
 
-import numpy as np
-
-from checkpoint import atomic_json
+if __name__ == '__main__':  # Ctrl-C: one line, no traceback (every report file is replaced whole)
+    signal.signal(signal.SIGINT, lambda *_: sys.exit("compare: interrupted; run it again"))
+import numpy as np  # noqa: E402
 
 
 def label_of(res):
@@ -330,6 +331,7 @@ def make_task_report(dirs, report_dir, notes=''):
         ax.set_title(f"{t} (train 1..{N})", fontsize=9)
         ax.set_xlabel('size (bin start)', fontsize=7)
     _save(fig, os.path.join(report_dir, 'tasks.png'))
+    from checkpoint import atomic_json
     atomic_json(runs, os.path.join(report_dir, 'tasks.json'))
     return atomic_text('\n'.join(parts), os.path.join(report_dir, 'report.md'))
 
@@ -385,7 +387,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    try:
-        main(sys.argv[1:])
-    except KeyboardInterrupt:
-        sys.exit("compare: interrupted; nothing half-written (each report file is replaced whole), run it again")
+    main(sys.argv[1:])

@@ -43,9 +43,12 @@ import subprocess
 import sys
 import time
 
-import positional
-from checkpoint import atomic_json, lock_out_dir
-from compare import read_result
+if __name__ == '__main__':  # a Ctrl-C before the runs start (torch loading, the dry run): one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: sys.exit("sweep: interrupted before any run started; run the same "
+                                                      "command again"))
+import positional  # noqa: E402
+from checkpoint import atomic_json, lock_out_dir  # noqa: E402
+from compare import read_result  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALINGS = ['linear', 'ntk', 'dynamic', 'yarn', 'llama3', 'yarn_nomscale', 'longrope', 'self_extend', 'rerope',
@@ -115,12 +118,11 @@ def on_signal(signum, frame):
             pass
 
 
-def die_with_parent(parent):
+def die_with_parent(parent, prctl):
     """In the child before exec: SIGTERM when sweep.py dies (even by kill -9), so a run saves and stops
-    rather than running on detached (Linux prctl PR_SET_PDEATHSIG; elsewhere a no-op)."""
-    if sys.platform.startswith('linux'):
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+    rather than running on detached (Linux prctl PR_SET_PDEATHSIG, resolved before the fork)."""
+    if prctl is not None:
+        prctl(1, signal.SIGTERM)
         if os.getppid() != parent:  # the sweep died before the prctl
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -157,11 +159,18 @@ def start(cmd, log_path, env=None):
         # a session of its own: a terminal's Ctrl-C reaches the sweep only, which passes on one SIGTERM
         p = subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
-                             preexec_fn=lambda parent=os.getpid(): die_with_parent(parent))
+                             preexec_fn=lambda parent=os.getpid(), f=linux_prctl(): die_with_parent(parent, f))
     children.append(p)
     if stop_signal:  # the signal came while it was starting
         on_signal(stop_signal, None)
     return p
+
+
+def linux_prctl():
+    """libc's prctl, or None off Linux."""
+    if sys.platform.startswith('linux'):
+        import ctypes
+        return ctypes.CDLL(None).prctl
 
 
 def stop_if_asked():
@@ -442,7 +451,4 @@ def train_config(args):
 
 
 if __name__ == '__main__':
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except KeyboardInterrupt:  # (before any run started: later a Ctrl-C stops the runs, see on_signal)
-        sys.exit("sweep: interrupted before any run started; run the same command again")
+    sys.exit(main(sys.argv[1:]))

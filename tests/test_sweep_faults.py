@@ -204,20 +204,29 @@ def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_re
     assert results(out) == task_ref['results']
 
 
-def test_damaged_results_are_named_and_redone(lm_ref):
+def test_damaged_results_are_named_and_redone(lm_ref, tmp_path):
     """A truncated eval_*.json and an eval.json with complete: false (a final eval stopped half way):
-    each named in one line, moved aside, and redone (eval.py / train.py's final eval), nothing else."""
+    each named in one line, moved aside, and redone (eval.py / train.py's final eval), nothing else.
+    A run folder still locked (a child of a killed sweep, saving) is waited for, not reported failed."""
+    import fcntl
     out = lm_ref['out']
     scaled, alibi = os.path.join(out, 'rope', 'eval_linear_x16.json'), os.path.join(out, 'alibi', 'eval.json')
     text = open(scaled).read()
     open(scaled, 'w').write(text[:len(text) // 2])
     res = json.load(open(alibi))
     json.dump(dict(res, complete=False, sliding=res['sliding'][:1]), open(alibi, 'w'))
-    r = sweep(lm_ref['args'])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    lines = r.stdout.splitlines()
-    assert f"sweep: {scaled} is truncated or corrupt JSON" in r.stdout and f"moved to {scaled}.bad, redoing it" in r.stdout
-    assert f"sweep: {alibi} is incomplete (complete: false" in r.stdout and os.path.exists(alibi + '.bad')
+    lock = open(os.path.join(out, 'alibi', '.lock'), 'w')
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    lock.write('PID 4242 (train.py, stopped by its sweep)\n')
+    lock.flush()
+    p, log = start(lm_ref['args'], tmp_path)
+    waited = wait_for(p, log.name, f"waiting for PID 4242 (train.py, stopped by its sweep) to let go of {out}/alibi")
+    lock.close()
+    said = output(p, log)
+    assert waited and p.returncode == 0, said[-3000:]
+    lines = said.splitlines()
+    assert f"sweep: {scaled} is truncated or corrupt JSON" in said and f"moved to {scaled}.bad, redoing it" in said
+    assert f"sweep: {alibi} is incomplete (complete: false" in said and os.path.exists(alibi + '.bad')
     assert [line.split()[2] for line in lines if line.startswith('$ ')] == ['eval.py', 'train.py']
     assert tables(out) == lm_ref['tables'] and results(out) == lm_ref['results']
 
