@@ -8,10 +8,14 @@ context-extension method), run the passkey probe, and write the report (compare.
   python sweep.py --schemes=rope,alibi --max_iters=20 --out=out-tiny   # a quick check
   python sweep.py --key=value                      # any other train.py key, for every run
 
-Resumable: a run whose eval.json is at max_iters is not trained again, a half-trained run
-resumes from its checkpoint (init_from='resume'), and each eval/passkey JSON that
-exists is kept. Re-running the same command after an interruption finishes the sweep.
-A run that fails is reported and skipped; the report covers the runs that finished.
+Resumable: a run whose eval.json is whole, complete and at max_iters is not trained again, a
+half-trained run resumes from its checkpoint (init_from='resume'), and each eval/passkey JSON
+that is whole is kept (a damaged one is named, moved to NAME.bad and redone). SIGTERM or Ctrl-C
+passes SIGTERM on to the running children, which save a checkpoint and exit; a kill -9 of the
+sweep sends them SIGTERM too (Linux). Re-running the same command after any of these finishes
+the sweep with the report an uninterrupted one writes. One sweep per --out at a time (OUT/.lock).
+A run that fails or was stopped is reported with its log (RUN/sweep.log, where each child's
+output goes) and skipped; the report covers the runs that finished.
 
 The algorithmic task suite (tasks.py; issue 15): every task x scheme x position option,
 trained from scratch, exact match by length up to 4x the training sizes, heat maps:
@@ -36,6 +40,7 @@ Sweep options (the rest go to train.py):
                       --passkey_iters=N (default 300), --passkey_trials=N prompts per
                       length x depth cell (default 20)
 """
+import ctypes
 import json
 import os
 import signal
@@ -103,6 +108,7 @@ def scaling_dicts(names, factor, L, rot_dim=32):
 
 children = []       # running children: a SIGTERM/SIGINT to the sweep is passed on to each
 stop_signal = None  # the signal that asked the sweep to stop
+PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith('linux') else None
 
 
 def on_signal(signum, frame):
@@ -120,7 +126,7 @@ def on_signal(signum, frame):
 
 def die_with_parent(parent, prctl):
     """In the child before exec: SIGTERM when sweep.py dies (even by kill -9), so a run saves and stops
-    rather than running on detached (Linux prctl PR_SET_PDEATHSIG, resolved before the fork)."""
+    rather than running on detached (Linux prctl PR_SET_PDEATHSIG; libc's prctl is looked up before the fork)."""
     if prctl is not None:
         prctl(1, signal.SIGTERM)
         if os.getppid() != parent:  # the sweep died before the prctl
@@ -159,18 +165,11 @@ def start(cmd, log_path, env=None):
         # a session of its own: a terminal's Ctrl-C reaches the sweep only, which passes on one SIGTERM
         p = subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
-                             preexec_fn=lambda parent=os.getpid(), f=linux_prctl(): die_with_parent(parent, f))
+                             preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
     children.append(p)
     if stop_signal:  # the signal came while it was starting
         on_signal(stop_signal, None)
     return p
-
-
-def linux_prctl():
-    """libc's prctl, or None off Linux."""
-    if sys.platform.startswith('linux'):
-        import ctypes
-        return ctypes.CDLL(None).prctl
 
 
 def stop_if_asked():
@@ -243,11 +242,6 @@ def claim(d, args):
     atomic_json(args, os.path.join(d, 'sweep_args.json'))
 
 
-def on_stop_signals():
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
-
-
 def main(argv):
     from configurator import configure
     sweep = dict(out='', schemes='', scalings=','.join(SCALINGS), scaling_factor=float(EVAL_MULTS), passkey=None,
@@ -292,7 +286,8 @@ def main(argv):
     variants = {v: VARIANTS[v] for v in names}
     runs = [(s, {'pos_encoding': s}) for s in schemes] + [(v, {**a, 'wandb_run_name': v}) for v, a in variants.items()]
     failed, t_start = [], time.time()
-    on_stop_signals()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # from here on a signal stops the runs, which save first
+        signal.signal(sig, on_signal)
     for s, run_args in runs:
         d = os.path.join(out, s)
         log = os.path.join(d, 'sweep.log')
@@ -380,7 +375,8 @@ def task_suite(sweep, train_args, argv):
           f"for {', '.join(randomized) or 'none'}), {sweep['workers']} at a time -> {out}/", flush=True)
     t_start, failed, running, pending = time.time(), [], {}, list(jobs)
     pct = lambda v: 'unaddressable' if v is None else f"{v:.2f}"  # noqa: E731 (None: a finite position table)
-    on_stop_signals()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # from here on a signal stops the runs, which save first
+        signal.signal(sig, on_signal)
     while pending or running:  # `workers` children at a time, each one thread
         while pending and len(running) < sweep['workers']:
             args = pending.pop(0)
