@@ -104,9 +104,10 @@ def start(args, tmp_path):
                             env=ENV, text=True), log
 
 
-def wait_for(p, path, text, timeout=120):
-    """Wait until `text` appears in the file `path` after what it held already (True), or p ends (False)."""
-    seen = os.path.getsize(path) if os.path.exists(path) else 0
+def wait_for(p, path, text, timeout=120, new=True):
+    """Wait until `text` appears in the file `path` (after what it held already, if `new`) -> True,
+    or p ends -> False."""
+    seen = os.path.getsize(path) if new and os.path.exists(path) else 0
     deadline = time.time() + timeout
     while time.time() < deadline and p.poll() is None:
         if os.path.exists(path):
@@ -132,11 +133,11 @@ def gone_within(out, seconds):
     return children(out)
 
 
-def probe(args, tmp_path, sig, run_log, text, delay, out):
-    """Start the sweep, send it `sig` `delay` s after `text` shows in run_log -> (exit code, output,
-    children at the signal). Checks the rules for each signal on the way."""
-    p, log = start(args, tmp_path)
-    assert wait_for(p, run_log, text), f"the sweep ended before {text!r}:\n" + output(p, log)[-3000:]
+def probe(args, tmp_path, sig, run_log, text, delay, out, started=None):
+    """Start the sweep (or take `started`), send it `sig` `delay` s after `text` shows in run_log ->
+    (exit code, output, children at the signal). Checks the rules for each signal on the way."""
+    p, log = started or start(args, tmp_path)
+    assert wait_for(p, run_log, text, new=not started), f"the sweep ended before {text!r}:\n" + output(p, log)[-3000:]
     time.sleep(delay)
     running = children(out)
     p.send_signal(sig)
@@ -159,7 +160,7 @@ def test_lm_sweep_killed_then_rerun_ends_with_the_uninterrupted_report(lm_ref, d
     # each stop lands in a later stage than the one before: in training, in the final eval or the eval.py
     # that follows, in the second run's training; a few ms to 0.2 s after the line that marks the stage
     stops = [(signal.SIGKILL, 'rope', rng.choice(['iter 50:', 'iter 100:']), 0),
-             (signal.SIGTERM, 'rope', rng.choice(['final eval:', '$ ' + sys.executable + ' eval.py']), rng.uniform(0, .2)),
+             (signal.SIGTERM, 'rope', rng.choice(['final eval:', '$ ' + sys.executable + ' eval.py']), rng.uniform(0, .05)),
              (signal.SIGINT, 'alibi', rng.choice(['iter 150:', 'iter 200:']), rng.uniform(0, .2))]
     for sig, run, text, delay in stops:
         rc, said, running = probe(args, tmp_path, sig, os.path.join(out, run, 'sweep.log'), text, delay, out)
@@ -173,8 +174,9 @@ def test_lm_sweep_killed_then_rerun_ends_with_the_uninterrupted_report(lm_ref, d
 
 
 def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_ref, tmp_path):
-    """A child stopped by SIGTERM is reported FAILED with its log, not as done; a second sweep into the
-    folder is refused naming the first; SIGKILL and SIGINT of the sweep; then the report of task_ref."""
+    """A second sweep into the folder is refused naming the first; SIGKILL of the sweep with two runs
+    going; SIGTERM to one train.py (reported FAILED with its log, not as done); SIGINT of the sweep;
+    then the report of task_ref."""
     rng = random.Random(1)
     out = str(tmp_path / 'out')
     args = TASKS + [f'--out={out}']
@@ -184,6 +186,11 @@ def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_re
     r = sweep(args)
     assert r.returncode != 0 and r.stdout == '' and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
     assert f"is in use by PID {p.pid} (sweep.py" in r.stderr and '--out=ANOTHER_DIR' in r.stderr
+    _, said, running = probe(args, tmp_path, signal.SIGKILL, os.path.join(rope, 'sweep.log'), 'iter 50:', 0, out,
+                             started=(p, log))
+    assert ('train.py' in [s for _, s in running]) and 'stopped by SIGTERM at iter' in open(rope + '/sweep.log').read()
+
+    p, log = start(args, tmp_path)
     assert wait_for(p, os.path.join(rope, 'sweep.log'), 'iter 100:')
     [(pid, script)] = children(rope)
     os.kill(pid, signal.SIGTERM)  # train.py saves and exits 0: a stopped run, not a finished one
@@ -194,10 +201,10 @@ def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_re
                       f"run the sweep again to redo it"], text[-3000:]
     assert '| learned |' in open(os.path.join(out, 'report', 'report.md')).read()
     assert '| rope |' not in open(os.path.join(out, 'report', 'report.md')).read()
-    for sig, text, delay in [(signal.SIGKILL, rng.choice(['iter 150:', 'iter 200:']), 0),
-                             (signal.SIGINT, 'final eval:', rng.uniform(0, .05))]:
-        _, said, running = probe(args, tmp_path, sig, os.path.join(rope, 'sweep.log'), text, delay, out)
-        assert running, said[-3000:]
+
+    _, said, running = probe(args, tmp_path, signal.SIGINT, os.path.join(rope, 'sweep.log'), 'iter 150:',
+                             rng.uniform(0, .05), out)
+    assert running, said[-3000:]
     r = sweep(args)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert tables(out) == task_ref['tables']
