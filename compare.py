@@ -41,9 +41,7 @@ def load_runs(dirs):
         for kind, out in (('eval', evals), ('passkey', passkeys)):
             files = sorted(glob.glob(os.path.join(d, f'{kind}*.json')), key=lambda p: ('_' in os.path.basename(p), p))
             for p in files:
-                res, why = read_result(p)
-                if why:
-                    print(f"compare: skipping {p}: {why}", file=sys.stderr)
+                res = usable(p)
                 if res is None:
                     continue
                 res['label'] = label_of(res)
@@ -273,13 +271,7 @@ def make_task_report(dirs, report_dir, notes=''):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    runs = []
-    for d in dirs:
-        r, why = read_result(os.path.join(d, 'eval.json'))
-        if why:
-            print(f"compare: skipping {os.path.join(d, 'eval.json')}: {why}", file=sys.stderr)
-        if r and 'task' in r:
-            runs.append(r)
+    runs = [r for r in (usable(os.path.join(d, 'eval.json')) for d in dirs) if r and 'task' in r]
     if not runs:
         raise ValueError(f"no task eval.json in {dirs}: run the suite first (python sweep.py --tasks=default)")
     os.makedirs(report_dir, exist_ok=True)
@@ -356,6 +348,15 @@ def read_result(path):
     if res.get('complete') is False:
         return None, "incomplete (complete: false; its evaluation was stopped half way)"
     return res, None
+
+
+def usable(path):
+    """read_result's dict, or None; a damaged file is named in one line and left out."""
+    res, why = read_result(path)
+    if why:
+        print(f"compare: skipping {path}: {why}; redo it (run the same sweep.py command again, or eval.py / "
+              f"train.py --init_from=resume on that run)", file=sys.stderr)
+    return res
 
 
 def load_json(path):
