@@ -18,9 +18,12 @@ import glob
 import json
 import math
 import os
+import signal
 import sys
 
-import numpy as np
+if __name__ == '__main__':  # Ctrl-C: one line, no traceback (every report file is replaced whole)
+    signal.signal(signal.SIGINT, lambda *_: sys.exit("compare: interrupted; run it again"))
+import numpy as np  # noqa: E402
 
 
 def label_of(res):
@@ -38,8 +41,9 @@ def load_runs(dirs):
         for kind, out in (('eval', evals), ('passkey', passkeys)):
             files = sorted(glob.glob(os.path.join(d, f'{kind}*.json')), key=lambda p: ('_' in os.path.basename(p), p))
             for p in files:
-                with open(p) as f:
-                    res = json.load(f)
+                res = usable(p)
+                if res is None:
+                    continue
                 res['label'] = label_of(res)
                 res['path'] = p
                 out.append(res)
@@ -55,9 +59,14 @@ def train_stats(d):
     path = os.path.join(d, 'metrics.jsonl')
     if not os.path.exists(path):
         return None
+    rows = []
     with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    rows = [r for r in rows if 'train/loss' in r]
+        for line in f:
+            try:  # a run killed mid-write leaves a partial last line: not a reason to lose the report
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    rows = [r for r in rows if isinstance(r, dict) and 'train/loss' in r]
     if not rows:
         return None
     timed = rows[1:] or rows
@@ -150,7 +159,8 @@ def _save(fig, path, legend_ax=None, dpi=120):
     if legend_ax is not None:
         legend_ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    fig.savefig(path + '.tmp', dpi=dpi, format='png')  # whole or not at all, as every file of the report
+    os.replace(path + '.tmp', path)
     plt.close(fig)
 
 
@@ -246,10 +256,7 @@ def make_report(dirs, report_dir, title='nanoPE comparison', notes=''):
         plot_passkeys(passkeys, os.path.join(report_dir, 'passkey.png'))
         parts.append("![passkey retrieval](passkey.png)\n")
     parts.append(markdown_tables(evals, passkeys))
-    path = os.path.join(report_dir, 'report.md')
-    with open(path, 'w') as f:
-        f.write('\n'.join(p for p in parts if p))
-    return path
+    return atomic_text('\n'.join(p for p in parts if p), os.path.join(report_dir, 'report.md'))
 
 
 def task_label(res):
@@ -264,7 +271,7 @@ def make_task_report(dirs, report_dir, notes=''):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    runs = [r for r in (load_json(os.path.join(d, 'eval.json')) for d in dirs) if r and 'task' in r]
+    runs = [r for r in (usable(os.path.join(d, 'eval.json')) for d in dirs) if r and 'task' in r]
     if not runs:
         raise ValueError(f"no task eval.json in {dirs}: run the suite first (python sweep.py --tasks=default)")
     os.makedirs(report_dir, exist_ok=True)
@@ -316,28 +323,69 @@ def make_task_report(dirs, report_dir, notes=''):
         ax.set_title(f"{t} (train 1..{N})", fontsize=9)
         ax.set_xlabel('size (bin start)', fontsize=7)
     _save(fig, os.path.join(report_dir, 'tasks.png'))
-    path = os.path.join(report_dir, 'report.md')
-    with open(path, 'w') as f:
-        f.write('\n'.join(parts))
-    with open(os.path.join(report_dir, 'tasks.json'), 'w') as f:
-        json.dump(runs, f)
-    return path
+    from checkpoint import atomic_json
+    atomic_json(runs, os.path.join(report_dir, 'tasks.json'))
+    return atomic_text('\n'.join(parts), os.path.join(report_dir, 'report.md'))
+
+
+def read_result(path):
+    """A result JSON (eval*.json, passkey*.json, sweep_args.json) -> (dict, None) when whole,
+    (None, None) when missing, (None, why) when damaged: truncated or corrupt, not a JSON object,
+    or an evaluation that was stopped half way (complete: false). Never mixed into a report."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"unreadable ({e.strerror})"
+    try:
+        res = json.loads(text)
+    except ValueError as e:
+        return None, f"truncated or corrupt JSON ({len(text)} bytes; {e})"
+    if not isinstance(res, dict):
+        return None, f"not a JSON object (a {type(res).__name__})"
+    if res.get('complete') is False:
+        return None, "incomplete (complete: false; its evaluation was stopped half way)"
+    return res, None
+
+
+def usable(path):
+    """read_result's dict, or None; a damaged file is named in one line and left out."""
+    res, why = read_result(path)
+    if why:
+        print(f"compare: skipping {path}: {why}; redo it (run the same sweep.py command again, or eval.py / "
+              f"train.py --init_from=resume on that run)", file=sys.stderr)
+    return res
 
 
 def load_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    """A result dict, or None when it is missing or damaged (read_result says which)."""
+    return read_result(path)[0]
 
 
-if __name__ == '__main__':
+def atomic_text(text, path):
+    """Write a text file whole or not at all (tmp + rename): a reader never sees half a report."""
+    with open(path + '.tmp', 'w') as f:
+        f.write(text)
+    os.replace(path + '.tmp', path)
+    return path
+
+
+def main(argv):
     from configurator import options
-    o = options(dict(report_dir='report', runs=[]), sys.argv[1:], positional='runs')
+    o = options(dict(report_dir='report', runs=[]), argv, positional='runs')
     missing = [d for d in o.runs if not os.path.isdir(d)]
     if missing or not o.runs:
         sys.exit(f"not a run directory: {', '.join(missing)}" if missing else
                  "usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR]  (no out_dir given)")
-    tasks_only = all('task' in (load_json(os.path.join(d, 'eval.json')) or {}) for d in o.runs)
-    print(f"wrote {(make_task_report if tasks_only else make_report)(o.runs, o.report_dir)}")
+    found = [r for r in (load_json(os.path.join(d, 'eval.json')) for d in o.runs) if r]  # (a damaged one is named below)
+    tasks_only = bool(found) and all('task' in r for r in found)
+    try:
+        print(f"wrote {(make_task_report if tasks_only else make_report)(o.runs, o.report_dir)}")
+    except ValueError as e:  # nothing readable to report on
+        sys.exit(str(e))
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])

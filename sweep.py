@@ -8,10 +8,14 @@ context-extension method), run the passkey probe, and write the report (compare.
   python sweep.py --schemes=rope,alibi --max_iters=20 --out=out-tiny   # a quick check
   python sweep.py --key=value                      # any other train.py key, for every run
 
-Resumable: a run whose eval.json is at max_iters is not trained again, a half-trained run
-resumes from its checkpoint (init_from='resume'), and each eval/passkey JSON that
-exists is kept. Re-running the same command after an interruption finishes the sweep.
-A run that fails is reported and skipped; the report covers the runs that finished.
+Resumable: a run whose eval.json is whole, complete and at max_iters is not trained again, a
+half-trained run resumes from its checkpoint (init_from='resume'), and each eval/passkey JSON
+that is whole is kept (a damaged one is named, moved to NAME.bad and redone). SIGTERM or Ctrl-C
+passes SIGTERM on to the running children, which save a checkpoint and exit; a kill -9 of the
+sweep sends them SIGTERM too (Linux). Re-running the same command after any of these finishes
+the sweep with the report an uninterrupted one writes. One sweep per --out at a time (OUT/.lock).
+A run that fails or was stopped is reported with its log (RUN/sweep.log, where each child's
+output goes) and skipped; the report covers the runs that finished.
 
 The algorithmic task suite (tasks.py; issue 15): every task x scheme x position option,
 trained from scratch, exact match by length up to 4x the training sizes, heat maps:
@@ -36,14 +40,20 @@ Sweep options (the rest go to train.py):
                       --passkey_iters=N (default 300), --passkey_trials=N prompts per
                       length x depth cell (default 20)
 """
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
-import positional
-from compare import load_json
+if __name__ == '__main__':  # a Ctrl-C before the runs start (torch loading, the dry run): one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: sys.exit("sweep: interrupted before any run started; run the same "
+                                                      "command again"))
+import positional  # noqa: E402
+from checkpoint import atomic_json, lock_out_dir  # noqa: E402
+from compare import read_result  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALINGS = ['linear', 'ntk', 'dynamic', 'yarn', 'llama3', 'yarn_nomscale', 'longrope', 'self_extend', 'rerope',
@@ -96,16 +106,140 @@ def scaling_dicts(names, factor, L, rot_dim=32):
     return out
 
 
-def run(cmd, log_path):
-    """Run a command, echoing its output and appending it to log_path -> exit code."""
-    print('$ ' + ' '.join(cmd), flush=True)
+children = []       # running children: a SIGTERM/SIGINT to the sweep is passed on to each
+stop_signal = None  # the signal that asked the sweep to stop
+PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith('linux') else None
+
+
+def on_signal(signum, frame):
+    """Pass SIGTERM on to every running child (train.py finishes its step, saves and exits); the
+    sweep then stops as soon as they have exited. A second signal is passed on too (exit at once)."""
+    global stop_signal
+    stop_signal = stop_signal or signum
+    for p in children:
+        try:
+            if p.returncode is None:  # (not yet reaped: its pid is still its own)
+                os.kill(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def die_with_parent(parent, prctl):
+    """In the child before exec: SIGTERM when sweep.py dies (even by kill -9), so a run saves and stops
+    rather than running on detached (Linux prctl PR_SET_PDEATHSIG; libc's prctl is looked up before the fork)."""
+    if prctl is not None:
+        prctl(1, signal.SIGTERM)
+        if os.getppid() != parent:  # the sweep died before the prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def wait_for_folder(d, timeout=120):
+    """A child of an earlier sweep that was killed may still be saving into d (it got SIGTERM when
+    that sweep died): wait for it to let go of d/.lock rather than have the new run refused."""
+    import fcntl
+    path, t0 = os.path.join(d, '.lock'), time.time()
+    if not os.path.exists(path):
+        return
+    with open(path, 'a+') as f:
+        said = False
+        while time.time() - t0 < timeout and not stop_signal:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return  # (closing the file lets go again, for the child)
+            except BlockingIOError:
+                if not said:
+                    f.seek(0)
+                    print(f"sweep: waiting for {f.read().strip() or 'another process'} to let go of {d}", flush=True)
+                    said = True
+                time.sleep(0.2)
+
+
+def start(cmd, log_path, env=None):
+    """Start a child whose output goes straight to log_path: no pipe through the sweep, so the child
+    never dies of a broken pipe, and the log is written line by line as it runs."""
+    wait_for_folder(os.path.dirname(log_path))
+    stop_if_asked()
     with open(log_path, 'a') as log:
         log.write('$ ' + ' '.join(cmd) + '\n')
-        p = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for line in p.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-        return p.wait()
+        log.flush()
+        # a session of its own: a terminal's Ctrl-C reaches the sweep only, which passes on one SIGTERM
+        p = subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
+                             preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
+    children.append(p)
+    if stop_signal:  # the signal came while it was starting
+        on_signal(stop_signal, None)
+    return p
+
+
+def stop_if_asked():
+    """After a SIGTERM/SIGINT: wait for the children (saving), then exit with one line on resuming."""
+    if stop_signal:
+        for p in children:
+            p.wait()
+        print(f"sweep: stopped by {signal.Signals(stop_signal).name} (its runs saved first); run the same command "
+              f"again to resume", file=sys.stderr, flush=True)
+        raise SystemExit(128 + stop_signal)
+
+
+def reap(p):
+    """A finished child's exit code (or the sweep's exit, if it was asked to stop)."""
+    rc = p.wait()
+    children.remove(p)
+    stop_if_asked()
+    return rc
+
+
+def run(cmd, log_path):
+    """Run a child to the end -> exit code; on a terminal its output is echoed from its log."""
+    print('$ ' + ' '.join(cmd), flush=True)
+    pos = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+    p = start(cmd, log_path)
+    with open(log_path, errors='replace') as log:
+        log.seek(pos)
+        log.readline()  # the '$ cmd' line, printed above
+        while p.poll() is None:
+            time.sleep(0.2)
+            if sys.stdout.isatty():
+                sys.stdout.write(log.read())
+                sys.stdout.flush()
+        if sys.stdout.isatty():
+            sys.stdout.write(log.read())
+    return reap(p)
+
+
+def result(path):
+    """A result file's dict, or None when missing; a damaged or incomplete one is named and moved
+    aside (NAME.bad) so that what it should hold is redone, never mixed into a report."""
+    res, why = read_result(path)
+    if why:
+        os.replace(path, path + '.bad')
+        print(f"sweep: {path} is {why}: moved to {path}.bad, redoing it", flush=True)
+    return res
+
+
+def outcome(rc, path, log, what, iters=None):
+    """None when the child `what` left its result in path (at `iters`), else why not, naming its log.
+    Exit code 0 is not enough: train.py stopped by a signal saves and exits 0 too."""
+    res, why = read_result(path)
+    if rc == 0 and res is not None and (iters is None or res.get('iter') == iters):
+        return None
+    if rc != 0:
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"failed (exit code {rc})"
+    elif res is None:
+        how = f"stopped before the end ({why or 'no ' + os.path.basename(path)})"
+    else:
+        how = f"stopped before the end ({os.path.basename(path)} at iter {res.get('iter')}, not {iters})"
+    return f"{what} {how}; see {log}; run the sweep again to redo it"
+
+
+def claim(d, args):
+    """Record the settings of the run in d, or say why not: it holds a run with other settings."""
+    os.makedirs(d, exist_ok=True)
+    saved = result(os.path.join(d, 'sweep_args.json'))
+    if saved is not None and saved != args:
+        return f"{d} holds a run with other settings ({saved}); use another --out or delete it"
+    atomic_json(args, os.path.join(d, 'sweep_args.json'))
 
 
 def main(argv):
@@ -134,13 +268,13 @@ def main(argv):
     base = {k: str(v) for k, v in GPU.items()} if sweep['gpu'] else {}
     base.update({'wandb_log': 'False', 'seed': '1337'})
     base.update(train_args)  # the user's keys win
+    lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
     from eval import scaling_tag
     # train.py resolves (and checks) the settings every run will use: one dry run, no training
     cfg = train_config(base)
     max_iters, L = cfg['max_iters'], cfg['block_size']
     factor = sweep['scaling_factor']
     scalings = scaling_dicts([t for t in sweep['scalings'].split(',') if t], factor, L)
-    os.makedirs(out, exist_ok=True)
     print(f"sweep: {len(schemes)} schemes ({', '.join(schemes)}), train args {base}, -> {out}/; rope_scaling "
           f"at eval: {', '.join(scaling_tag(sc) for sc in scalings) or 'none'} (factor {factor:g}); passkey {'on' if sweep['passkey'] else 'off'}")
     # 'default': every variant in a full sweep; with --schemes, only the schemes asked for
@@ -152,44 +286,50 @@ def main(argv):
     variants = {v: VARIANTS[v] for v in names}
     runs = [(s, {'pos_encoding': s}) for s in schemes] + [(v, {**a, 'wandb_run_name': v}) for v, a in variants.items()]
     failed, t_start = [], time.time()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # from here on a signal stops the runs, which save first
+        signal.signal(sig, on_signal)
     for s, run_args in runs:
         d = os.path.join(out, s)
-        os.makedirs(d, exist_ok=True)
         log = os.path.join(d, 'sweep.log')
         args = dict(base, **run_args, out_dir=d)
-        saved = load_json(os.path.join(d, 'sweep_args.json'))
-        if saved is not None and saved != args:
-            failed.append((s, f"{d} holds a run with other settings ({saved}); use another --out or delete it"))
-            print(f"sweep: {failed[-1][1]}")
+        why = claim(d, args)
+        if why:
+            failed.append((s, why))
+            print(f"sweep: {why}")
             continue
-        with open(os.path.join(d, 'sweep_args.json'), 'w') as f:
-            json.dump(args, f)
-        t0 = time.time()
-        res = load_json(os.path.join(d, 'eval.json'))
+        t0, n = time.time(), len(failed)
+        res = result(os.path.join(d, 'eval.json'))
         if res is None or res.get('iter') != max_iters:
             resume = ['--init_from=resume'] if os.path.exists(os.path.join(d, 'ckpt.pt')) else []
-            if run([sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()] + resume, log) != 0:
-                failed.append((s, f'training failed, see {log}'))
+            rc = run([sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()] + resume, log)
+            why = outcome(rc, os.path.join(d, 'eval.json'), log, 'train.py', max_iters)
+            if why:
+                failed.append((s, why))
                 continue
         variants = [None] + (scalings if s in SCALED_SCHEMES else [])
         for sc in variants[1:]:
-            if not os.path.exists(os.path.join(d, f'eval_{scaling_tag(sc)}.json')):
+            path = os.path.join(d, f'eval_{scaling_tag(sc)}.json')
+            if result(path) is None:
                 cmd = [sys.executable, 'eval.py', f'--out_dir={d}', f'--rope_scaling={sc!r}']
                 if 'eval_tokens' in base:  # the same budget as the final eval in train.py
                     cmd.append(f"--tokens={base['eval_tokens']}")
-                if run(cmd, log) != 0:
-                    failed.append((s, f'eval with {sc} failed, see {log}'))
+                why = outcome(run(cmd, log), path, log, f'eval.py with {scaling_tag(sc)}')
+                failed += [(s, why)] if why else []
         if sweep['passkey']:
             for sc in variants:
                 tag = scaling_tag(sc)
-                if not os.path.exists(os.path.join(d, 'passkey' + (f'_{tag}' if tag else '') + '.json')):
+                path = os.path.join(d, 'passkey' + (f'_{tag}' if tag else '') + '.json')
+                if result(path) is None:
                     cmd = [sys.executable, 'passkey.py', f"--out_dir={d}", f"--iters={sweep['passkey_iters']}",
                            f"--trials={sweep['passkey_trials']}"]
-                    if run(cmd + ([f'--rope_scaling={sc!r}'] if sc else []), log) != 0:
-                        failed.append((s, f'passkey {tag} failed, see {log}'))
-        print(f"sweep: {s} done in {time.time() - t0:.0f}s ({time.time() - t_start:.0f}s so far)", flush=True)
+                    why = outcome(run(cmd + ([f'--rope_scaling={sc!r}'] if sc else []), log), path, log,
+                                  f'passkey.py {tag}'.strip())
+                    failed += [(s, why)] if why else []
+        if len(failed) == n:
+            print(f"sweep: {s} done in {time.time() - t0:.0f}s ({time.time() - t_start:.0f}s so far)", flush=True)
     from compare import make_report
-    done = [os.path.join(out, s) for s, _ in runs if os.path.exists(os.path.join(out, s, 'eval.json'))]
+    done = [os.path.join(out, s) for s, _ in runs if (read_result(os.path.join(out, s, 'eval.json'))[0] or {}).get(
+        'iter') == max_iters]
     if done:
         notes = (f"Sweep: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}; rope_scaling "
                  f"variants at eval time with factor {factor:g} and original_max_len {L}.\n")
@@ -197,6 +337,7 @@ def main(argv):
               f"({time.time() - t_start:.0f}s in all)")
     for s, why in failed:
         print(f"sweep: FAILED {s}: {why}")
+    stop_if_asked()
     return 1 if failed else 0
 
 
@@ -205,7 +346,6 @@ def task_suite(sweep, train_args, argv):
     runs at a time (one thread each: tiny models gain nothing from a second thread), resumable as
     the LM sweep; then compare.make_task_report. Each run: out/<task>/<scheme>[-randomized]."""
     import tasks
-    from concurrent.futures import ThreadPoolExecutor
     names = TASK_SUITE['tasks'] if sweep['tasks'] == 'default' else sweep['tasks']
     names = names.split(',')
     schemes = (sweep['schemes'] or TASK_SUITE['schemes']).split(',')
@@ -218,6 +358,7 @@ def task_suite(sweep, train_args, argv):
     base = {k: str(v) for k, v in TASK_TRAIN.items()}
     base.update({'wandb_log': 'False', 'seed': '1337'})
     base.update(train_args)
+    lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
     train_config({**base, 'task': names[0]})  # checks the settings once
     jobs = []
     for t in names:
@@ -232,49 +373,47 @@ def task_suite(sweep, train_args, argv):
                 jobs.append(args)
     print(f"sweep: task suite, {len(jobs)} runs ({len(names)} tasks x {len(schemes)} schemes, randomized positions "
           f"for {', '.join(randomized) or 'none'}), {sweep['workers']} at a time -> {out}/", flush=True)
-    t_start, failed = time.time(), []
-
-    def one(args):
-        d = args['out_dir']
-        os.makedirs(d, exist_ok=True)
-        saved = load_json(os.path.join(d, 'sweep_args.json'))
-        if saved is not None and saved != args:
-            return f"{d} holds a run with other settings; use another --out or delete it"
-        with open(os.path.join(d, 'sweep_args.json'), 'w') as f:
-            json.dump(args, f)
-        res = load_json(os.path.join(d, 'eval.json'))
-        if res is not None and res.get('iter') == int(args['max_iters']) and res.get('complete', True):
-            return None
-        resume = ['--init_from=resume'] if os.path.exists(os.path.join(d, 'ckpt.pt')) else []
-        cmd = [sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items() if k != 'out_dir'] + \
-              [f'--out_dir={d}'] + resume
-        with open(os.path.join(d, 'sweep.log'), 'a') as log:
-            rc = subprocess.run(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, OMP_NUM_THREADS='1')).returncode
-        res = load_json(os.path.join(d, 'eval.json')) or {}
-        pct = lambda v: 'unaddressable' if v is None else f"{v:.2f}"  # noqa: E731 (None: a finite position table)
-        print(f"sweep: {os.path.relpath(d, out)}: " + (f"exact match {pct(res.get('exact_id'))} in distribution, "
-              f"{pct(res.get('exact_ood'))} beyond" if rc == 0 else f"FAILED (see {d}/sweep.log)")
-              + f" ({time.time() - t_start:.0f}s since the suite started)", flush=True)
-        return None if rc == 0 else f"training failed, see {d}/sweep.log"
-
-    from tqdm import tqdm
-    with ThreadPoolExecutor(sweep['workers']) as pool:
-        for args, why in tqdm(zip(jobs, pool.map(one, jobs)), total=len(jobs), desc='task suite', unit='run',
-                              mininterval=0.2 if sys.stderr.isatty() else 60):
-            if why:
-                failed.append((args['out_dir'], why))
+    t_start, failed, running, pending = time.time(), [], {}, list(jobs)
+    pct = lambda v: 'unaddressable' if v is None else f"{v:.2f}"  # noqa: E731 (None: a finite position table)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # from here on a signal stops the runs, which save first
+        signal.signal(sig, on_signal)
+    while pending or running:  # `workers` children at a time, each one thread
+        while pending and len(running) < sweep['workers']:
+            args = pending.pop(0)
+            d = args['out_dir']
+            why = claim(d, args)
+            res = None if why else result(os.path.join(d, 'eval.json'))
+            if why or (res is not None and res.get('iter') == int(args['max_iters'])):
+                failed += [(d, why)] if why else []
+                continue
+            resume = ['--init_from=resume'] if os.path.exists(os.path.join(d, 'ckpt.pt')) else []
+            cmd = [sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()] + resume
+            running[start(cmd, os.path.join(d, 'sweep.log'), env={'OMP_NUM_THREADS': '1'})] = args
+        for p in [p for p in running if p.poll() is not None]:
+            args = running.pop(p)
+            d = args['out_dir']
+            why = outcome(reap(p), os.path.join(d, 'eval.json'), os.path.join(d, 'sweep.log'), 'train.py',
+                          int(args['max_iters']))
+            res = read_result(os.path.join(d, 'eval.json'))[0] or {}
+            print(f"sweep: {os.path.relpath(d, out)}: " + (f"FAILED: {why}" if why else f"exact match "
+                  f"{pct(res.get('exact_id'))} in distribution, {pct(res.get('exact_ood'))} beyond")
+                  + f" ({len(jobs) - len(pending) - len(running)}/{len(jobs)} runs, {time.time() - t_start:.0f}s since "
+                  f"the suite started)", flush=True)
+            failed += [(d, why)] if why else []
+        time.sleep(0.1)
     from compare import make_task_report
     own_iters = {a['task']: a['max_iters'] for a in jobs if a['max_iters'] != base['max_iters']}
     notes = (f"Task suite: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}"
              + (f" (max_iters per task: {own_iters})" if own_iters else '') + f"; {sweep['workers']} single-threaded "
              f"runs at a time; {time.time() - t_start:.0f}s for this invocation.\n")
-    done = [a['out_dir'] for a in jobs if os.path.exists(os.path.join(a['out_dir'], 'eval.json'))]
+    done = [a['out_dir'] for a in jobs if (read_result(os.path.join(a['out_dir'], 'eval.json'))[0] or {}).get(
+        'iter') == int(a['max_iters'])]
     if done:
         print(f"sweep: report -> {make_task_report(done, os.path.join(out, 'report'), notes=notes)} "
               f"({time.time() - t_start:.0f}s in all)")
     for d, why in failed:
         print(f"sweep: FAILED {d}: {why}")
+    stop_if_asked()
     return 1 if failed else 0
 
 
