@@ -18,11 +18,13 @@ import glob
 import json
 import math
 import os
-import signal
 import sys
 
+from console import exit_on_ctrl_c
+from files import atomic_json, atomic_write, read_json
+
 if __name__ == '__main__':  # Ctrl-C: one line, no traceback (every report file is replaced whole)
-    signal.signal(signal.SIGINT, lambda *_: sys.exit("compare: interrupted; run it again"))
+    exit_on_ctrl_c('compare.py', 'run it again')
 import numpy as np  # noqa: E402
 
 
@@ -159,8 +161,7 @@ def _save(fig, path, legend_ax=None, dpi=120):
     if legend_ax is not None:
         legend_ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
-    fig.savefig(path + '.tmp', dpi=dpi, format='png')  # whole or not at all, as every file of the report
-    os.replace(path + '.tmp', path)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=dpi, format='png'))  # whole or not at all, as every file
     plt.close(fig)
 
 
@@ -323,26 +324,18 @@ def make_task_report(dirs, report_dir, notes=''):
         ax.set_title(f"{t} (train 1..{N})", fontsize=9)
         ax.set_xlabel('size (bin start)', fontsize=7)
     _save(fig, os.path.join(report_dir, 'tasks.png'))
-    from checkpoint import atomic_json
     atomic_json(runs, os.path.join(report_dir, 'tasks.json'))
     return atomic_text('\n'.join(parts), os.path.join(report_dir, 'report.md'))
 
 
 def read_result(path):
     """A result JSON (eval*.json, passkey*.json, sweep_args.json) -> (dict, None) when whole,
-    (None, None) when missing, (None, why) when damaged: truncated or corrupt, not a JSON object,
-    or an evaluation that was stopped half way (complete: false). Never mixed into a report."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except FileNotFoundError:
-        return None, None
-    except OSError as e:
-        return None, f"unreadable ({e.strerror})"
-    try:
-        res = json.loads(text)
-    except ValueError as e:
-        return None, f"truncated or corrupt JSON ({len(text)} bytes; {e})"
+    (None, None) when missing, (None, why) when damaged (files.read_json: truncated or corrupt,
+    a link, not a file), not a JSON object, or an evaluation that was stopped half way
+    (complete: false). Never mixed into a report."""
+    res, why = read_json(path)
+    if why or res is None:
+        return None, why
     if not isinstance(res, dict):
         return None, f"not a JSON object (a {type(res).__name__})"
     if res.get('complete') is False:
@@ -365,10 +358,8 @@ def load_json(path):
 
 
 def atomic_text(text, path):
-    """Write a text file whole or not at all (tmp + rename): a reader never sees half a report."""
-    with open(path + '.tmp', 'w') as f:
-        f.write(text)
-    os.replace(path + '.tmp', path)
+    """Write a text file whole or not at all: a reader never sees half a report."""
+    atomic_write(path, lambda f: f.write(text), binary=False)
     return path
 
 

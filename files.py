@@ -11,7 +11,7 @@ nothing here trusts what is already in it:
 
   atomic_write(path, lambda f: f.write(b'...'))      # bytes, whole or not at all
   atomic_json({'loss': 1.2}, 'out/eval.json')
-  res, problem = read_json('out/eval.json')          # (None, None) if missing; (None, why) if damaged
+  res, why = read_json('out/eval.json')              # (None, None) if missing; (None, why) if damaged
 """
 import errno
 import json
@@ -71,17 +71,21 @@ def atomic_json(obj, path):
 
 
 def read_json(path):
-    """(object, None) for a readable JSON file; (None, None) if there is none; (None, why) if
-    it is damaged (truncated, not JSON, a link, not a file): the caller names it and moves on."""
+    """(object, None) for a readable JSON file; (None, None) if there is none; (None, why) if it is
+    damaged (truncated or corrupt, unreadable, a link, not a file): the caller names it and moves on."""
     if not os.path.lexists(path):
         return None, None
     if os.path.islink(path) or not os.path.isfile(path):
-        return None, f"{path} is not a regular file"
+        return None, "not a regular file (a link or a folder)"
     try:
-        with open(path) as f:
-            return json.load(f), None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        return None, f"{path} is damaged ({type(e).__name__}: {str(e)[:120]})"
+        with open(path, 'rb') as f:
+            raw = f.read()
+    except OSError as e:
+        return None, f"unreadable ({e.strerror})"
+    try:
+        return json.loads(raw), None
+    except ValueError as e:  # (UnicodeDecodeError is a ValueError too)
+        return None, f"truncated or corrupt JSON ({len(raw)} bytes; {e})"
 
 
 def open_append(path):

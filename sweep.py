@@ -48,12 +48,14 @@ import subprocess
 import sys
 import time
 
+from console import exit_on_ctrl_c
+
 if __name__ == '__main__':  # a Ctrl-C before the runs start (torch loading, the dry run): one line, no traceback
-    signal.signal(signal.SIGINT, lambda *_: sys.exit("sweep: interrupted before any run started; run the same "
-                                                      "command again"))
+    exit_on_ctrl_c('sweep.py', 'no run had started; run the same command again')
 import positional  # noqa: E402
-from checkpoint import atomic_json, lock_out_dir  # noqa: E402
+from checkpoint import lock_out_dir  # noqa: E402
 from compare import read_result  # noqa: E402
+from files import atomic_json, open_no_follow  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALINGS = ['linear', 'ntk', 'dynamic', 'yarn', 'llama3', 'yarn_nomscale', 'longrope', 'self_extend', 'rerope',
@@ -140,7 +142,11 @@ def wait_for_folder(d, timeout=120):
     path, t0 = os.path.join(d, '.lock'), time.time()
     if not os.path.exists(path):
         return
-    with open(path, 'a+') as f:
+    try:
+        f = os.fdopen(open_no_follow(path, os.O_RDONLY))
+    except OSError:  # a link: train.py refuses it in one line, in the run's log
+        return
+    with f:
         said = False
         while time.time() - t0 < timeout and not stop_signal:
             try:
