@@ -1452,7 +1452,7 @@ class RoPE2D(_SectionRoPE):
 
 
 # =============================================================================
-# data-dependent and contextual positions (issue 16): FoX, CoPE, PoPE, stick-breaking,
+# data-dependent and contextual positions: FoX, CoPE, PoPE, stick-breaking,
 # DeBERTa. FoX, CoPE and stick-breaking need more than the four basic hooks and use
 # `attention`; PoPE is a transform_qk (and uses `attention` only to pad v for SDPA's
 # fused kernel), DeBERTa a transform_qk plus a score_mod.

@@ -17,7 +17,7 @@ the sweep with the report an uninterrupted one writes. One sweep per --out at a 
 A run that fails or was stopped is reported with its log (RUN/sweep.log, where each child's
 output goes) and skipped; the report covers the runs that finished.
 
-The algorithmic task suite (tasks.py; issue 15): every task x scheme x position option,
+The algorithmic task suite (tasks.py): every task x scheme x position option,
 trained from scratch, exact match by length up to 4x the training sizes, heat maps:
   python sweep.py --tasks=default                  # the default suite -> out-tasks/, out-tasks/report/
   python sweep.py --tasks=copy,reverse --schemes=rope,alibi --randomized=rope --workers=2

@@ -1,5 +1,5 @@
 """
-Algorithmic length-generalization tasks for nanoPE (issue 15): generators, batches,
+Algorithmic length-generalization tasks for nanoPE: generators, batches,
 scoring per length bin, and the two position tricks the literature pairs with them.
 
 Every task maps a size n (its own length: digits, items, string length...) and a
