@@ -86,7 +86,8 @@ def get_codec(ckpt, data_dir=''):
     """encode for the run's vocabulary. Character level only: the prompt's length in
     tokens is its length in characters, so prompts hit the eval lengths exactly."""
     import checkpoint
-    meta = ckpt.get('meta') or checkpoint.read_meta(data_dir or checkpoint.data_dir(ckpt)) or {}
+    folder = checkpoint.data_dir(ckpt, data_dir) if data_dir or not ckpt.get('meta') else None  # (refuses a misfit)
+    meta = ckpt.get('meta') or checkpoint.read_meta(folder) or {}
     if 'stoi' not in meta:
         raise ValueError("passkey.py needs a character-level model (BPE is not supported: train on "
                          "data/shakespeare_char or another char corpus)")

@@ -620,6 +620,9 @@ def test_explicit_data_dir_that_does_not_fit_is_refused(trained, tmp_path):
     assert r.returncode != 0 and 'Traceback' not in r.stderr
     have = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)['meta']['vocab_size']
     assert f'--data_dir does not fit this run: {other}: another vocabulary (50 tokens; the run has {have})' in r.stderr
+    r = fork_run(['passkey.py', f'--out_dir={out}', f'--data_dir={other}', '--iters=1', '--trials=1'])
+    assert r.returncode != 0 and 'Traceback' not in r.stderr and '--data_dir does not fit this run' in r.stderr
+    assert not os.path.exists(os.path.join(out, 'passkey_ckpt.pt'))  # refused before any work
     own = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)['config']['data_dir']
     r = fork_run(['eval.py', f'--out_dir={out}', f'--data_dir={own}', '--quick=True', '--tokens=64', '--mults=[1]'])
     assert r.returncode == 0, r.stderr[-2000:]
@@ -652,16 +655,19 @@ def test_log_file_gets_one_line_per_stage_and_no_bars(trained, tmp_path):
 
 @pytest.mark.parametrize('script', ['eval.py', 'sample.py'])
 def test_ctrl_c_ends_a_script_with_one_line(trained, tmp_path, script):
-    args = {'eval.py': [f'--init_from={trained}/ckpt.pt', f'--out_dir={tmp_path}', '--tokens=200000', '--mults=[1]',
-                        '--batch_tokens=16'],
-            'sample.py': [f'--out_dir={trained}', '--max_new_tokens=100000', '--num_samples=50']}[script]
+    out = copy_run(trained, tmp_path)
+    meta = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)['meta']
+    big = corpus_with_meta(str(tmp_path / 'big'), np.arange(5000) % 16, np.arange(2_000_000) % 16)  # a long eval
+    json.dump(meta, open(os.path.join(big, 'meta.json'), 'w'))
+    args = {'eval.py': [f'--out_dir={out}', f'--data_dir={big}', '--tokens=2000000', '--mults=[1]'],
+            'sample.py': [f'--out_dir={out}', '--max_new_tokens=100000', '--num_samples=50']}[script]
     p = subprocess.Popen(cmd([script] + args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=ENV)
     first = p.stdout.readline()  # the script is past its imports and loading
     assert first, p.stderr.read()
     time.sleep(1.0)
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    out_text, err = p.communicate(timeout=60)
     assert p.returncode != 0 and 'Traceback' not in err and 'KeyboardInterrupt' not in err, err[-2000:]
     assert err.strip().splitlines()[-1].startswith(f'{script}: interrupted by Ctrl-C')
-    assert not os.path.exists(os.path.join(tmp_path, 'eval.json'))
+    assert not os.path.exists(os.path.join(out, 'eval.json.tmp'))  # nothing half-made was left behind
