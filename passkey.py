@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import tasks
+
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 KEY = "The pass key is {}. "
 QUESTION = "What is the pass key? The pass key is "
@@ -107,20 +109,26 @@ def make_batch(encode, T, depths, rng):
     return torch.tensor(rows), [T + 1 - N_DIGITS] * len(rows)
 
 
-def answer_correct(logits, ids, answer_at):
-    """Per row: are all answer tokens the argmax at the position before them? logits
-    [B, T, V] for inputs ids[:, :T]; ids [B, T+1]; answer tokens ids[b, answer_at[b]:]."""
-    pred = logits.argmax(-1)  # pred[:, t] predicts ids[:, t + 1]
-    out = []
+def answer_targets(ids, answer_at):
+    """Targets for inputs ids[:, :-1]: the answer tokens ids[b, answer_at[b]:] at the positions
+    before them, -1 (not scored) everywhere else -- the loss of the fine-tune and the rows that
+    tasks.score grades."""
+    y = torch.full_like(ids[:, 1:], -1)
     for b, a in enumerate(answer_at):
-        out.append(bool((pred[b, a - 1:] == ids[b, a:]).all()))
-    return out
+        y[b, a - 1:] = ids[b, a:]
+    return y
+
+
+def answer_correct(logits, ids, answer_at):
+    """Per row: are all answer tokens the argmax at the position before them (tasks.score's
+    exact match)? logits [B, T, V] for inputs ids[:, :T]; ids [B, T+1]."""
+    return tasks.score(logits, answer_targets(ids, answer_at))[0].tolist()
 
 
 def digit_correct(logits, ids, answer_at):
     """Per row: the fraction of answer tokens that are the argmax."""
-    pred = logits.argmax(-1)
-    return [(pred[b, a - 1:] == ids[b, a:]).float().mean().item() for b, a in enumerate(answer_at)]
+    _, correct, total = tasks.score(logits, answer_targets(ids, answer_at))
+    return (correct.float() / total.float()).tolist()
 
 
 def answer_loss(logits, ids, answer_at):
@@ -140,9 +148,7 @@ def finetune(model, encode, T, iters, lr=1e-3, batch_size=32, seed=0, device='cp
             g['lr'] = lr * min(1.0, (it + 1) / 20)
         ids, answer_at = make_batch(encode, T, rng.uniform(0, 1, batch_size), rng)
         ids = ids.to(device)
-        y = torch.full_like(ids[:, 1:], -1)
-        for b, a in enumerate(answer_at):
-            y[b, a - 1:] = ids[b, a:]
+        y = answer_targets(ids, answer_at)
         with ctx or nullcontext():
             _, loss = model(ids[:, :-1], y)
         loss.backward()
