@@ -22,6 +22,7 @@ import sys
 
 from console import exit_on_ctrl_c
 from files import atomic_json, atomic_write, read_json
+from stats import paired_interval, rank, summarize
 
 if __name__ == '__main__':  # Ctrl-C: one line, no traceback (every report file is replaced whole)
     exit_on_ctrl_c('compare.py', 'run it again')
@@ -86,57 +87,142 @@ def _table(header, rows):
     return '\n'.join(lines)
 
 
-def markdown_tables(evals, passkeys):
-    out = []
-    stats = [(r['label'], train_stats(os.path.dirname(r['path']))) for r in evals if not r.get('rope_scaling')]
-    stats = [(lab, st) for lab, st in stats if st]
-    if stats:
+def seed_of(res):
+    """The seed a result came from: its own record, else its run's sweep_args.json, else None."""
+    if res.get('seed') is not None:
+        return str(res['seed'])
+    args, _ = read_json(os.path.join(os.path.dirname(res.get('path', '')), 'sweep_args.json'))
+    return str(args['seed']) if isinstance(args, dict) and args.get('seed') is not None else None
+
+
+def groups(runs):
+    """{label: [result per seed]}, labels in first-seen order: the runs of one scheme (or variant)
+    that differ only in their seed."""
+    out = {}
+    for r in runs:
+        out.setdefault(r['label'], []).append(r)
+    return out
+
+
+def per_seed(rs, get):
+    """{seed: get(result)} over one label's results (a result without a seed gets its index)."""
+    return {seed_of(r) or f'#{i}': get(r) for i, r in enumerate(rs)}
+
+
+def cell(values, digits=3):
+    """mean, and with several seeds '± sd (min–max)'; '—' where no seed has a value."""
+    s = summarize(values)
+    if s['n'] == 0:
+        return '—'
+    if s['n'] == 1:
+        return _fmt(s['mean'], digits)
+    f = f".{digits}f"
+    return f"{s['mean']:{f}} ± {s['sd']:{f}} ({s['min']:{f}}–{s['max']:{f}})"
+
+
+def paired_cell(p, digits=3):
+    if p['n'] == 0:
+        return '—'
+    f = f"+.{digits}f"
+    if p['lo'] is None:
+        return f"{p['diff']:{f}} (n=1)"
+    return f"{p['diff']:{f}} [{p['lo']:{f}}, {p['hi']:{f}}]" + (' *' if p['excludes_zero'] else '')
+
+
+def compare_seeds(grouped, cols, get, baseline=None, higher_is_better=False):
+    """Per column c: {label: {seed: value}}, summaries, the paired differences against `baseline`
+    (same seeds only) and the ranking with ties -> a JSON-ready dict."""
+    out = {}
+    seeds = list(dict.fromkeys(s for rs in grouped.values() for s in per_seed(rs, lambda r: 0)))
+    for c in cols:
+        vals = {lab: per_seed(rs, lambda r: get(r, c)) for lab, rs in grouped.items()}
+        col = {'runs': {lab: {**summarize(list(v.values())), 'seeds': v} for lab, v in vals.items()}}
+        if baseline in vals:
+            col['paired_vs_' + baseline] = {
+                lab: paired_interval([v.get(s) for s in seeds], [vals[baseline].get(s) for s in seeds])
+                for lab, v in vals.items() if lab != baseline}
+        col['ranking'] = rank({lab: [v.get(s) for s in seeds] for lab, v in vals.items()}, higher_is_better)
+        out[str(c)] = col
+    return out
+
+
+def seed_tables(title, grouped, cols, col_names, get, baseline, digits=3, higher_is_better=False, note=''):
+    """Markdown: the cells (mean ± sd (min–max) over seeds, with n), the paired differences against
+    the baseline with their 95% t interval (* where it excludes 0), and the ranking with ties;
+    and the same numbers as a dict for aggregate.json."""
+    agg = compare_seeds(grouped, cols, get, baseline, higher_is_better)
+    rows = [[lab, str(len(rs))] + [cell([get(r, c) for r in rs], digits) for c in cols] for lab, rs in grouped.items()]
+    out = [f"### {title}\n", (note + '\n') if note else '', _table(['run', 'n'] + col_names, rows) + '\n']
+    key = 'paired_vs_' + str(baseline)
+    if any(key in agg[str(c)] for c in cols) and len(grouped) > 1:
+        out.append(f"Difference from {baseline} (run − {baseline}), paired by seed: mean [95% paired t interval]; "
+                   f"* where the interval excludes 0.\n")
+        out.append(_table(['run'] + col_names, [[lab] + [paired_cell(agg[str(c)][key][lab], digits) for c in cols]
+                                                for lab in grouped if lab != baseline]) + '\n')
+    best = 'highest' if higher_is_better else 'lowest'
+    out.append(f"Ranking ({best} first; place = 1 + the runs the seeds confirm better, by a paired interval "
+                   f"that excludes 0):\n")
+    for c, name in zip(cols, col_names):
+        places = agg[str(c)]['ranking']
+        out.append(f"- {name}: " + ', '.join(f"{p}. {lab}" for p, lab, _ in places))
+    return '\n'.join(o for o in out if o) + '\n', agg
+
+
+def markdown_tables(evals, passkeys, baseline='rope'):
+    """The report's tables and the aggregate (JSON-ready): every cell over seeds with its n."""
+    out, agg = [], {}
+    n_seeds = max([len(rs) for rs in groups(evals + passkeys).values()] or [0])
+    out.append(f"Seeds per run: see column n (up to {n_seeds}). Cells: mean" + (
+        " ± sample sd (min–max) over seeds" if n_seeds > 1 else " (one seed: no spread, no interval)") + ".\n")
+    stats_rows = [(r['label'], train_stats(os.path.dirname(r['path']))) for r in evals if not r.get('rope_scaling')]
+    stats_rows = [(lab, st) for lab, st in stats_rows if st]
+    if stats_rows:
+        by = {}
+        for lab, st in stats_rows:
+            by.setdefault(lab, []).append(st)
         out.append("### Training (final train loss; median throughput, first log interval left out)\n")
-        out.append(_table(['run', 'train loss', 'tokens/s', 'ms/iter'],
-                          [[lab, _fmt(st[0]), f"{st[1]:,.0f}", f"{st[2]:.1f}"] for lab, st in stats]) + '\n')
+        out.append(_table(['run', 'n', 'train loss', 'tokens/s', 'ms/iter'],
+                          [[lab, str(len(sts)), cell([st[0] for st in sts]), f"{np.mean([st[1] for st in sts]):,.0f}",
+                            f"{np.mean([st[2] for st in sts]):.1f}"] for lab, sts in by.items()]) + '\n')
     if evals:
         mults = max((r['mults'] for r in evals), key=len)
         L = evals[0]['block_size']
+        names = [f"{m}L ({m * L})" for m in mults]
         for key, name in (('nonoverlap', 'non-overlapping windows'), ('sliding', 'sliding windows')):
             runs = [r for r in evals if r.get(key)]
             if not runs:
                 continue
             extra = f", stride {runs[0].get('stride')}" if key == 'sliding' else ''
-            out.append(f"### Val loss (nats/token), {name}{extra}, L = {L}\n")
-            rows = []
-            for r in runs:
-                by_m = dict(zip(r['mults'], r[key]))
-                short = {m for m, T, w in zip(r['mults'], r['lengths'], r.get(f'{key}_window', r['lengths'])) if w < T}
-                rows.append([r['label']] + [_fmt(by_m.get(m)) + ('†' if m in short else '') for m in mults])
-            out.append(_table(['run'] + [f"{m}L ({m * L})" for m in mults], rows) + '\n')
-            if any(r.get(f'{key}_window') != r['lengths'] for r in runs if f'{key}_window' in r):
-                out.append("† a finite position table: scored with its longest window (sliding-window fallback)\n")
+            short = any(r.get(f'{key}_window') not in (None, r['lengths']) for r in runs)
+            text, agg[key] = seed_tables(
+                f"Val loss (nats/token), {name}{extra}, L = {L}", groups(runs), mults, names,
+                lambda r, m, key=key: dict(zip(r['mults'], r[key])).get(m), baseline,
+                note="A finite position table is scored with its longest window (sliding-window fallback)."
+                if short else '')
+            out.append(text)
         lk = [r for r in evals if r.get('last_k')]
         if lk:
             ctxs = max((r['last_k']['context'] for r in lk), key=len)
-            out.append(f"### Loss on the last {lk[0]['last_k']['k']} tokens vs the context before them\n")
-            rows = []
-            for r in lk:
-                by_c = dict(zip(r['last_k']['context'], r['last_k']['loss']))
-                rows.append([r['label']] + [_fmt(by_c.get(c)) for c in ctxs])
-            out.append(_table(['run'] + [f"ctx {c}" for c in ctxs], rows) + '\n')
+            text, agg['last_k'] = seed_tables(
+                f"Loss on the last {lk[0]['last_k']['k']} tokens vs the context before them", groups(lk), ctxs,
+                [f"ctx {c}" for c in ctxs], lambda r, c: dict(zip(r['last_k']['context'], r['last_k']['loss'])).get(c),
+                baseline)
+            out.append(text)
     if passkeys:
         mults = max((r['mults'] for r in passkeys), key=len)
-        out.append("### Passkey retrieval accuracy (mean over key depths)\n")
-        rows = []
-        for r in passkeys:
-            by_m = {m: (None if a is None else float(np.mean(a))) for m, a in zip(r['mults'], r['acc'])}
-            rows.append([r['label']] + [_fmt(by_m.get(m), 2) for m in mults])
-        out.append(_table(['run'] + [f"{m}L" for m in mults], rows) + '\n')
+        mean_of = lambda grid, m, r: (lambda a: None if a is None else float(np.mean(a)))(  # noqa: E731
+            dict(zip(r['mults'], r[grid])).get(m))
+        text, agg['passkey_acc'] = seed_tables(
+            "Passkey retrieval accuracy (mean over key depths)", groups(passkeys), mults, [f"{m}L" for m in mults],
+            lambda r, m: mean_of('acc', m, r), baseline, digits=2, higher_is_better=True)
+        out.append(text)
         runs = [r for r in passkeys if r.get('answer_loss')]
         if runs:
-            out.append("### Passkey answer loss (nats per digit, mean over depths; ln 10 = 2.30 is a blind guess)\n")
-            rows = []
-            for r in runs:
-                by_m = {m: (None if a is None else float(np.mean(a))) for m, a in zip(r['mults'], r['answer_loss'])}
-                rows.append([r['label']] + [_fmt(by_m.get(m), 2) for m in mults])
-            out.append(_table(['run'] + [f"{m}L" for m in mults], rows) + '\n')
-    return '\n'.join(out)
+            text, agg['passkey_answer_loss'] = seed_tables(
+                "Passkey answer loss (nats per digit, mean over depths; ln 10 = 2.30 is a blind guess)", groups(runs),
+                mults, [f"{m}L" for m in mults], lambda r, m: mean_of('answer_loss', m, r), baseline, digits=2)
+            out.append(text)
+    return '\n'.join(out), agg
 
 
 def _styles(labels):
@@ -165,16 +251,39 @@ def _save(fig, path, legend_ax=None, dpi=120):
     plt.close(fig)
 
 
+def mean_run(rs):
+    """One label's results merged for plotting: every number the mean over its seeds (position
+    curves and passkey grids elementwise), None where no seed has a value."""
+    def mean(xs):
+        if all(isinstance(x, list) for x in xs if x is not None) and any(isinstance(x, list) for x in xs):
+            lists = [x for x in xs if x is not None]
+            return [mean(list(col)) for col in zip(*lists)]
+        return summarize(xs)['mean']
+    out = dict(rs[0])
+    for k in ('nonoverlap', 'sliding', 'position', 'acc', 'answer_loss'):
+        if k in out:
+            out[k] = [mean(list(col)) for col in zip(*[r[k] for r in rs])]
+    if out.get('last_k'):
+        out['last_k'] = dict(out['last_k'], loss=[mean(list(c)) for c in zip(*[r['last_k']['loss'] for r in rs])])
+    return out
+
+
 def plot_lengths(evals, path):
+    """Each run's mean over seeds as a line, every seed as a faint point."""
     import matplotlib.pyplot as plt
     keys = [k for k in ('nonoverlap', 'sliding') if any(r.get(k) for r in evals)]
     fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 4.8), squeeze=False)
-    st = _styles([r['label'] for r in evals])
+    grouped = groups(evals)
+    st = _styles(list(grouped))
     for ax, key in zip(axes[0], keys):
-        for r in evals:
-            pts = [(m, v) for m, v in zip(r['mults'], r.get(key) or []) if v is not None]
+        for lab, rs in grouped.items():
+            m = mean_run(rs)
+            pts = [(x, v) for x, v in zip(m['mults'], m.get(key) or []) if v is not None]
             if pts:
-                ax.plot(*zip(*pts), label=r['label'], ms=4, **st[r['label']])
+                ax.plot(*zip(*pts), label=lab + (f" (n={len(rs)})" if len(rs) > 1 else ''), ms=4, **st[lab])
+            if len(rs) > 1:
+                seeds = [(x, v) for r in rs for x, v in zip(r['mults'], r.get(key) or []) if v is not None]
+                ax.scatter(*zip(*seeds), s=9, alpha=0.35, color=st[lab]['color'], zorder=1)
         ax.set_xscale('log', base=2)
         ax.set_xlabel('eval length / training length L')
         ax.set_ylabel('val loss (nats/token)')
@@ -185,17 +294,19 @@ def plot_lengths(evals, path):
 
 
 def plot_position(evals, path):
-    """Loss by position in the longest windows each run has (geometric bins, eval.bin_curve)."""
+    """Loss by position in the longest windows each run has (geometric bins, eval.bin_curve),
+    the mean over seeds."""
     import matplotlib.pyplot as plt
     from eval import bin_curve
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    st = _styles([r['label'] for r in evals])
+    grouped = groups(evals)
+    st = _styles(list(grouped))
     L = evals[0]['block_size']
-    for r in evals:
-        curves = [c for c in r.get('position') or [] if c is not None]
+    for lab, rs in grouped.items():
+        curves = [c for c in mean_run(rs).get('position') or [] if c is not None]
         if curves:
             xs, ys = bin_curve(curves[-1])
-            ax.plot(xs, ys, label=r['label'], lw=1.2, **{k: v for k, v in st[r['label']].items() if k != 'marker'})
+            ax.plot(xs, ys, label=lab, lw=1.2, **{k: v for k, v in st[lab].items() if k != 'marker'})
     ax.axvline(L, color='k', lw=0.8, ls=':')
     ax.text(L, ax.get_ylim()[1], ' L', va='top')
     ax.set_xscale('symlog', base=2, linthresh=L / 4)
@@ -210,35 +321,44 @@ def plot_position(evals, path):
 def plot_last_k(evals, path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    st = _styles([r['label'] for r in evals])
-    runs = [r for r in evals if r.get('last_k')]
-    for r in runs:
-        ax.plot(r['last_k']['context'], r['last_k']['loss'], label=r['label'], ms=4, **st[r['label']])
-    ax.axvline(runs[0]['block_size'] - runs[0]['last_k']['k'], color='k', lw=0.8, ls=':')  # window = L
-    ax.set_xscale('symlog', base=2, linthresh=runs[0]['block_size'] / 4)
+    grouped = groups([r for r in evals if r.get('last_k')])
+    st = _styles(list(grouped))
+    first = next(iter(grouped.values()))[0]
+    for lab, rs in grouped.items():
+        m = mean_run(rs)
+        ax.plot(m['last_k']['context'], m['last_k']['loss'], label=lab, ms=4, **st[lab])
+        if len(rs) > 1:
+            ax.scatter([c for r in rs for c in r['last_k']['context']], [v for r in rs for v in r['last_k']['loss']],
+                       s=9, alpha=0.35, color=st[lab]['color'], zorder=1)
+    ax.axvline(first['block_size'] - first['last_k']['k'], color='k', lw=0.8, ls=':')  # window = L
+    ax.set_xscale('symlog', base=2, linthresh=first['block_size'] / 4)
     ax.set_xlim(0, None)
     ax.set_xlabel('tokens of context before the scored tokens')
     ax.set_ylabel('val loss')
-    ax.set_title(f"loss on the same last {runs[0]['last_k']['k']} tokens as the context grows")
+    ax.set_title(f"loss on the same last {first['last_k']['k']} tokens as the context grows")
     ax.grid(alpha=0.3)
     _save(fig, path, legend_ax=ax)
 
 
 def plot_passkeys(passkeys, path):
+    """A heat map per run: the mean over its seeds."""
     import matplotlib.pyplot as plt
     from passkey import plot_heatmap
-    n = len(passkeys)
+    grouped = groups(passkeys)
+    n = len(grouped)
     cols = min(4, n)
     rows = -(-n // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
-    for ax, r in zip(axes.flat, passkeys):
-        plot_heatmap(r, ax=ax, title=r['label'])
+    for ax, (lab, rs) in zip(axes.flat, grouped.items()):
+        plot_heatmap(mean_run(rs), ax=ax, title=lab + (f" (mean of {len(rs)})" if len(rs) > 1 else ''))
     for ax in list(axes.flat)[n:]:
         ax.axis('off')
     _save(fig, path, dpi=110)
 
 
-def make_report(dirs, report_dir, title='nanoPE comparison', notes=''):
+def make_report(dirs, report_dir, title='nanoPE comparison', notes='', baseline='rope'):
+    """report.md (tables over seeds, paired differences against `baseline`, rankings with ties),
+    aggregate.json (the same numbers) and the plots, in report_dir."""
     import matplotlib
     matplotlib.use('Agg')
     evals, passkeys = load_runs(dirs)
@@ -256,7 +376,9 @@ def make_report(dirs, report_dir, title='nanoPE comparison', notes=''):
     if passkeys:
         plot_passkeys(passkeys, os.path.join(report_dir, 'passkey.png'))
         parts.append("![passkey retrieval](passkey.png)\n")
-    parts.append(markdown_tables(evals, passkeys))
+    text, agg = markdown_tables(evals, passkeys, baseline)
+    parts.append(text)
+    atomic_json({'baseline': baseline, 'interval': 'paired t, 95%', **agg}, os.path.join(report_dir, 'aggregate.json'))
     return atomic_text('\n'.join(p for p in parts if p), os.path.join(report_dir, 'report.md'))
 
 
@@ -266,65 +388,85 @@ def task_label(res):
     return res['scheme'] + ('' if pos == 'plain' else f" +{pos}")
 
 
-def make_task_report(dirs, report_dir, notes=''):
-    """The task suite's report: exact match in and beyond the training sizes per task and run,
-    per length bin, and heat maps (one panel per task, one row per run) -> report.md."""
+def make_task_report(dirs, report_dir, notes='', baseline='rope'):
+    """The task suite's report: exact match in and beyond the training sizes per task and run
+    (over seeds: mean ± sd, n, paired differences against `baseline`, rankings with ties), per
+    length bin, and heat maps of the mean (one panel per task, one row per run) -> report.md,
+    aggregate.json, tasks.json."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    runs = [r for r in (usable(os.path.join(d, 'eval.json')) for d in dirs) if r and 'task' in r]
+    runs = []
+    for d in dirs:
+        r = usable(os.path.join(d, 'eval.json'))
+        if r and 'task' in r:
+            runs.append(dict(r, path=os.path.join(d, 'eval.json'), label=task_label(r)))
     if not runs:
         raise ValueError(f"no task eval.json in {dirs}: run the suite first (python sweep.py --tasks=default)")
     os.makedirs(report_dir, exist_ok=True)
     task_names = list(dict.fromkeys(r['task'] for r in runs))
-    labels = list(dict.fromkeys(task_label(r) for r in runs))
-    by = {(r['task'], task_label(r)): r for r in runs}
+    labels = list(dict.fromkeys(r['label'] for r in runs))
+    by = {t: groups([r for r in runs if r['task'] == t]) for t in task_names}
+    n_seeds = max(len(rs) for g in by.values() for rs in g.values())
     parts = [f"# nanoPE task suite\n\n{notes}", "Exact match (the whole answer right, teacher-forced argmax = greedy "
              "decoding), mean over the length bins in the training sizes (1..N) / beyond them (N+1..4N). "
              "`—`: the scheme cannot address those lengths (a finite position table). Randomized-position runs: "
-             "plain positions at evaluation, then (in brackets) ordered random positions as Ruoss et al. evaluate.\n",
-             "![exact match by length](tasks.png)\n"]
+             "plain positions at evaluation, then (in brackets) ordered random positions as Ruoss et al. evaluate. "
+             + (f"Over seeds (up to {n_seeds}; n per cell): mean ± sample sd (min–max)." if n_seeds > 1 else
+                "One seed: no spread, no interval.") + "\n",
+             "![exact match by length (mean over seeds)](tasks.png)\n"]
     rows = []
     for lab in labels:
         cells = []
         for t in task_names:
-            r = by.get((t, lab))
-            if r is None:
+            rs = by[t].get(lab)
+            if not rs:
                 cells.append('')
                 continue
-            cell = f"{_fmt(r.get('exact_id'), 2)} / {_fmt(r.get('exact_ood'), 2)}"
-            if 'exact_ood_randomized' in r:
-                cell += f" ({_fmt(r.get('exact_id_randomized'), 2)} / {_fmt(r.get('exact_ood_randomized'), 2)})"
-            cells.append(cell)
+            c = f"{cell([r.get('exact_id') for r in rs], 2)} / {cell([r.get('exact_ood') for r in rs], 2)}"
+            if 'exact_ood_randomized' in rs[0]:
+                c += (f" ({cell([r.get('exact_id_randomized') for r in rs], 2)} / "
+                      f"{cell([r.get('exact_ood_randomized') for r in rs], 2)})")
+            cells.append(c + (f" n={len(rs)}" if n_seeds > 1 else ''))
         rows.append([lab] + cells)
-    parts.append(_table(['run'] + [f"{t} (N={next(r['N'] for r in runs if r['task'] == t)})" for t in task_names],
-                        rows) + '\n')
+    N_of = {t: next(r['N'] for r in runs if r['task'] == t) for t in task_names}
+    parts.append(_table(['run'] + [f"{t} (N={N_of[t]})" for t in task_names], rows) + '\n')
+    agg = {}
+    text, agg['exact_ood'] = seed_tables(
+        "Exact match beyond the training sizes (N+1..4N), by task", {lab: [r for t in task_names for r in
+                                                                          by[t].get(lab, [])] for lab in labels},
+        task_names, task_names, lambda r, t: r.get('exact_ood') if r['task'] == t else None, baseline, digits=2,
+        higher_is_better=True)
+    parts.append(text)
+    means = {}
     for t in task_names:
-        rs = [by[(t, lab)] for lab in labels if (t, lab) in by]
-        bins = [(b['lo'], b['hi']) for b in max((r['bins'] for r in rs), key=len)]
-        parts.append(f"### {t}: exact match by size (N = {rs[0]['N']})\n")
+        rs0 = [rs[0] for rs in by[t].values()]
+        bins = [(b['lo'], b['hi']) for b in max((r['bins'] for r in rs0), key=len)]
+        exact = lambda r, lo: next((b['exact'] for b in r['bins'] if b['lo'] == lo), None)  # noqa: E731
+        means[t] = {lab: [summarize([exact(r, lo) for r in rs])['mean'] for lo, _ in bins]
+                    for lab, rs in by[t].items()}
+        parts.append(f"### {t}: exact match by size (N = {N_of[t]})" + (", mean over seeds" if n_seeds > 1 else '')
+                     + "; rows scored per bin in tasks.json\n")
         parts.append(_table(['run'] + [f"{lo}-{hi}" if hi > lo else f"{lo}" for lo, hi in bins],
-                            [[task_label(r)] + [_fmt(next((b['exact'] for b in r['bins'] if b['lo'] == lo), None), 2)
-                                                for lo, _ in bins] for r in rs]) + '\n')
+                            [[lab] + [_fmt(v, 2) for v in means[t][lab]] for lab in by[t]]) + '\n')
     fig, axes = plt.subplots(1, len(task_names), figsize=(3.2 * len(task_names) + 1, 0.32 * len(labels) + 1.6),
                              squeeze=False)
     cmap = matplotlib.colormaps['viridis'].with_extremes(bad='lightgrey')
     for ax, t in zip(axes[0], task_names):
-        rs = [by.get((t, lab)) for lab in labels]
-        bins = max((r['bins'] for r in rs if r), key=len)
-        grid = np.array([[np.nan if not r else next((np.nan if b['exact'] is None else b['exact']
-                                                     for b in r['bins'] if b['lo'] == c['lo']), np.nan)
-                          for c in bins] for r in rs], dtype=float)
+        bins = max((rs[0]['bins'] for rs in by[t].values()), key=len)
+        grid = np.array([[np.nan if v is None else v for v in means[t][lab]] if lab in means[t] else
+                         [np.nan] * len(bins) for lab in labels], dtype=float)
         ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=1, cmap=cmap, aspect='auto')
-        N = next(r['N'] for r in rs if r)
-        edge = next((i for i, b in enumerate(bins) if b['lo'] > N), len(bins)) - 0.5
+        edge = next((i for i, b in enumerate(bins) if b['lo'] > N_of[t]), len(bins)) - 0.5
         ax.axvline(edge, color='red', lw=1)
         ax.set_xticks(range(len(bins)), [str(b['lo']) for b in bins], fontsize=6, rotation=90)
         ax.set_yticks(range(len(labels)), labels if ax is axes[0][0] else [], fontsize=7)
-        ax.set_title(f"{t} (train 1..{N})", fontsize=9)
+        ax.set_title(f"{t} (train 1..{N_of[t]})", fontsize=9)
         ax.set_xlabel('size (bin start)', fontsize=7)
     _save(fig, os.path.join(report_dir, 'tasks.png'))
-    atomic_json(runs, os.path.join(report_dir, 'tasks.json'))
+    atomic_json([{k: v for k, v in r.items() if k not in ('path', 'label')} for r in runs],
+                os.path.join(report_dir, 'tasks.json'))
+    atomic_json({'baseline': baseline, 'interval': 'paired t, 95%', **agg}, os.path.join(report_dir, 'aggregate.json'))
     return atomic_text('\n'.join(parts), os.path.join(report_dir, 'report.md'))
 
 
@@ -365,15 +507,15 @@ def atomic_text(text, path):
 
 def main(argv):
     from configurator import options
-    o = options(dict(report_dir='report', runs=[]), argv, positional='runs')
+    o = options(dict(report_dir='report', runs=[], baseline='rope'), argv, positional='runs')
     missing = [d for d in o.runs if not os.path.isdir(d)]
     if missing or not o.runs:
         sys.exit(f"not a run directory: {', '.join(missing)}" if missing else
-                 "usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR]  (no out_dir given)")
+                 "usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR] [--baseline=rope]  (no out_dir given)")
     found = [r for r in (load_json(os.path.join(d, 'eval.json')) for d in o.runs) if r]  # (a damaged one is named below)
     tasks_only = bool(found) and all('task' in r for r in found)
     try:
-        print(f"wrote {(make_task_report if tasks_only else make_report)(o.runs, o.report_dir)}")
+        print(f"wrote {(make_task_report if tasks_only else make_report)(o.runs, o.report_dir, baseline=o.baseline)}")
     except ValueError as e:  # nothing readable to report on
         sys.exit(str(e))
 

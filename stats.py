@@ -4,8 +4,8 @@ better that the noise does not allow.
 
   summarize([2.91, 2.75, 2.80])          # {'n': 3, 'mean': ..., 'sd': ..., 'min': ..., 'max': ...}
   paired_interval(alibi, rope)           # mean difference over paired seeds, 95% t interval
-  rank({'rope': [...], 'alibi': [...]})  # best first; a scheme ties the one above it where the
-                                         # paired interval of their difference contains 0
+  rank({'rope': [...], 'alibi': [...]})  # best first; place = 1 + how many schemes the seeds
+                                         # confirm are better (paired interval excludes 0)
 
 Differences are paired by seed (seed s gives every scheme the same batches), and the interval
 is Student's t on the per-seed differences: mean(d) +- t_{0.975, n-1} * sd(d) / sqrt(n). With
@@ -69,15 +69,15 @@ def paired_interval(a, b, level=0.95):
 
 
 def rank(per_scheme, higher_is_better=False, level=0.95):
-    """[(place, scheme, mean)], best first. Schemes are sorted by their mean over seeds; each one
-    shares the place of the scheme above it unless the paired interval of their difference
-    excludes 0, so a printed order never claims more than the seeds allow. per_scheme:
-    {scheme: [value per seed, in the same seed order for every scheme]}."""
+    """[(place, scheme, mean)], sorted by the mean over seeds, best first. A scheme's place is 1 +
+    the number of schemes whose advantage over it the paired interval confirms (excludes 0), so
+    schemes the seeds do not separate share a place and no order is claimed beyond the seeds.
+    per_scheme: {scheme: [value per seed, in the same seed order for every scheme]}."""
     means = {k: summarize(v)['mean'] for k, v in per_scheme.items()}
     order = sorted((k for k in means if means[k] is not None), key=lambda k: means[k], reverse=higher_is_better)
-    out, place = [], 0
-    for i, k in enumerate(order):
-        if i == 0 or paired_interval(per_scheme[k], per_scheme[order[i - 1]], level)['excludes_zero']:
-            place = i + 1
-        out.append((place, k, means[k]))
-    return out
+    sign = -1 if higher_is_better else 1
+
+    def beats(a, b):  # a's advantage over b is confirmed by the seeds
+        p = paired_interval(per_scheme[a], per_scheme[b], level)
+        return p['excludes_zero'] and sign * p['diff'] < 0
+    return [(1 + sum(beats(o, k) for o in order if o != k), k, means[k]) for k in order]

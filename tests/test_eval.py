@@ -1,5 +1,6 @@
 """Evaluation protocols, passkey generator/checker, and the compare report."""
 import json
+import math
 import re
 
 import numpy as np
@@ -213,17 +214,54 @@ def test_compare_report_from_fixture_jsons(tmp_path):
     (tmp_path / 'rope' / 'eval_yarn_x4.json').write_text(json.dumps(yarn))
     path = compare.make_report(dirs, str(tmp_path / 'report'))
     md = open(path).read()
-    assert '| rope | 1.500 | 1.750 | 2.125 |' in md
-    assert '| rope +yarn_x4 | 1.600 | 1.700 | 1.800 |' in md
-    assert '| learned | 1.400 | — | — |' in md
-    assert '| rope | 1.250 | 1.500 | 3.000 |' in md           # sliding table
-    assert '| rope | 0.75 | 0.12 | 0.00 |' in md             # passkey, mean over depths
-    assert '| learned | 1.00 | — | — |' in md
-    assert '| rope | 2.000 | 2,000 | 3.0 |' in md             # training: last loss, medians past the first log
+    assert '| rope | 1 | 1.500 | 1.750 | 2.125 |' in md
+    assert '| rope +yarn_x4 | 1 | 1.600 | 1.700 | 1.800 |' in md
+    assert '| learned | 1 | 1.400 | — | — |' in md
+    assert '| rope | 1 | 1.250 | 1.500 | 3.000 |' in md           # sliding table
+    assert '| rope | 1 | 0.75 | 0.12 | 0.00 |' in md             # passkey, mean over depths
+    assert '| learned | 1 | 1.00 | — | — |' in md
+    assert '| rope | 1 | 2.000 | 2,000 | 3.0 |' in md             # training: last loss, medians past the first log
     for png in ('loss_vs_length.png', 'loss_vs_position.png', 'last_k.png', 'passkey.png'):
         p = tmp_path / 'report' / png
         assert p.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and p.stat().st_size > 5000
         assert f'({png})' in md
+
+
+def test_compare_over_seeds_cells_paired_intervals_ties_and_aggregate(tmp_path):
+    """Three seeds of two schemes and one of a third: cells mean ± sd (min–max) with n, the
+    difference from rope paired by seed with its t interval, a ranking that ties what the
+    seeds do not separate, aggregate.json with the same numbers; values computed by hand."""
+    import compare
+    base = {'rope_scaling': None, 'block_size': 8, 'mults': [1, 2], 'lengths': [8, 16]}
+    losses = {'rope': {1: [2.0, 2.2, 2.1], 2: [3.0, 3.4, 3.2]},
+              'alibi': {1: [1.9, 2.15, 2.1], 2: [2.5, 2.8, 2.7]},   # 2L: rope - 0.5, -0.6, -0.5 at each seed
+              'none': {1: [2.5], 2: [2.9]}}
+    dirs = []
+    for scheme, by_m in losses.items():
+        for i, seed in enumerate(range(len(by_m[1]))):
+            d = tmp_path / f'{scheme}-s{seed}'
+            d.mkdir()
+            (d / 'eval.json').write_text(json.dumps(dict(base, scheme=scheme, seed=seed,
+                                                         nonoverlap=[by_m[1][i], by_m[2][i]])))
+            dirs.append(str(d))
+    md = open(compare.make_report(dirs, str(tmp_path / 'report'))).read()
+    # rope 1L: mean 2.1, sd 0.1; 2L: mean 3.2, sd 0.2
+    assert '| rope | 3 | 2.100 ± 0.100 (2.000–2.200) | 3.200 ± 0.200 (3.000–3.400) |' in md
+    assert '| none | 1 | 2.500 | 2.900 |' in md
+    # alibi - rope at 2L: d = -0.5, -0.6, -0.5: mean -0.5333, sd 0.05774, half-width 4.3027 * 0.05774 / sqrt(3)
+    half = 4.302653 * (0.1 / math.sqrt(3)) / math.sqrt(3)
+    assert f"{-0.5333:+.3f} [{-0.53333 - half:+.3f}, {-0.53333 + half:+.3f}] *" in md
+    assert '| none | +0.500 (n=1) | -0.100 (n=1) |' in md  # seed 0 only: 2.5 - 2.0, 2.9 - 3.0
+    assert '- 2L (16): 1. alibi, 1. none, 2. rope' in md  # none has one seed: nothing separates it
+    assert '- 1L (8): 1. alibi, 1. rope, 1. none' in md   # alibi - rope = -0.1, -0.05, 0: not separated
+    agg = json.load(open(tmp_path / 'report' / 'aggregate.json'))
+    assert agg['interval'] == 'paired t, 95%' and agg['baseline'] == 'rope'
+    cell = agg['nonoverlap']['2']
+    assert cell['runs']['rope']['n'] == 3 and cell['runs']['rope']['sd'] == pytest.approx(0.2)
+    assert cell['runs']['alibi']['seeds'] == {'0': 2.5, '1': 2.8, '2': 2.7}
+    p = cell['paired_vs_rope']['alibi']
+    assert p['diff'] == pytest.approx(-0.53333, abs=1e-4) and p['hi'] == pytest.approx(-0.53333 + half, abs=1e-4)
+    assert p['excludes_zero']
 
 
 def test_doc_aware_windows_never_cross_eot(monkeypatch):
