@@ -69,12 +69,13 @@ def progress_bar(total, label, unit='batch'):
 
 @torch.no_grad()
 def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='cpu', ctx=None, label=None,
-                  stop=None):
+                  stop=None, per_window=None):
     """Per-position loss of the last n_score tokens of the windows x = data[s:s+T],
     y = data[s+1:s+T+1], summed over windows -> (float64 tensor [n_score], n_windows).
     Batches of max(1, batch_tokens // T) windows; a short last batch is padded to the
     same shape so compiled attention kernels are reused rather than recompiled. Only
-    the scored positions get logits. stop(): checked before every batch; True raises Interrupted."""
+    the scored positions get logits. stop(): checked before every batch; True raises Interrupted.
+    per_window: a list to which each window's mean scored loss is appended (for standard_error)."""
     bs = max(1, batch_tokens // T)
     sums = torch.zeros(n_score, dtype=torch.float64)
     with progress_bar(-(-len(starts) // bs), label) as bar:
@@ -88,6 +89,8 @@ def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='c
             with ctx or nullcontext():
                 loss = model(x, y, reduction='none', last=n_score)[1]
             sums += loss[:len(chunk)].sum(0).double().cpu()
+            if per_window is not None:
+                per_window += loss[:len(chunk)].double().mean(1).cpu().tolist()
             bar.update()
     return sums, len(starts)
 
@@ -114,18 +117,33 @@ def sliding_loss(model, data, T, stride, tokens=8192, runs=16, **kw):
     return (sums.sum() / (n * stride)).item()
 
 
-def last_k_loss(model, data, k, lengths, spans=64, **kw):
+def standard_error(per_window):
+    """The standard error of a mean loss over windows: sample sd of the per-window mean losses /
+    sqrt(windows); None for fewer than 2 windows. Windows far apart are close to independent;
+    neighbouring ones share text, so this is the noise of one run's number, not of a seed."""
+    n = len(per_window)
+    if n < 2:
+        return None
+    m = sum(per_window) / n
+    return math.sqrt(sum((x - m) ** 2 for x in per_window) / (n - 1) / n)
+
+
+def last_k_loss(model, data, k, lengths, spans=64, ses=None, **kw):
     """The same `spans` targets of k tokens (ends spread evenly over the data) scored with
-    windows of each length T in `lengths` (context T - k) -> list of mean losses."""
+    windows of each length T in `lengths` (context T - k) -> list of mean losses (and, into
+    `ses` if given, each one's standard error over the spans)."""
     T_max = max(lengths)
     if len(data) < T_max + 1:
         raise ValueError(f"the eval data has {len(data)} tokens, too few for a window of {T_max}")
     ends = np.linspace(T_max, len(data) - 1, spans).astype(np.int64)  # one past each window's last input
     label, out = kw.pop('label', None), []
     for T in lengths:
+        pw = []
         sums, n = window_losses(model, data, T, [int(e) - T for e in ends], k,
-                                label=label and f"{label} (window {T})", **kw)
+                                label=label and f"{label} (window {T})", per_window=pw, **kw)
         out.append((sums.sum() / (n * k)).item())
+        if ses is not None:
+            ses.append(standard_error(pw))
     return out
 
 
@@ -187,7 +205,7 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
     kw = dict(batch_tokens=batch_tokens, device=device, ctx=ctx, stop=stop)
     lengths = [length_of(m, L) for m in mults]
     res = {'block_size': L, 'mults': list(mults), 'lengths': lengths, 'tokens': tokens, 'complete': False,
-           'nonoverlap': [], 'position': [], 'skipped': {}}
+           'nonoverlap': [], 'nonoverlap_se': [], 'nonoverlap_windows': [], 'position': [], 'skipped': {}}
     free = available_bytes(device)
     for m, T in zip(mults, lengths):
         need = peak_bytes(model, T, batch_tokens, device)
@@ -200,9 +218,12 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
     ok = [_fits(model, T) and str(m) not in res['skipped'] for m, T in zip(mults, lengths)]
     try:
         for m, T, go in zip(mults, lengths, ok):
-            loss, curve = nonoverlap_loss(model, data, T, tokens, eot=doc_eot,
+            pw = []
+            loss, curve = nonoverlap_loss(model, data, T, tokens, eot=doc_eot, per_window=pw,
                                           label=f"non-overlapping @{m}L" if progress else None, **kw) if go else (None, None)
             res['nonoverlap'].append(loss)
+            res['nonoverlap_se'].append(standard_error(pw))
+            res['nonoverlap_windows'].append(len(pw))
             res['position'].append(None if curve is None else [round(v, 4) for v in curve.tolist()])
         if quick:
             del res['position']
@@ -210,18 +231,23 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
             # a finite position table (learned, GPT-2) scores lengths past it with its longest window:
             # every scored token then has max_len - stride .. max_len - 1 tokens of context
             windows = [T if _fits(model, T) else model.pe.max_len for T in lengths]
-            res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[], sliding_window=windows)
+            res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[], sliding_se=[], sliding_window=windows)
             for m, T in zip(mults, windows):
-                res['sliding'].append(sliding_loss(model, data, T, stride, sliding_tokens,
+                pw = []
+                res['sliding'].append(sliding_loss(model, data, T, stride, sliding_tokens, per_window=pw,
                                                    label=f"sliding @{m}L" if progress else None, **kw)
                                       if str(m) not in res['skipped'] else None)
+                res['sliding_se'].append(standard_error(pw))
             ks = sorted({T for T, go in zip([L // 4, L // 2] + lengths, [True, True] + ok) if T > last_k and go
                          and _fits(model, T)})
-            losses = last_k_loss(model, data, last_k, ks, last_k_spans, label="last-k" if progress else None, **kw)
-            res['last_k'] = {'k': last_k, 'spans': last_k_spans, 'context': [T - last_k for T in ks], 'loss': losses}
+            ses = []
+            losses = last_k_loss(model, data, last_k, ks, last_k_spans, ses=ses, label="last-k" if progress else None,
+                                 **kw)
+            res['last_k'] = {'k': last_k, 'spans': last_k_spans, 'context': [T - last_k for T in ks], 'loss': losses,
+                             'se': ses}
         res['complete'] = True
     except Interrupted:  # keep what is done; lists stay aligned with mults
-        for key in ('nonoverlap', 'position', 'sliding'):
+        for key in ('nonoverlap', 'nonoverlap_se', 'nonoverlap_windows', 'position', 'sliding', 'sliding_se'):
             if key in res:
                 res[key] += [None] * (len(mults) - len(res[key]))
     finally:

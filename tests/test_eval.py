@@ -287,3 +287,29 @@ def test_doc_aware_windows_never_cross_eot(monkeypatch):
         for s in starts:
             assert eot not in data[s:s + T + 1]                      # inputs and targets in one document
             assert any((s - d) % T == 0 and s >= d and eot not in data[d:s] for d in doc_starts)  # tiled from its start
+
+
+def test_eval_records_the_standard_error_of_each_mean_loss():
+    """Every length and protocol carries the standard error of its mean loss over windows: checked
+    against per-window losses computed here with plain cross-entropy, one window at a time."""
+    import eval as E
+    import torch.nn.functional as F
+    from conftest import tiny_model
+    assert E.standard_error([1.0, 2.0, 3.0, 4.0]) == pytest.approx(math.sqrt(5 / 3) / 2)  # sd / sqrt(n)
+    assert E.standard_error([2.0]) is None
+    model = tiny_model('alibi').eval()
+    data = np.random.default_rng(3).integers(0, 37, size=4000).astype(np.uint16)
+    res = E.evaluate(model, data, 16, mults=(1, 2), tokens=512, stride=8, sliding_tokens=256, batch_tokens=64)
+    for i, T in enumerate((16, 32)):
+        starts = E.window_layout(len(data), T, T, 512 // T, 16)
+        per = []
+        with torch.no_grad():
+            for s in starts:
+                x = torch.from_numpy(data[s:s + T + 1].astype(np.int64))[None]
+                logits = model(x[:, :-1], x[:, 1:])[0]
+                per.append(F.cross_entropy(logits[0], x[0, 1:]).item())
+        assert res['nonoverlap_windows'][i] == len(per)
+        assert res['nonoverlap'][i] == pytest.approx(np.mean(per), abs=1e-5)
+        assert res['nonoverlap_se'][i] == pytest.approx(np.std(per, ddof=1) / math.sqrt(len(per)), rel=1e-4)
+    assert len(res['sliding_se']) == 2 and all(v > 0 for v in res['sliding_se'])
+    assert len(res['last_k']['se']) == len(res['last_k']['loss']) and all(v > 0 for v in res['last_k']['se'])
