@@ -157,18 +157,25 @@ def wait_for_folder(d, timeout=120):
                 time.sleep(0.2)
 
 
+def spawn(cmd, log, env=None, preexec_fn=None):
+    """Start cmd in the repo with its output going straight to the open file `log` (sweep.py's and
+    bench.py's children): no pipe through the parent, so the child never dies of a broken pipe, and
+    the log is written line by line as it runs. A session of its own: a terminal's Ctrl-C reaches
+    the parent only, which decides what the child gets."""
+    return subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
+                            preexec_fn=preexec_fn)
+
+
 def start(cmd, log_path, env=None):
-    """Start a child whose output goes straight to log_path: no pipe through the sweep, so the child
-    never dies of a broken pipe, and the log is written line by line as it runs."""
+    """Start a child whose output goes to log_path (spawn) and that gets SIGTERM when the sweep dies;
+    a SIGTERM/SIGINT to the sweep passes one SIGTERM on to it."""
     wait_for_folder(os.path.dirname(log_path))
     stop_if_asked()
     with open(log_path, 'a') as log:
         log.write('$ ' + ' '.join(cmd) + '\n')
         log.flush()
-        # a session of its own: a terminal's Ctrl-C reaches the sweep only, which passes on one SIGTERM
-        p = subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
-                             preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
+        p = spawn(cmd, log, env, preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
     children.append(p)
     if stop_signal:  # the signal came while it was starting
         on_signal(stop_signal, None)
@@ -431,12 +438,8 @@ def provenance():
     except OSError:
         commit = 'unknown'
     import torch
-    if torch.cuda.is_available():
-        hw = torch.cuda.get_device_name()
-    else:
-        cpu = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo') if line.startswith('model name')),
-                   None) if os.path.exists('/proc/cpuinfo') else None
-        hw = f"{cpu or 'CPU'}, {os.cpu_count()} cores"
+    from runtime import cpu_name
+    hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{cpu_name()}, {os.cpu_count()} cores"
     return f"commit {commit}, torch {torch.__version__}, {hw}"
 
 
