@@ -169,7 +169,7 @@ def peak_flops(device_type, cores):
 
 
 def flops_per_token(model, cfg, T):
-    """Same formula as GPT.estimate_mfu: 6N + 12 * n_layer * n_head * head_dim * T."""
+    """6N + 12 * n_layer * n_head * head_dim * T (PaLM, arXiv 2204.02311, App. B), as GPT.estimate_mfu."""
     return 6 * sum(p.numel() for p in model.parameters()) + 12 * cfg.n_layer * cfg.n_head * (cfg.n_embd // cfg.n_head) * T
 
 
