@@ -60,15 +60,25 @@ def peak_flops(device_name):
     return next((v for k, v in PEAK_BF16_FLOPS if k in device_name), None)
 
 
+def cpu_info():
+    """The first processor's fields in /proc/cpuinfo ('model name', 'cpu MHz', 'flags', ...); {} without one."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            first = f.read().split('\n\n', 1)[0]
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, sep, v in (line.partition(':') for line in first.splitlines()) if sep}
+
+
+def cpu_name():
+    import platform
+    return cpu_info().get('model name') or platform.processor() or platform.machine()
+
+
 def device_name(rt):
     if rt.device_type == 'cuda':
         return torch.cuda.get_device_name(rt.device)
-    import platform
-    try:
-        cpu = next(l for l in open('/proc/cpuinfo') if l.startswith('model name')).split(':')[1].strip()
-    except (OSError, StopIteration):
-        cpu = platform.processor() or platform.machine()
-    return f"{cpu}, {torch.get_num_threads()} thread(s)"
+    return f"{cpu_name()}, {torch.get_num_threads()} thread(s)"
 
 
 def split_batch(rows, world_size, rank, batch_size):

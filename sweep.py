@@ -4,7 +4,7 @@ data and steps), evaluate each (eval.py's full suite; rope also with each run-ti
 context-extension method), run the passkey probe, and write the report (compare.py).
 
   python sweep.py                                  # default CPU config -> out-sweep/, out-sweep/report/
-  python sweep.py --gpu                            # the GPU-sized config -> out-sweep-gpu/
+  python sweep.py --gpu                            # config/sweep_gpu.py -> out-sweep-gpu/
   python sweep.py --schemes=rope,alibi --max_iters=20 --out=out-tiny   # a quick check
   python sweep.py --key=value                      # any other train.py key, for every run
 
@@ -19,7 +19,7 @@ output goes) and skipped; the report covers the runs that finished.
 
 The algorithmic task suite (tasks.py): every task x scheme x position option,
 trained from scratch, exact match by length up to 4x the training sizes, heat maps:
-  python sweep.py --tasks=default                  # the default suite -> out-tasks/, out-tasks/report/
+  python sweep.py --tasks=default                  # the default suite, config/task_small.py -> out-tasks/
   python sweep.py --tasks=copy,reverse --schemes=rope,alibi --randomized=rope --workers=2
 
 Sweep options (the rest go to train.py):
@@ -68,17 +68,14 @@ VARIANTS = {'rope-prope': {'pos_encoding': 'rope', 'pos_options': "{'p_rope': 0.
             'rope-ssmax': {'pos_encoding': 'rope', 'attn_scaling': "{'type': 'ssmax'}"}}
 SCALED_SCHEMES = ['rope']  # schemes evaluated with each rope_scaling type
 EVAL_MULTS = 16            # eval.py's longest length, in units of L
-# the task suite: tasks, schemes, and the small model every task run trains (each task's sizes
-# and lengths come from tasks.DEFAULT_N); single-threaded runs, two at a time on 2 cores
+# the task suite: tasks and schemes; the small model every task run trains is config/task_small.py;
+# single-threaded runs, two at a time on 2 cores
 TASK_SUITE = dict(tasks='copy,reverse,parity,sort,stack,passkey', schemes='none,learned,sinusoidal,rope,alibi,t5',
                   randomized='rope,learned')
-TASK_TRAIN = dict(n_layer=3, n_head=4, n_embd=64, batch_size=64, max_iters=1500, eval_interval=500,
-                  log_interval=100, learning_rate=3e-3, min_lr=3e-4, warmup_iters=100, compile=False)
+TASK_CONFIG = os.path.join(HERE, 'config', 'task_small.py')
 # tasks that need more steps: at 1500, stack's best scheme reached 0.94 exact match in distribution
 TASK_ITERS = {'stack': 3000}
-# nanoGPT's shakespeare_char GPU model (6 x 384, 6 heads) at L = 256: 16L = 4096 on a GPU
-GPU = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, max_iters=5000, eval_interval=500,
-           learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, dropout=0.1)
+GPU_CONFIG = os.path.join(HERE, 'config', 'sweep_gpu.py')  # --gpu: nanoGPT's shakespeare_char GPU model
 
 
 def scaling_dicts(names, factor, L, rot_dim=32):
@@ -160,18 +157,25 @@ def wait_for_folder(d, timeout=120):
                 time.sleep(0.2)
 
 
+def spawn(cmd, log, env=None, preexec_fn=None):
+    """Start cmd in the repo with its output going straight to the open file `log` (sweep.py's and
+    bench.py's children): no pipe through the parent, so the child never dies of a broken pipe, and
+    the log is written line by line as it runs. A session of its own: a terminal's Ctrl-C reaches
+    the parent only, which decides what the child gets."""
+    return subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
+                            preexec_fn=preexec_fn)
+
+
 def start(cmd, log_path, env=None):
-    """Start a child whose output goes straight to log_path: no pipe through the sweep, so the child
-    never dies of a broken pipe, and the log is written line by line as it runs."""
+    """Start a child whose output goes to log_path (spawn) and that gets SIGTERM when the sweep dies;
+    a SIGTERM/SIGINT to the sweep passes one SIGTERM on to it."""
     wait_for_folder(os.path.dirname(log_path))
     stop_if_asked()
     with open(log_path, 'a') as log:
         log.write('$ ' + ' '.join(cmd) + '\n')
         log.flush()
-        # a session of its own: a terminal's Ctrl-C reaches the sweep only, which passes on one SIGTERM
-        p = subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
-                             preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
+        p = spawn(cmd, log, env, preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
     children.append(p)
     if stop_signal:  # the signal came while it was starting
         on_signal(stop_signal, None)
@@ -271,7 +275,7 @@ def main(argv):
     bad = [s for s in schemes if s not in positional.REGISTRY]
     if bad:
         sys.exit(f"unknown scheme(s) {bad}; registered: {', '.join(sorted(positional.REGISTRY))}")
-    base = {k: str(v) for k, v in GPU.items()} if sweep['gpu'] else {}
+    base = config_args(GPU_CONFIG) if sweep['gpu'] else {}
     base.update({'wandb_log': 'False', 'seed': '1337'})
     base.update(train_args)  # the user's keys win
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
@@ -361,7 +365,7 @@ def task_suite(sweep, train_args, argv):
                  f"{', '.join(sorted(positional.REGISTRY))}")
     randomized = [s for s in sweep['randomized'].split(',') if s in schemes]
     out = os.path.abspath(sweep['out'] or 'out-tasks')
-    base = {k: str(v) for k, v in TASK_TRAIN.items()}
+    base = config_args(TASK_CONFIG)
     base.update({'wandb_log': 'False', 'seed': '1337'})
     base.update(train_args)
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
@@ -434,13 +438,15 @@ def provenance():
     except OSError:
         commit = 'unknown'
     import torch
-    if torch.cuda.is_available():
-        hw = torch.cuda.get_device_name()
-    else:
-        cpu = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo') if line.startswith('model name')),
-                   None) if os.path.exists('/proc/cpuinfo') else None
-        hw = f"{cpu or 'CPU'}, {os.cpu_count()} cores"
+    from runtime import cpu_name
+    hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{cpu_name()}, {os.cpu_count()} cores"
     return f"commit {commit}, torch {torch.__version__}, {hw}"
+
+
+def config_args(path):
+    """A config file's settings as train.py --key=value strings, in the file's order."""
+    from configurator import read_config_file
+    return {k: str(v) for k, v in read_config_file(path).items()}
 
 
 def train_config(args):

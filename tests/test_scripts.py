@@ -48,6 +48,49 @@ def test_config_file_errors_name_the_file_and_line(tmp_path):
     assert r.returncode != 0 and 'is a directory' in r.stderr and 'Traceback' not in r.stderr
 
 
+
+def test_named_run_configs_hold_the_sizes_the_scripts_used():
+    """The named runs read from config/ hold, value for value and type for type, the sizes that
+    sweep.py (GPU, TASK_TRAIN) and bench.py (PRESETS) defined inline before; sweep passes them
+    to train.py as these exact strings, in this order."""
+    import sweep
+    want = {
+        'sweep_gpu.py': dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, max_iters=5000,
+                             eval_interval=500, learning_rate=0.001, min_lr=0.0001, warmup_iters=100, dropout=0.1),
+        'task_small.py': dict(n_layer=3, n_head=4, n_embd=64, batch_size=64, max_iters=1500, eval_interval=500,
+                              log_interval=100, learning_rate=0.003, min_lr=0.0003, warmup_iters=100, compile=False),
+        'bench_default.py': dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=84, batch_size=32),
+        'bench_gpt2.py': dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, batch_size=8),
+    }
+    for name, values in want.items():
+        got = configurator.read_config_file(os.path.join(ROOT, 'config', name))
+        assert list(got.items()) == list(values.items()), name
+        assert [type(v) for v in got.values()] == [type(v) for v in values.values()], name
+    assert sweep.config_args(sweep.GPU_CONFIG) == {
+        'n_layer': '6', 'n_head': '6', 'n_embd': '384', 'block_size': '256', 'batch_size': '64', 'max_iters': '5000',
+        'eval_interval': '500', 'learning_rate': '0.001', 'min_lr': '0.0001', 'warmup_iters': '100', 'dropout': '0.1'}
+    assert ' '.join(f'--{k}={v}' for k, v in sweep.config_args(sweep.TASK_CONFIG).items()) == (
+        '--n_layer=3 --n_head=4 --n_embd=64 --batch_size=64 --max_iters=1500 --eval_interval=500 '
+        '--log_interval=100 --learning_rate=0.003 --min_lr=0.0003 --warmup_iters=100 --compile=False')
+
+
+def test_smoke_timing_reads_the_runs_own_eval_json(tmp_path):
+    """bench.py's smoke table takes where a run's time went from the run's eval.json (`timing`:
+    startup_s, train_s, final_eval_s), not from its log; a run that reports none, or reports it
+    damaged, gives no phases rather than wrong ones."""
+    import json
+    from bench import smoke_timing
+    (tmp_path / 'eval.json').write_text(json.dumps({'iter': 4, 'complete': True, 'val_loss': 4.05, 'timing': {
+        'startup_s': 2.5, 'train_s': 1, 'final_eval_s': 3.25, 'extra_s': 9.0}}))
+    t = smoke_timing(str(tmp_path))
+    assert t == {'startup_s': 2.5, 'train_s': 1.0, 'final_eval_s': 3.25} and type(t['train_s']) is float
+    for bad in ({'iter': 4}, {'timing': {'startup_s': 2.5, 'train_s': 1.0}},
+                {'timing': {'startup_s': '2.5', 'train_s': 1.0, 'final_eval_s': 3.0}}, {'timing': [1, 2, 3]}, [1]):
+        (tmp_path / 'eval.json').write_text(json.dumps(bad))
+        assert smoke_timing(str(tmp_path)) == {}, bad
+    (tmp_path / 'eval.json').write_text('{"timing": {"startup_s": 2.5, "tr')  # truncated
+    assert smoke_timing(str(tmp_path)) == {} and smoke_timing(str(tmp_path / 'nowhere')) == {}
+
 # --- portable out_dirs ------------------------------------------------------------
 
 def test_out_dir_moved_with_its_data_gone(char_data, tmp_path):

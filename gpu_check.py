@@ -1,0 +1,160 @@
+"""
+The one-command GPU check: does nanoPE work on this GPU, and roughly how fast.
+
+  python gpu_check.py                              # every scheme -> gpu_check.json
+  python gpu_check.py --schemes=rope,alibi --json=check.json
+
+In the device's dtype (bf16 autocast on CUDA), at config/bench_gpt2.py on CUDA (config/bench_default.py on CPU;
+--preset=, --n_layer= ... change it), every scheme, the main five first: correct (flex == dense logits, KV cache ==
+full forward, relative max error at T = 256), train (compiled steps: ms/iter, tokens/s, MFU, peak memory), long
+(no-grad forwards at 8L and 16L: tokens/s, and peak memory, O(T)). Writes --json after every scheme and starts
+none after --budget seconds; exit status 1 if any failed a check or to train.
+"""
+import json
+import sys
+import time
+
+import torch
+
+import positional
+import runtime
+from bench import attention_backend, flops_per_token, model_size, peak_flops, scheme_names
+from configurator import options
+from console import exit_on_ctrl_c
+from files import atomic_write
+from model import GPT, GPTConfig
+
+MAIN_SCHEMES = ['rope', 'alibi', 't5', 'fire', 'learned']  # checked first; the first four also at 8L and 16L
+
+
+def peak_mem(fn, rt):
+    """(peak MiB allocated during fn(), or None off CUDA; fn's result)."""
+    if rt.device_type != 'cuda':
+        return None, fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    r = fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**20, r
+
+
+@torch.no_grad()
+def check_correct(model, x, rt, r):
+    """Eager model: flex vs dense logits, KV cache vs full forward (relative max error)."""
+    def rel(x, y):
+        return ((x.float() - y.float()).abs().max() / y.float().abs().max().clamp(min=1e-6)).item()
+    Tc = x.size(1)
+    model.eval()
+    with rt.autocast:
+        full = model(x)[0]
+        if type(model.pe).score_mod is not positional.PositionalEncoding.score_mod:
+            with attention_backend(model, 'flex'):
+                flex = model(x)[0]
+            with attention_backend(model, 'dense'):
+                r['flex_vs_dense'] = rel(flex, model(x)[0])
+        if model.pe.max_len is None or model.pe.max_len >= Tc:
+            cache = model.new_cache()
+            steps = [model(x[:, :Tc - 16], cache=cache)[0]] + [model(x[:, t:t + 1], cache=cache)[0]
+                                                               for t in range(Tc - 16, Tc)]
+            r['kv_vs_full'] = rel(torch.cat(steps, 1), full)
+
+
+def check_train(model, size, B, L, a, rt, peak, r):
+    """Compiled training steps: compile time, ms/iter, tokens/s, peak memory, MFU."""
+    sync = torch.cuda.synchronize if rt.device_type == 'cuda' else (lambda: None)
+    model.train()
+    opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), rt.device_type)
+    step = torch.compile(model)
+    xy = torch.randint(size['vocab_size'], (B, L + 1), device=rt.device)
+
+    def train_step():
+        with rt.autocast:
+            _, loss = step(xy[:, :-1], xy[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    t0 = time.perf_counter()
+    for _ in range(a.warmup):
+        loss = train_step()
+    sync()
+    r['compile_s'] = time.perf_counter() - t0
+    mem, _ = peak_mem(train_step, rt)
+    t0 = time.perf_counter()
+    for _ in range(a.iters):
+        loss = train_step()
+    sync()
+    dt = (time.perf_counter() - t0) / a.iters
+    r.update(train_ms=dt * 1e3, train_tok_s=B * L / dt, train_peak_MiB=mem, loss=loss.item())
+    if peak:
+        r['mfu'] = flops_per_token(model, model.config, L) * B * L / dt / peak
+
+
+@torch.no_grad()
+def check_long(model, size, L, a, rt, r):
+    """No-grad forwards at 8L and 16L: tokens/s and peak memory (O(T) memory)."""
+    model.eval()
+    for m, T in ((8, 8 * L), (16, 16 * L)):
+        xe = torch.randint(size['vocab_size'], (max(1, a.eval_batch_tokens // T), T), device=rt.device)
+        try:
+            with rt.autocast:
+                model(xe, last=1)  # compile FlexAttention for this length first
+                t0 = time.perf_counter()
+                mem, _ = peak_mem(lambda: model(xe, last=1), rt)
+            r[f'eval{m}L_tok_s'] = xe.numel() / (time.perf_counter() - t0)
+            r[f'eval{m}L_peak_MiB'] = mem
+        except Exception as e:  # noqa: BLE001 - report the failure, go on
+            r[f'eval{m}L_error'] = f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def main(argv):
+    a = options(dict(schemes='all', preset='', n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,
+                     device='auto', dtype='auto', warmup=2, iters=5, eval_batch_tokens=16384, json='gpu_check.json',
+                     seed=0, budget=540.0), argv, rules=dict(warmup='>0', iters='>0', eval_batch_tokens='>0', budget='>0'))
+    names = sorted(set(scheme_names(a.schemes) + ['rope']),
+                   key=lambda n: (MAIN_SCHEMES.index(n) if n in MAIN_SCHEMES else 99, n))
+    exit_on_ctrl_c('gpu_check.py', f'{a.json} holds the schemes checked so far')
+    rt = runtime.setup(a.device, a.dtype)
+    preset = a.preset or ('gpt2' if rt.device_type == 'cuda' else 'default')
+    size = model_size(a, preset)
+    B, L = size.pop('batch_size'), size['block_size']
+    peak, peak_label = peak_flops(rt.device_type, 1)
+    out = {'meta': dict(torch=torch.__version__, device=runtime.device_name(rt), dtype=rt.dtype, preset=preset,
+                        model=size, batch_size=B, peak=peak_label, argv=sys.argv), 'results': {}}
+    path, t_start, tol = a.json or 'gpu_check.json', time.perf_counter(), 1e-4 if rt.dtype == 'float32' else 5e-2
+    print(f"gpu check: {out['meta']['device']}, torch {torch.__version__}, {rt.dtype}, {size}, batch {B}")
+    for name in names:
+        if time.perf_counter() - t_start > a.budget:
+            out['skipped'] = out.get('skipped', []) + [name]
+            continue
+        r = out['results'][name] = {}
+        torch.manual_seed(a.seed)
+        model = GPT(GPTConfig(**size, pos_encoding=name)).to(rt.device)
+        check_correct(model, torch.randint(size['vocab_size'], (2, min(256, L)), device=rt.device), rt, r)
+        r['correct'] = all(r.get(k, 0) < tol for k in ('flex_vs_dense', 'kv_vs_full'))
+        try:
+            check_train(model, size, B, L, a, rt, peak, r)  # its optimizer and compiled graph are freed on return
+        except Exception as e:  # noqa: BLE001 - report the failure, go on with the next scheme
+            r['train_error'] = f"{type(e).__name__}: {str(e)[:500]}"
+        if name in MAIN_SCHEMES[:4]:
+            check_long(model, size, L, a, rt, r)
+        model = None
+        torch.cuda.empty_cache()  # (a no-op off CUDA)
+        ref = out['results'].get('rope', {})
+        if 'train_tok_s' in r and 'train_tok_s' in ref:
+            r['train_vs_rope'] = r['train_tok_s'] / ref['train_tok_s']
+            if r.get('train_peak_MiB') and ref.get('train_peak_MiB'):
+                r['peak_vs_rope'] = r['train_peak_MiB'] / ref['train_peak_MiB']
+        print(f"{name}: " + ', '.join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()),
+              flush=True)
+        atomic_write(path, lambda f: json.dump(out, f, indent=1), binary=False)
+    bad = [n for n, r in out['results'].items() if not r.get('correct') or 'train_error' in r]
+    print(f"gpu check: {len(out['results'])} schemes in {time.perf_counter() - t_start:.0f}s -> {path}; "
+          + (f"FAILED: {', '.join(bad)}" if bad else 'all correct and trained')
+          + (f"; skipped (time budget): {', '.join(out['skipped'])}" if out.get('skipped') else ''))
+    return 1 if bad else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))
