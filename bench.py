@@ -700,7 +700,7 @@ def evalcost(a, rt, clock, threads):
 
 def attnpath(a, names, rt):
     """Part attnpath (see the top of the file) -> {scheme: {T: seconds}}."""
-    import model as M
+    import attention as M
     chunk = M.DENSE_CHUNK_BYTES
     os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', tempfile.mkdtemp(prefix='nanope-attnpath-'))  # cold
     L, res = 128, {}

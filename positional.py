@@ -103,6 +103,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attention import chunk_queries, visibility
+
 REGISTRY = {}
 
 
@@ -920,17 +922,15 @@ class RoPE(PositionalEncoding):
         else:  # leaky: distances beyond w grow k times slower
             q2, k2 = rot(q, qp + w * (ext['k'] - 1), inv / ext['k']), rot(k, kp, inv / ext['k'])
         q1, k1 = rot(q, qp), rot(k, kp)
-        B, H, Tq, d = q.shape
-        rows = Tq if torch.is_grad_enabled() else max(1, 2**26 // (4 * B * H * k.size(2)))  # 64 MB of logits
-        out = []
-        with torch.autocast(q.device.type, enabled=False):
-            for s in range(0, Tq, rows):
-                r = qp[s:s + rows, None] - kp[None, :]
-                att = torch.where(r < w, q1[:, :, s:s + rows] @ k1.transpose(-2, -1),
-                                  q2[:, :, s:s + rows] @ k2.transpose(-2, -1)) / math.sqrt(d)
-                att = att.masked_fill(r < 0, float('-inf')).softmax(-1)
-                out.append(att @ v.float())
-        return torch.cat(out, 2).to(q.dtype)
+
+        def run(q1, k1, v, s):  # query rows s.., the keys they can see
+            Tq, Tk = q1.size(2), k1.size(2)
+            near = qp[s:s + Tq, None] - kp[None, :Tk] < w
+            with torch.autocast(q.device.type, enabled=False):
+                att = torch.where(near, q1 @ k1.transpose(-2, -1), q2[:, :, s:s + Tq] @ k2[:, :, :Tk].transpose(-2, -1))
+                att = (att / math.sqrt(q.size(-1))).masked_fill(~visibility(Tq, Tk, q.device), float('-inf'))
+                return att.softmax(-1) @ v.float()
+        return chunk_queries(run, q1, k1, v).to(q.dtype)
 
 
 @register('alibi')
@@ -1454,36 +1454,7 @@ class RoPE2D(_SectionRoPE):
 # =============================================================================
 # data-dependent and contextual positions: FoX, CoPE, PoPE, stick-breaking,
 # DeBERTa. FoX, CoPE and stick-breaking need more than the four basic hooks and use
-# `attention`; PoPE is a transform_qk (and uses `attention` only to pad v for SDPA's
-# fused kernel), DeBERTa a transform_qk plus a score_mod.
-
-# The O(T^2) schemes (CoPE, stick-breaking) build [B, H, Tq, Tk] tensors outside any kernel;
-# without gradients they go through in query chunks whose float32 [B, H, rows, Tk] tensor
-# stays below this (as model.DENSE_CHUNK_BYTES: under glibc's 32 MiB mmap threshold, 8-42%
-# faster than 32 MiB at T = 1024-2048 on CPU).
-QUERY_CHUNK_BYTES = 16 * 2**20
-
-
-def chunk_queries(fn, q, k, v):
-    """fn(q, k, v) -> [B, H, Tq, D], over query chunks when there are no gradients and one
-    float32 [B, H, Tq, Tk] tensor would exceed QUERY_CHUNK_BYTES. Query rows s..e-1 see the
-    keys [:e + Tk - Tq] (the queries are the last Tq keys), so each chunk is the same
-    problem, smaller; fn gets the chunk's queries and the keys/values it can see."""
-    B, H, Tq, _ = q.shape
-    Tk = k.size(2)
-    if torch.is_grad_enabled() or B * H * Tq * Tk * 4 <= QUERY_CHUNK_BYTES:
-        return fn(q, k, v)
-    off, rows = Tk - Tq, max(1, QUERY_CHUNK_BYTES // (4 * B * H * Tk))
-    return torch.cat([fn(q[:, :, s:s + rows], k[:, :, :s + rows + off], v[:, :, :s + rows + off])
-                      for s in range(0, Tq, rows)], 2)
-
-
-def _visible(Tq, Tk, device, strict=False):
-    """[Tq, Tk] bool: key j is visible to query i (j <= i + Tk - Tq; j < i + Tk - Tq if strict)."""
-    i = torch.arange(Tq, device=device)[:, None] + (Tk - Tq)
-    j = torch.arange(Tk, device=device)[None, :]
-    return j < i if strict else j <= i
-
+# `attention`; PoPE is a transform_qk, DeBERTa a transform_qk plus a score_mod.
 
 class _FoxLayer(nn.Module):
     def __init__(self, n_embd, n_head, bias_init):
@@ -1559,7 +1530,7 @@ class CoPE(PositionalEncoding):
     128 a count reaches 64 when half the gates are open. Option: npos_max.
     Where it runs: the gates, positions and bias are dense [B, H, Tq, Tk] float32 tensors
     built in PyTorch outside the kernel (O(T^2) memory; without gradients in query chunks,
-    QUERY_CHUNK_BYTES), then attend() adds the bias through a score_mod that indexes it
+    attention.DENSE_CHUNK_BYTES), then attend() adds the bias through a score_mod that indexes it
     once: FlexAttention on CUDA, the dense path on CPU."""
 
     def __init__(self, config, npos_max=64):
@@ -1576,7 +1547,7 @@ class CoPE(PositionalEncoding):
         with torch.autocast(q.device.type, enabled=False):
             qf = q.float()
             z = qf @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
-            g = torch.sigmoid(z).masked_fill(~_visible(q.size(2), k.size(2), q.device), 0.0)
+            g = torch.sigmoid(z).masked_fill(~visibility(q.size(2), k.size(2), q.device), 0.0)
             p = g.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # p_ij = sum_{t>=j} g_it
             lo = p.detach().floor()
             w = p - lo  # carries the gradient to p
@@ -1584,7 +1555,7 @@ class CoPE(PositionalEncoding):
             return qe.gather(-1, p.detach().ceil().long()) * w + qe.gather(-1, lo.long()) * (1 - w)
 
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        def run(q, k, v):
+        def run(q, k, v, s):
             bias = self.bias(q, k, layer)
 
             def mod(score, b, h, i, j):
@@ -1620,7 +1591,7 @@ class PoPE(PositionalEncoding):
     k -> [mag cos(s theta + delta) | mag sin(s theta + delta)] (head dim 2d, like `xl`), so
     plain causal SDPA's 1/sqrt(2d) becomes the paper's 1/sqrt(d); computed in float32.
     Keys depend on their own position only, so the KV cache keeps them transformed.
-    `attention` pads v with d zero columns so that SDPA's fused (flash) kernels, which
+    attend() pads v with d zero columns so that SDPA's fused (flash) kernels, which
     need equal q and v head dims, run instead of the T x T math kernel.
     Options: base (default 10000), delta_init ('zero' | 'uniform', default 'zero')."""
 
@@ -1651,12 +1622,6 @@ class PoPE(PositionalEncoding):
             k2 = torch.cat((mk * ang_k.cos(), mk * ang_k.sin()), -1)
         return q2.to(q.dtype), k2.to(k.dtype)
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        # SDPA's fused kernels need v's head dim to equal q's (2d here); with d it falls back to
-        # the math kernel, which builds the T x T scores. Zero columns in v change nothing.
-        d = v.size(-1)
-        return attend(q, k, F.pad(v, (0, q.size(-1) - d)))[..., :d]
-
 
 @register('stick_breaking')
 class StickBreaking(PositionalEncoding):
@@ -1672,7 +1637,7 @@ class StickBreaking(PositionalEncoding):
     authors' kernel option, off by default).
     Computed in log space in float32 (log A_ij = log sigmoid(z_ij) - sum_{j<l<i}
     softplus(z_il), a reversed cumulative sum), O(T^2) memory, in query chunks without
-    gradients (QUERY_CHUNK_BYTES). There is no FlexAttention path: `attention` computes
+    gradients (attention.DENSE_CHUNK_BYTES). There is no FlexAttention path: `attention` computes
     the output itself, applies attention dropout to A while training (config.dropout;
     the remainder term is not dropped), and ignores attn_backend."""
 
@@ -1685,7 +1650,7 @@ class StickBreaking(PositionalEncoding):
         """(A [B, H, Tq, Tk], the stick left over [B, H, Tq]) in float32; queries = the last Tq keys."""
         with torch.autocast(q.device.type, enabled=False):
             z = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
-            vis = _visible(q.size(2), k.size(2), q.device, strict=not self.attend_current)
+            vis = visibility(q.size(2), k.size(2), q.device, strict=not self.attend_current)
             log_keep = F.logsigmoid(-z).masked_fill(~vis, 0.0)  # log(1 - beta_il); 0 = no break
             after = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum_{l>=j}
             after = F.pad(after[..., 1:], (0, 1))  # sum_{l>j}
@@ -1695,7 +1660,7 @@ class StickBreaking(PositionalEncoding):
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
         p = self.dropout if self.training else 0.0
 
-        def run(q, k, v):
+        def run(q, k, v, s):
             A, rest = self.weights(q, k)
             with torch.autocast(q.device.type, enabled=False):
                 if p:

@@ -6,7 +6,7 @@ import torch
 
 import positional
 from conftest import SCHEMES, assert_trains_and_pe_params_learn, has_attention_mod, tiny_model
-from model import dense_bias
+from attention import dense_bias
 
 
 # --- math of the core schemes against independent formulas / published values ---

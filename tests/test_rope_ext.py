@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import checkpoint
+import attention as A
 import model as M
 import positional
 from conftest import (SCHEMES, Validated, assert_same_grads, assert_trains_and_pe_params_learn, flex_and_dense_grads,
@@ -253,7 +254,7 @@ def test_scaled_bias_flex_backward_graph_validates_and_equals_dense(flex_with_gr
         _, loss = torch.compile(m, backend=validating_backend(counts))(x, x)
         loss.backward()
     assert len(counts) == m.config.n_layer
-    monkeypatch.setitem(M._compiled, 'flex', fa.flex_attention)
+    monkeypatch.setitem(A._compiled, 'flex', fa.flex_attention)
     assert_same_grads(flex_and_dense_grads(lambda be: stack_model('kerple_log+ssmax', block_size=64,
                                                                   attn_backend=be), x))
 
