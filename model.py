@@ -14,7 +14,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
-import positional
+import stack
 
 
 @dataclass
@@ -130,7 +130,7 @@ class GPT(nn.Module):
                              f"gets n_embd/n_head dims. Use an n_head that divides {config.n_embd} "
                              f"({', '.join(map(str, ok))}) or an n_embd that is a multiple of {config.n_head}")
         self.config = config
-        self.pe = positional.build(config)  # shared by all layers
+        self.pe = stack.build(config)  # shared by all layers
         # GPT-2's 50257 tokens padded to 50304 (a multiple of 64) make the lm_head matmul
         # faster on GPUs (nanoGPT); the padding ids get logit -inf, so they are never scored or sampled
         mult = max(1, config.vocab_multiple)

@@ -72,26 +72,6 @@ that cannot be re-indexed, so they refuse a rolling cache.
 
 Shapes: q, k are [B, n_head, T, head_dim]; positions are int64 tensors, sorted.
 
-Per-layer stacks and attention scaling (GPTConfig fields, any scheme; build()
-returns a LayerStack wrapper when one is set, the plain scheme otherwise):
-  nope_layers    int k: layers k-1, 2k-1, ... run NoPE (every k-th, the last of
-                 each group: SmolLM3's and Llama 4's (i + 1) % k == 0; Cohere's
-                 RNoPE); or a list of layer indices. 0/None/[] = off.
-  layer_options  {layer index: dict}: pos_options overrides for those layers
-                 (e.g. Gemma 3's global layers: {'base': 1e6} every 6th layer over
-                 pos_options {'base': 1e4}; its 4B-27B models also give the global
-                 layers {'scaling': {'type': 'linear', 'factor': 8}}). Layers with equal options share one
-                 scheme instance (and its global parameters, e.g. xl's u, v).
-  attn_scaling   {'type': 'logn' | 'ssmax' | 'llama4', ..., 'layers': ...}: logit
-                 scaling by the query's key count or position (see check_attn_scaling);
-                 usable at run time on a checkpoint trained without it (the
-                 stack saves and loads under the plain scheme's state-dict keys).
-The wrapper's new_layer() is called once per layer in order (model.py builds the
-blocks in order) and returns a module that knows its layer index; every hook
-delegates to that layer's scheme, or does nothing on a NoPE layer. Schemes that
-embed positions (learned, sinusoidal) act once before block 0, for all layers,
-so they refuse nope_layers and layer_options (attn_scaling works with them).
-
 Adding a scheme = write a subclass here, decorate it with @register('name'),
 add config/name.py. Nothing else changes.
 """
@@ -104,6 +84,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention import chunk_queries, visibility
+from rope_scaling import (EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, extended_attention, resolve_rope_scaling,
+                          rope_frequencies)
+from rope_scaling import ROPE_SCALING_KEYS  # noqa: F401 (sweep.py reads positional.ROPE_SCALING_KEYS)
 
 REGISTRY = {}
 
@@ -114,30 +97,6 @@ def register(name):
         cls.name = name
         return cls
     return deco
-
-
-def build(config):
-    """Instantiate the scheme named by config.pos_encoding with config.pos_options;
-    wrapped in a LayerStack when config sets nope_layers, layer_options or attn_scaling."""
-    name = config.pos_encoding
-    if name not in REGISTRY:
-        raise ValueError(f"unknown pos_encoding {name!r}; valid schemes: {', '.join(sorted(REGISTRY))}")
-    pe = _make_scheme(config, name, dict(config.pos_options or {}))
-    if getattr(config, 'rope_scaling', None) and not getattr(pe, 'uses_rope_scaling', False):
-        raise ValueError(f"rope_scaling={config.rope_scaling!r} was given, but scheme {name!r} has no "
-                         f"rotary embedding to scale; drop rope_scaling or use a RoPE checkpoint")
-    if not any(getattr(config, k, None) for k in ('nope_layers', 'layer_options', 'attn_scaling')):
-        return pe
-    return LayerStack(config, pe)
-
-
-def _make_scheme(config, name, options, where=''):
-    try:
-        return REGISTRY[name](config, **options)
-    except TypeError as e:
-        raise ValueError(f"bad pos_options {options!r}{where} for scheme {name!r}: {e}. "
-                         f"See the docstring of {REGISTRY[name].__name__} in positional.py "
-                         f"for the options it takes.") from None
 
 
 def extrapolating_schemes():
@@ -179,262 +138,6 @@ def sinusoidal_table(n_pos, dim, positions=None):
     return pe.float()
 
 
-# RoPE context extension: the keys each scaling type takes (besides 'type'),
-# with defaults (None = required, OPTIONAL = may be left out, no default).
-# See rope_frequencies.
-class _Optional:
-    def __repr__(self):
-        return 'OPTIONAL'
-
-
-OPTIONAL = _Optional()
-
-ROPE_SCALING_KEYS = {
-    'linear': {'factor': None},
-    'ntk': {'factor': None},
-    'dynamic': {'factor': None, 'original_max_len': None},
-    'yarn': {'factor': None, 'original_max_len': None, 'beta_fast': 32.0, 'beta_slow': 1.0,
-             'attention_factor': OPTIONAL, 'mscale': OPTIONAL, 'mscale_all_dim': OPTIONAL, 'truncate': True},
-    'llama3': {'factor': None, 'original_max_len': None, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0},
-    'longrope': {'short_factor': None, 'long_factor': None, 'original_max_len': None, 'factor': None,
-                 'attention_factor': OPTIONAL},
-    # inference-time extensions: frequencies unchanged, two logit maps (RoPE.attention)
-    'self_extend': {'window': None, 'group': None},
-    'rerope': {'window': None},
-    'leaky_rerope': {'window': None, 'k': 16.0},
-}
-EXTENSION_TYPES = ('self_extend', 'rerope', 'leaky_rerope')
-_LIST_KEYS = ('short_factor', 'long_factor')  # per-pair lists (everything else is a number or a bool)
-_BOOL_KEYS = ('truncate',)
-# types whose frequencies depend on the current length (rope_frequencies' seq_len)
-LENGTH_DEPENDENT_SCALING = ('dynamic', 'longrope')
-_EXAMPLES = {
-    'longrope': "e.g. {'type': 'longrope', 'short_factor': [1.0] * (rot_dim // 2), "
-                "'long_factor': [1.0, ..., 4.0], 'original_max_len': 128, 'factor': 4}",
-}
-
-
-def resolve_rope_scaling(config, scaling=None, static_only=False):
-    """The scaling a RoPE-family scheme applies: config.rope_scaling (run-time override)
-    or the scheme's own option, validated, original_max_len defaulting to block_size.
-    longrope without 'factor': s = block_size / original_max_len (at least 1), nanoPE's
-    counterpart of HF's max_position_embeddings / original_max_position_embeddings
-    (block_size is the length the model is configured for, e.g. after fine-tuning at
-    s*L). A run-time override on a model trained at L therefore gets s = 1 and
-    attention factor 1 unless 'factor' (target length / L) is given."""
-    scaling = getattr(config, 'rope_scaling', None) or scaling
-    if scaling is None:
-        return None
-    if isinstance(scaling, dict) and scaling.get('type') in ('dynamic', 'yarn', 'llama3', 'longrope'):
-        scaling = {'original_max_len': config.block_size, **scaling}
-    if isinstance(scaling, dict) and scaling.get('type') == 'longrope' and scaling.get('factor') is None:
-        L = scaling['original_max_len']
-        if isinstance(L, (int, float)) and not isinstance(L, bool) and L > 0:
-            scaling = {**scaling, 'factor': max(1.0, config.block_size / L)}
-    scaling = check_rope_scaling(scaling)
-    if static_only and scaling['type'] == 'dynamic':
-        raise ValueError("rope_scaling type 'dynamic' is implemented for pos_encoding='rope' only; use a static "
-                         "type here (linear, ntk, yarn, llama3, longrope)")
-    return scaling
-
-
-def _number(v):
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-
-
-def check_rope_scaling(scaling):
-    """Validate a rope_scaling dict; return it with defaults filled in (optional keys
-    that were left out stay out). Errors name the fix."""
-    example = "e.g. {'type': 'yarn', 'factor': 4, 'original_max_len': 128}"
-    if not isinstance(scaling, dict) or 'type' not in scaling:
-        raise ValueError(f"rope_scaling must be a dict with a 'type', {example}; got {scaling!r}")
-    kind = scaling['type']
-    if kind not in ROPE_SCALING_KEYS:
-        raise ValueError(f"unknown rope_scaling type {kind!r}; valid types: {', '.join(ROPE_SCALING_KEYS)}")
-    example = _EXAMPLES.get(kind, example)
-    keys = ROPE_SCALING_KEYS[kind]
-    unknown = sorted(set(scaling) - set(keys) - {'type'})
-    if unknown:
-        raise ValueError(f"rope_scaling type {kind!r} does not take {unknown}; its keys are: "
-                         f"{', '.join(keys)}")
-    out = {'type': kind}
-    for k, default in keys.items():
-        v = scaling.get(k, default)
-        if v is OPTIONAL or (v is None and default is OPTIONAL):
-            continue
-        if v is None:
-            raise ValueError(f"rope_scaling type {kind!r} needs {k!r} ({example}); got {scaling!r}")
-        if k in _LIST_KEYS:
-            if not isinstance(v, (list, tuple)) or not v or not all(_number(x) and x > 0 for x in v):
-                raise ValueError(f"rope_scaling {k!r} must be a non-empty list of positive numbers, one "
-                                 f"per rotary pair (rot_dim/2 of them), got {v!r}")
-            v = [float(x) for x in v]
-        elif k in _BOOL_KEYS:
-            if not isinstance(v, bool):
-                raise ValueError(f"rope_scaling {k!r} must be True or False, got {v!r}")
-        elif not _number(v):
-            raise ValueError(f"rope_scaling {k!r} must be a number, got {v!r}")
-        out[k] = v
-    if kind in EXTENSION_TYPES:  # validated by their distance maps
-        if kind == 'self_extend':
-            self_extend_positions(torch.zeros(1), torch.zeros(1), out['window'], out['group'])
-        else:
-            rerope_positions(torch.zeros(1), torch.zeros(1), out['window'], out.get('k'))
-        return out
-    if out['factor'] < 1:
-        raise ValueError(f"rope_scaling factor must be >= 1 (the context is extended s times), "
-                         f"got {out['factor']!r}")
-    if out.get('original_max_len', 1) <= 0:
-        raise ValueError(f"rope_scaling original_max_len must be the positive training length, "
-                         f"got {out['original_max_len']!r}")
-    if kind == 'yarn' and not out['beta_fast'] > out['beta_slow'] > 0:
-        raise ValueError(f"yarn needs beta_fast > beta_slow > 0, got {out['beta_fast']}, {out['beta_slow']}")
-    if out.get('attention_factor', 1) <= 0:
-        raise ValueError(f"rope_scaling attention_factor multiplies cos and sin and must be > 0, got "
-                         f"{out['attention_factor']!r}; leave it out for the method's default")
-    for k in ('mscale', 'mscale_all_dim'):
-        if out.get(k, 0) < 0:
-            raise ValueError(f"yarn {k} must be >= 0 (0 or absent = not given, as in HF), got {out[k]!r}")
-    if kind == 'llama3' and not out['high_freq_factor'] > out['low_freq_factor'] > 0:
-        raise ValueError(f"llama3 needs high_freq_factor > low_freq_factor > 0, got "
-                         f"{out['high_freq_factor']}, {out['low_freq_factor']}")
-    if kind == 'longrope' and len(out['short_factor']) != len(out['long_factor']):
-        raise ValueError(f"longrope short_factor and long_factor must have the same length (rot_dim/2 each), "
-                         f"got {len(out['short_factor'])} and {len(out['long_factor'])}")
-    return out
-
-
-def yarn_get_mscale(s, m=1.0):
-    """YaRN's attention temperature factor 0.1*m*ln(s) + 1 (1 when s <= 1): m = 1 is
-    the paper's sqrt(1/t) (arXiv 2309.00071 eq. 22); DeepSeek-V2/V3 scale ln(s) by mscale."""
-    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
-
-
-def rope_frequencies(dim, base=10000.0, scaling=None, seq_len=None, p_rope=None):
-    """RoPE inverse frequencies inv_freq[i] = base^(-2i/dim), i = 0..dim/2-1 (float32),
-    and the attention factor that multiplies cos and sin (1.0 without scaling).
-    `scaling` is a context-extension dict {'type': ..., 'factor': s, ...} (s > 1
-    stretches a model trained at L = original_max_len to s*L):
-      linear  Position Interpolation (arXiv 2306.15595): inv_freq / s (= positions / s).
-      ntk     NTK-aware (bloc97 2023; as stated in arXiv 2309.00071 sec. 3.1):
-              base * s^(d/(d-2)); the highest frequency is unchanged, the
-              lowest divided by exactly s.
-      dynamic dynamic NTK (emozilla 2023; arXiv 2309.00071 sec. 3.3): ntk with
-              the factor recomputed from the current length L' = max(seq_len, L):
-              base * (s*L'/L - (s-1))^(d/(d-2)); plain RoPE at seq_len <= L
-              (seq_len=None counts as <= L). A function of the current length
-              only: unlike HF transformers, whose buffer keeps the frequencies of
-              the longest length seen until a call shorter than L resets them
-              (so a 2L call after a 4L call gets the 4L frequencies there), here
-              a 2L call always gets the 2L frequencies, whatever came before.
-      yarn    YaRN (arXiv 2309.00071): NTK-by-parts, pairs that turn fewer than
-              beta_slow times over L are interpolated (/s), more than beta_fast times
-              kept, a linear ramp between. The correction range [low, high] is
-              floored/ceiled to whole pairs (truncate=True, the paper and HF's
-              default); truncate=False keeps it fractional (gpt-oss). Attention
-              factor on cos and sin (so the logits scale by its square):
-              attention_factor if given; else, when mscale and mscale_all_dim are
-              both given and non-zero, get_mscale(s, mscale)/get_mscale(s, mscale_all_dim)
-              (DeepSeek-V2/V3; 1.0 when they are equal); else get_mscale(s) =
-              0.1*ln(s) + 1 -- a lone mscale or mscale_all_dim is ignored, as in HF.
-              (DeepSeek's models also multiply the softmax scale by
-              get_mscale(s, mscale_all_dim)^2 in their attention code; that is not
-              a RoPE quantity and is not applied here.)
-      llama3  Llama 3.1 (Meta's reference code; model: arXiv 2407.21783): pairs
-              with wavelength 2*pi/f < L/high_freq_factor kept, > L/low_freq_factor
-              divided by s, a smooth blend in between (strict inequalities).
-      longrope LongRoPE (arXiv 2402.13753; Phi-3), as HF transformers: per-pair
-              rescale factors inv_freq_i = 1 / (ext_i * base^(2i/dim)), ext =
-              long_factor when seq_len > original_max_len (strictly; seq_len is the
-              current total length, HF's max(position_ids) + 1), else short_factor
-              (also for seq_len=None). Lists of dim/2 numbers. Attention factor:
-              attention_factor if given, else sqrt(1 + ln s / ln L) (1 if s <= 1),
-              the same for both lists. See resolve_rope_scaling for s when
-              'factor' is left out.
-    p_rope: p-RoPE (Barbero et al., arXiv 2410.06205; HF's 'proportional', Gemma):
-      rotate only the highest-frequency fraction p of the pairs. The frequencies
-      above are computed over the full `dim` (the head dim), then pairs
-      i >= floor(p*dim/2) get frequency 0 (cos = 1, sin = 0: not rotated). Unlike
-      partial rotary (rotary_pct), the exponent's denominator stays the full dim.
-      With linear scaling this is exactly HF's proportional with its `factor`
-      (HF divides every inv_freq by factor, default 1).
-    Computed in float64, returned as float32."""
-    if dim % 2 != 0:
-        raise ValueError(f"rotary dimension must be even, got {dim}: pick head_dim/rotary_pct so that "
-                         f"head_dim * rotary_pct is an even integer")
-    if p_rope is not None and not (_number(p_rope) and 0 <= p_rope <= 1):
-        raise ValueError(f"p_rope is the fraction of rotary pairs rotated and must be in [0, 1], got {p_rope!r}")
-    idx = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2i/dim
-    inv = base ** -idx
-    attn = 1.0
-    if scaling is not None:
-        inv, attn = _scaled_frequencies(inv, dim, base, check_rope_scaling(scaling), seq_len)
-    if p_rope is not None:
-        n_rot = int(p_rope * dim // 2)  # floor(p*dim/2) rotated pairs (HF: int(p * head_dim // 2))
-        inv = torch.where(torch.arange(dim // 2) < n_rot, inv, torch.zeros_like(inv))
-    return inv.float(), attn
-
-
-def _scaled_frequencies(inv, dim, base, sc, seq_len):
-    """rope_frequencies' scaling types: (inv_freq float64, attention factor)."""
-    if sc['type'] in EXTENSION_TYPES:  # they change the distances scored (RoPE.attention), not the frequencies
-        return inv, 1.0
-    kind, s = sc['type'], float(sc['factor'])
-    if kind in ('ntk', 'dynamic') and dim <= 2:
-        raise ValueError(f"{kind} scaling changes the base by s^(d/(d-2)) and needs a rotary dim > 2, got {dim}")
-    idx = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-    attn = 1.0
-    if kind == 'linear':
-        inv = inv / s
-    elif kind == 'ntk':
-        inv = (base * s ** (dim / (dim - 2))) ** -idx
-    elif kind == 'dynamic':
-        L = sc['original_max_len']
-        Lp = max(seq_len or 0, L)
-        if Lp > L:  # identical to plain RoPE up to L (factor below is 1 there)
-            inv = (base * (s * Lp / L - (s - 1)) ** (dim / (dim - 2))) ** -idx
-    elif kind == 'yarn':
-        L = sc['original_max_len']
-
-        def corr_dim(n_rot):  # the pair index i whose wavelength fits n_rot times into L
-            return dim * math.log(L / (n_rot * 2 * math.pi)) / (2 * math.log(base))
-        low, high = corr_dim(sc['beta_fast']), corr_dim(sc['beta_slow'])
-        if sc['truncate']:
-            low, high = math.floor(low), math.ceil(high)
-        low, high = max(low, 0), min(high, dim - 1)
-        if low == high:
-            high += 0.001  # avoid 0/0 in the ramp
-        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-        inv = inv * (1 - ramp) + (inv / s) * ramp
-        if 'attention_factor' in sc:
-            attn = float(sc['attention_factor'])
-        elif sc.get('mscale') and sc.get('mscale_all_dim'):  # HF: both given and non-zero
-            attn = yarn_get_mscale(s, sc['mscale']) / yarn_get_mscale(s, sc['mscale_all_dim'])
-        else:
-            attn = yarn_get_mscale(s)
-    elif kind == 'llama3':
-        L, lo, hi = sc['original_max_len'], sc['low_freq_factor'], sc['high_freq_factor']
-        wavelen = 2 * math.pi / inv
-        smooth = (L / wavelen - lo) / (hi - lo)
-        mid = (1 - smooth) * inv / s + smooth * inv
-        inv = torch.where(wavelen < L / hi, inv, torch.where(wavelen > L / lo, inv / s, mid))
-    elif kind == 'longrope':
-        L = sc['original_max_len']
-        use_long = seq_len is not None and seq_len > L
-        name = 'long_factor' if use_long else 'short_factor'
-        for k in ('short_factor', 'long_factor'):
-            if len(sc[k]) != dim // 2:
-                raise ValueError(f"longrope {k!r} has {len(sc[k])} entries, but the rotary dimension {dim} has "
-                                 f"{dim // 2} pairs: give one factor per pair (rot_dim/2 = {dim // 2})")
-        ext = torch.tensor(sc[name], dtype=torch.float64)
-        inv = 1.0 / (ext * base ** idx)
-        if 'attention_factor' in sc:
-            attn = float(sc['attention_factor'])
-        else:
-            attn = 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(L))
-    return inv, attn
-
-
 def alibi_slopes(n_head):
     """ALiBi head slopes (Press et al., arXiv 2108.12409). For n = 2^k heads the
     geometric sequence m_h = 2^(-8h/n), h = 1..n. Otherwise, with c the largest
@@ -464,226 +167,6 @@ def apply_rotary(x, cos, sin):
     xr, xp = x[..., :rot], x[..., rot:]
     xr = (xr.float() * cos + rotate_half(xr.float()) * sin).to(x.dtype)
     return torch.cat((xr, xp), dim=-1) if xp.size(-1) else xr
-
-
-def _rel(q_pos, k_pos):
-    q_pos, k_pos = torch.as_tensor(q_pos, dtype=torch.int64), torch.as_tensor(k_pos, dtype=torch.int64)
-    return q_pos, k_pos, q_pos[:, None] - k_pos[None, :]  # r = i - j, [Tq, Tk]
-
-
-def self_extend_positions(q_pos, k_pos, window, group):
-    """Self-Extend (Jin et al., "LLM Maybe LongLM", arXiv 2401.01325): the relative
-    distance each (query i, key j) pair is scored at, [Tq, Tk] int64. With r = i - j:
-      r < window:  r  (neighbour attention: exact positions)
-      otherwise:   i//G - j//G + (window - window//G)  (grouped attention, G = group)
-    The merge is strict (r < window is exact), as the authors' code
-    (github.com/datamllab/LongLM): its neighbour mask is the causal triangle minus
-    the triangle j <= i - window. The shift makes the grouped distances continue
-    where the window ends; the authors' first patch and their flash-attention
-    decode path use window - window//G (integer positions, used here), their later
-    eager patch window - window/G in float: identical when G divides the window.
-    Keys after the query (r < 0, masked by causality) get r. The largest distance
-    at n tokens is about window + n/G, so a model trained at L covers n up to
-    about G*(L - window) + window.
-
-    Realised with RoPE (attention side): two rotations and two logit maps,
-      neighbour: q rotated at i,                               k at j
-      grouped:   q rotated at i//G + window - window//G,       k at j//G
-    (RoPE scores depend only on the difference of the two positions, so the
-    grouped map scores every pair at exactly the distance above), then
-    logits = where(i - j < window, neighbour, grouped), causal mask, softmax.
-    Both key rotations depend on j only, so both can be cached (the authors cache
-    them); for a single decoded query it is cheaper to leave q unrotated and rotate
-    each (unrotated) cached key by -d_ij with d = this map, i.e. one attention pass."""
-    if not (_number(window) and _number(group)) or int(window) != window or window < 1 \
-            or int(group) != group or group < 1:
-        raise ValueError(f"self-extend needs integer window >= 1 and group >= 1, got window={window!r}, "
-                         f"group={group!r}")
-    window, group = int(window), int(group)
-    q_pos, k_pos, r = _rel(q_pos, k_pos)
-    grouped = q_pos[:, None] // group - k_pos[None, :] // group + (window - window // group)
-    return torch.where(r < window, r, grouped)
-
-
-def rerope_positions(q_pos, k_pos, window, leaky_k=None):
-    """ReRoPE / Leaky ReRoPE (Su 2023, kexue.fm/archives/9708, code: github.com/bojone/rerope):
-    the relative distance each (query i, key j) pair is scored at, [Tq, Tk]. With r = i - j:
-      ReRoPE (leaky_k=None): min(r, window), int64 -- every key at or beyond the
-        window is scored as if it were exactly `window` back;
-      Leaky ReRoPE (leaky_k = k >= 1; Su uses 16): r for r < window, else
-        window + (r - window)/k, float64 (continuous at r = window; distances
-        beyond grow k times slower).
-    Keys after the query (r < 0, masked by causality) get r.
-
-    Realised with RoPE (attention side, as Su's patches): two logit maps,
-      exact:   q rotated at i, k at j                                     (r < window)
-      ReRoPE:  q rotated at position `window`, k not rotated (position 0)
-      leaky:   RoPE with inv_freq / k (linear scaling by k),
-               q rotated at i + window*(k - 1), k at j
-    then logits = where(i - j < window, exact, second), causal mask, softmax. Every
-    key rotation depends on j only, so a KV cache can hold both rotated copies of
-    the keys; Su's patches instead cache unrotated keys and, per decoded query,
-    rotate each cached key by -d_ij (d = this map) with q unrotated -- one
-    attention pass per step, O(cache) rotations. Su's patches also multiply q by
-    max(1, log(i + 1)/log(L)) (log-n scaling, L = training length); that is a
-    separate choice, not part of this map."""
-    if not _number(window) or int(window) != window or window < 1:
-        raise ValueError(f"rerope window must be a positive integer number of positions, got {window!r}")
-    if leaky_k is not None and not (_number(leaky_k) and leaky_k >= 1):
-        raise ValueError(f"leaky ReRoPE's leaky_k divides the distances beyond the window and must be >= 1 "
-                         f"(leaky_k=None for plain ReRoPE), got {leaky_k!r}")
-    window = int(window)
-    _, _, r = _rel(q_pos, k_pos)
-    if leaky_k is None:
-        return torch.clamp(r, max=window)
-    r = r.double()
-    return torch.where(r < window, r, window + (r - window) / leaky_k)
-
-
-# -----------------------------------------------------------------------------
-# per-layer stacks and length-dependent attention scaling: the pure parts
-
-def nope_layer_indices(spec, n_layer):
-    """The layers that run NoPE for config.nope_layers = spec, sorted:
-      int k >= 1   every k-th layer, the last of each group of k: layers i with
-                   (i + 1) % k == 0 (SmolLM3's and Llama 4's no_rope_layer_interval,
-                   default 4; Cohere's RNoPE, Command A: three RoPE layers, then one NoPE);
-      list/tuple   those (0-based) layer indices;
-      0, None, []  none.
-    Every layer NoPE is refused (that is pos_encoding='none')."""
-    if spec is None or (isinstance(spec, (list, tuple)) and not spec) or (type(spec) is int and spec == 0):
-        return []
-    example = "e.g. nope_layers=4 (layers 3, 7, ...: every 4th) or nope_layers=[3, 7]"
-    if isinstance(spec, bool) or not isinstance(spec, (int, list, tuple)):
-        raise ValueError(f"nope_layers must be an int k (every k-th layer) or a list of layer indices, "
-                         f"{example}; got {spec!r}")
-    if isinstance(spec, int):
-        if spec < 1:
-            raise ValueError(f"nope_layers={spec}: k must be >= 1 (0 = no NoPE layers), {example}")
-        idx = [i for i in range(n_layer) if (i + 1) % spec == 0]
-        if not idx:
-            raise ValueError(f"nope_layers={spec} makes every {spec}th layer NoPE (layers {spec - 1}, "
-                             f"{2 * spec - 1}, ...), but n_layer={n_layer}: none is selected. Use k <= {n_layer} "
-                             f"or list the layers")
-    else:
-        bad = [i for i in spec if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layer]
-        if bad:
-            raise ValueError(f"nope_layers {list(spec)}: {bad} are not layer indices 0..{n_layer - 1} "
-                             f"(n_layer={n_layer}); {example}")
-        if len(set(spec)) != len(spec):
-            raise ValueError(f"nope_layers {list(spec)} lists a layer twice")
-        idx = sorted(spec)
-    if len(idx) == n_layer:
-        raise ValueError(f"nope_layers={spec!r} makes every one of the {n_layer} layers NoPE: that is "
-                         f"pos_encoding='none'")
-    return idx
-
-
-def check_layer_options(spec, n_layer, nope=()):
-    """Validate config.layer_options: {layer index: dict of pos_options overrides}.
-    Returns {int: dict}; a layer that is also in nope_layers is an error."""
-    if not spec:
-        return {}
-    example = "e.g. layer_options={5: {'base': 1e6}, 11: {'base': 1e6}}"
-    if not isinstance(spec, dict):
-        raise ValueError(f"layer_options must be a dict {{layer index: pos_options overrides}}, {example}; "
-                         f"got {spec!r}")
-    out = {}
-    for i, opts in spec.items():
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layer:
-            raise ValueError(f"layer_options key {i!r} is not a layer index 0..{n_layer - 1} "
-                             f"(n_layer={n_layer}); {example}")
-        if not isinstance(opts, dict):
-            raise ValueError(f"layer_options[{i}] must be a dict of pos_options for that layer, got {opts!r}")
-        if i in nope:
-            raise ValueError(f"layer {i} is in nope_layers and in layer_options: a NoPE layer has no "
-                             f"options; drop one of the two")
-        out[i] = dict(opts)
-    return out
-
-
-# attn_scaling: the keys each type takes (besides 'type' and 'layers'), with defaults
-ATTN_SCALING_KEYS = {
-    'logn': {'original_max_len': OPTIONAL},
-    'ssmax': {'init': OPTIONAL},
-    'llama4': {'floor_scale': 8192.0, 'attn_scale': 0.1},
-}
-_DEFAULT_SCALED_LAYERS = {'logn': 'all', 'ssmax': 'all', 'llama4': 'nope'}
-
-
-def check_attn_scaling(sc, n_layer):
-    """Validate config.attn_scaling; return it with defaults filled in. Each type
-    multiplies every attention logit (content and bias) of query i by a factor s_i,
-    with n_i = the number of keys query i attends to (i + 1 without a cache; cache
-    length + i + 1 with one; places in the cache with a rolling one):
-      {'type': 'logn'}   s = log n (Chiang & Cholak, arXiv 2202.12172: their encoder's
-                         n is the input length; for a causal row it is the keys it sees).
-      {'type': 'logn', 'original_max_len': L}
-                         s = max(1, log n / log L): the extrapolation variant, 1 inside
-                         the training length L (Su's log-n for ReRoPE; "log_L n").
-      {'type': 'ssmax', 'init': s0}
-                         Scalable-Softmax (Nakanishi, arXiv 2501.19399):
-                         softmax(s_h * log n * z), s_h learned per head and per layer,
-                         init s0 (default 1/log(block_size), nanoPE's choice: the
-                         factor is 1 at n = L at initialisation).
-      {'type': 'llama4', 'floor_scale': 8192, 'attn_scale': 0.1}
-                         Llama 4's attention temperature tuning (HF transformers'
-                         Llama4TextAttention; defaults from its config):
-                         s = log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1
-                         with pos the query's position; applied on NoPE layers.
-    'layers' picks the layers it applies to: 'all' (default for logn, ssmax), 'nope'
-    (the NoPE layers: nope_layers, or every layer of pos_encoding='none'; default
-    for llama4, as Llama 4), 'pe' (the layers that run the scheme), or a list of
-    layer indices."""
-    example = "e.g. {'type': 'logn', 'original_max_len': 256} or {'type': 'llama4'}"
-    if not isinstance(sc, dict) or sc.get('type') not in ATTN_SCALING_KEYS:
-        raise ValueError(f"attn_scaling must be a dict with 'type' one of {', '.join(ATTN_SCALING_KEYS)}, "
-                         f"{example}; got {sc!r}")
-    kind, keys = sc['type'], ATTN_SCALING_KEYS[sc['type']]
-    unknown = sorted(set(sc) - set(keys) - {'type', 'layers'})
-    if unknown:
-        raise ValueError(f"attn_scaling type {kind!r} does not take {unknown}; its keys are: "
-                         f"{', '.join(list(keys) + ['layers'])}")
-    out = {'type': kind, 'layers': sc.get('layers', _DEFAULT_SCALED_LAYERS[kind])}
-    for k, default in keys.items():
-        v = sc.get(k, default)
-        if v is OPTIONAL or v is None:
-            continue
-        if not _number(v):
-            raise ValueError(f"attn_scaling {k!r} must be a number, got {v!r}")
-        out[k] = float(v)
-    if out.get('original_max_len', 2) <= 1:
-        raise ValueError(f"attn_scaling original_max_len is the training length L (> 1: the factor is "
-                         f"log n / log L), got {out['original_max_len']!r}")
-    if out.get('floor_scale', 1) <= 0 or out.get('attn_scale', 0) < 0:
-        raise ValueError(f"llama4 needs floor_scale > 0 and attn_scale >= 0, got {out.get('floor_scale')}, "
-                         f"{out.get('attn_scale')}")
-    layers = out['layers']
-    if isinstance(layers, (list, tuple)):
-        bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layer]
-        if bad or not layers:
-            raise ValueError(f"attn_scaling layers {layers!r}: give layer indices 0..{n_layer - 1}, or "
-                             f"'all', 'nope', 'pe'")
-        out['layers'] = sorted(set(layers))
-    elif layers not in ('all', 'nope', 'pe'):
-        raise ValueError(f"attn_scaling layers must be 'all', 'nope', 'pe' or a list of layer indices, "
-                         f"got {layers!r}")
-    return out
-
-
-def logn_scale(n, original_max_len=None):
-    """log-n logit factor for a query that sees n keys (tensor): log n, or with the
-    training length L, max(1, log n / log L). Computed in float64, returned float32."""
-    s = torch.log(n.double())
-    if original_max_len is not None:
-        s = torch.clamp(s / math.log(original_max_len), min=1.0)
-    return s.float()
-
-
-def llama4_scale(pos, floor_scale=8192.0, attn_scale=0.1):
-    """Llama 4's attention temperature at query position pos (tensor, 0-based):
-    log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1. float32."""
-    return (torch.log1p(torch.floor((pos.double() + 1) / floor_scale)) * attn_scale + 1).float()
 
 
 def key_tables(ctx, n_keys, q_tables, compute):
@@ -853,9 +336,17 @@ class RoPE(PositionalEncoding):
     distance maps in self_extend_positions / rerope_positions): every pair closer than
     `window` is scored by plain RoPE, farther pairs at a remapped distance, so the
     layer computes two logit maps and merges them by the window mask (the attention
-    hook; dense float32, query chunks without gradients: no FlexAttention, whose
-    score_mod sees one q.k). The KV cache then keeps raw keys, rotated every step."""
+    hook of ExtendedRoPE, which `rope` builds for these types; dense float32, query chunks
+    without gradients: no FlexAttention, whose score_mod sees one q.k). The KV cache then
+    keeps raw keys, rotated every step."""
     uses_rope_scaling = True
+
+    def __new__(cls, config=None, *args, **kwargs):
+        """An extension type (self_extend, rerope, leaky_rerope) builds ExtendedRoPE."""
+        sc = getattr(config, 'rope_scaling', None) or kwargs.get('scaling', args[2] if len(args) > 2 else None)
+        if cls is RoPE and isinstance(sc, dict) and sc.get('type') in EXTENSION_TYPES:
+            cls = ExtendedRoPE
+        return super().__new__(cls)
 
     def __init__(self, config, base=10000.0, rotary_pct=1.0, scaling=None, p_rope=None):
         super().__init__(config)
@@ -872,8 +363,6 @@ class RoPE(PositionalEncoding):
         self.rot_dim = int(rd)
         self.scaling = scaling = resolve_rope_scaling(config, scaling)
         self.dynamic = scaling is not None and scaling['type'] in LENGTH_DEPENDENT_SCALING
-        self.extension = scaling if scaling is not None and scaling['type'] in EXTENSION_TYPES else None
-        self.transform_after_cache = self.extension is not None  # raw keys: the maps rotate every key each step
         inv_freq, self.attention_factor = rope_frequencies(self.rot_dim, self.base, self.scaling, p_rope=p_rope)
         self.register_buffer('inv_freq', inv_freq, persistent=False)  # at lengths <= L
 
@@ -893,44 +382,26 @@ class RoPE(PositionalEncoding):
         return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
 
     def transform_qk(self, q, k, ctx, layer):
-        if self.extension is not None:  # the extension's attention rotates them, two ways
-            return q, k
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
         kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, ctx.extra['inv']))
         return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
 
-    @property
-    def owns_attention(self):  # only with a Self-Extend / ReRoPE extension; plain RoPE uses model.py's
-        return self.extension is not None
+
+class ExtendedRoPE(RoPE):
+    """`rope` with an inference-time extension (rope_scaling type self_extend, rerope or
+    leaky_rerope), built by RoPE when one is asked for: near pairs are scored by plain RoPE,
+    far ones at a remapped distance, so the layer computes its own attention
+    (rope_scaling.extended_attention). Every key is rotated two ways each forward, so the
+    KV cache keeps raw keys."""
+    transform_after_cache = True
+
+    def transform_qk(self, q, k, ctx, layer):
+        return q, k  # extended_attention rotates them, two ways
 
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        """Self-Extend / ReRoPE: logits = where(i - j < window, exact map, remapped map)."""
-        if self.extension is None:
-            return None
-        ext, inv = self.extension, ctx.extra['inv']
-        w = ext['window']
-        qp, kp = ctx.q_pos, ctx.k_pos[-k.size(2):]  # raw keys: all of them, at their positions
-
-        def rot(t, pos, freqs=inv):  # rotate t by float positions pos
-            cos, sin = self.cos_sin(pos, freqs)
-            return apply_rotary(t, cos, sin).float()
-        if ext['type'] == 'self_extend':
-            G = ext['group']
-            q2, k2 = rot(q, qp // G + (w - w // G)), rot(k, kp // G)
-        elif ext['type'] == 'rerope':  # every far key scored at distance w: q at w, k unrotated
-            q2, k2 = rot(q, torch.full_like(qp, w)), k.float()
-        else:  # leaky: distances beyond w grow k times slower
-            q2, k2 = rot(q, qp + w * (ext['k'] - 1), inv / ext['k']), rot(k, kp, inv / ext['k'])
-        q1, k1 = rot(q, qp), rot(k, kp)
-
-        def run(q1, k1, v, s):  # query rows s.., the keys they can see
-            Tq, Tk = q1.size(2), k1.size(2)
-            near = qp[s:s + Tq, None] - kp[None, :Tk] < w
-            with torch.autocast(q.device.type, enabled=False):
-                att = torch.where(near, q1 @ k1.transpose(-2, -1), q2[:, :, s:s + Tq] @ k2[:, :, :Tk].transpose(-2, -1))
-                att = (att / math.sqrt(q.size(-1))).masked_fill(~visibility(Tq, Tk, q.device), float('-inf'))
-                return att.softmax(-1) @ v.float()
-        return chunk_queries(run, q1, k1, v).to(q.dtype)
+        def rot(t, pos, slow=1.0):  # t rotated at positions pos, every frequency divided by slow
+            return apply_rotary(t, *self.cos_sin(pos, ctx.extra['inv'] / slow)).float()
+        return extended_attention(q, k, v, ctx.q_pos, ctx.k_pos[-k.size(2):], self.scaling, rot)
 
 
 @register('alibi')
@@ -1758,187 +1229,3 @@ class DeBERTa(PositionalEncoding):
             r = ctx.dist(i, j)
             return score + c2p[b, h, i, ci[r]] + p2c[b, h, j, pi[r]]
         return mod
-
-
-# =============================================================================
-# per-layer stacks (NoPE layers, per-layer options) and attention scaling
-
-def _nest(state_dict, prefix, sub, own=()):
-    """state_dict load pre-hook: key prefix + name becomes prefix + sub + name (the
-    module's real name), unless name is the wrapper's own or the keys are nested already."""
-    keys = [k for k in state_dict if k.startswith(prefix)]
-    if any(k.startswith(prefix + sub) for k in keys):
-        return
-    for k in keys:
-        if k[len(prefix):].split('.')[0] not in own:
-            state_dict[prefix + sub + k[len(prefix):]] = state_dict.pop(k)
-
-
-def _flatten(state_dict, prefix, sub):
-    """state_dict post-hook: save prefix + sub + name as prefix + name, the plain scheme's key."""
-    for k in [k for k in state_dict if k.startswith(prefix + sub)]:
-        state_dict[prefix + k[len(prefix + sub):]] = state_dict.pop(k)
-
-
-def _plain_state_dict_names(module, sub, own=()):
-    """Save and load a wrapper's wrapped module under the plain scheme's names, so a checkpoint
-    of the plain scheme and one of the wrapper have the same keys (a plain one loads into a
-    model with attn_scaling chosen at run time, and checkpoint tools compare keys directly)."""
-    module.register_state_dict_post_hook(lambda mod, sd, prefix, meta: _flatten(sd, prefix, sub))
-    module.register_load_state_dict_pre_hook(lambda mod, sd, prefix, *_: _nest(sd, prefix, sub, own))
-
-
-class _StackLayer(nn.Module):
-    """One layer's part of a LayerStack: its index, its scheme's per-layer module (or
-    None) and, with SSMax on this layer, the learned per-head scales s_h."""
-
-    def __init__(self, index, inner, ssmax):
-        super().__init__()
-        self.index = index
-        self.inner = inner
-        self.ssmax = ssmax
-        _plain_state_dict_names(self, 'inner.', own=('ssmax',))
-
-
-class LayerStack(PositionalEncoding):
-    """A scheme per layer, or none (NoPE), plus optional length-dependent attention
-    scaling; built by build() from config.nope_layers, layer_options and attn_scaling
-    (see the module docstring, nope_layer_indices, check_layer_options and
-    check_attn_scaling). One scheme instance per distinct set of options: layers with
-    the same options share it (its context is computed once per forward, and its
-    global parameters are shared as in the plain scheme). Every hook delegates to
-    the layer's scheme with that scheme's own context and the layer's own module;
-    a NoPE layer transforms nothing and adds no bias. Examples:
-      RNoPE / Llama 4 iRoPE / SmolLM3: pos_encoding='rope', nope_layers=4
-      Llama 4's temperature tuning too:  attn_scaling={'type': 'llama4'}
-      Gemma 3 bases (every 6th layer global, 1M; the others local, 10k):
-        pos_options={'base': 1e4}, layer_options={i: {'base': 1e6} for i in range(5, n_layer, 6)}
-      ALiBi with NoPE every 3rd layer and log-n scaling beyond L:
-        pos_encoding='alibi', nope_layers=3, attn_scaling={'type': 'logn', 'original_max_len': L}"""
-
-    def __init__(self, config, pe):
-        super().__init__(config)
-        self.name, n = pe.name, config.n_layer
-        nope = nope_layer_indices(getattr(config, 'nope_layers', None), n)
-        per = check_layer_options(getattr(config, 'layer_options', None), n, nope)
-        if (nope or per) and pe.embeds_positions:
-            raise ValueError(f"{pe.name} adds positions to the token embeddings once, before block 0, for "
-                             f"every layer: there is no per-layer position to switch off or change, so "
-                             f"nope_layers/layer_options do not apply. Use an attention-side scheme "
-                             f"({', '.join(s for s in sorted(REGISTRY) if REGISTRY[s].embed is PositionalEncoding.embed and s != 'none')})")
-        if nope and isinstance(pe, NoPE):
-            raise ValueError("pos_encoding='none' is NoPE in every layer already; drop nope_layers")
-        base = dict(config.pos_options or {})
-        base_key = repr(sorted(base.items()))
-        schemes, plan, seen = [], [], {}
-        for i in range(n):
-            if i in nope:
-                plan.append(None)
-                continue
-            opts = {**base, **per.get(i, {})}
-            key = repr(sorted(opts.items()))
-            if key not in seen:
-                seen[key] = len(schemes)
-                schemes.append(pe if key == base_key else
-                               _make_scheme(config, pe.name, opts, f" (pos_options updated by layer_options[{i}])"))
-            plan.append(seen[key])
-        self.schemes = nn.ModuleList(schemes)
-        self.plan = plan  # per layer: index into self.schemes, or None for NoPE
-        if len(schemes) == 1:  # the plain scheme's state-dict keys (plus SSMax's own)
-            _plain_state_dict_names(self, 'schemes.0.')
-        self.uses_rope_scaling = getattr(pe, 'uses_rope_scaling', False)
-        self.nope_layers = [i for i, p in enumerate(plan) if p is None or isinstance(schemes[p], NoPE)]
-        sc = getattr(config, 'attn_scaling', None)
-        self.attn_scaling = sc = check_attn_scaling(sc, n) if sc else None
-        self.scaled = frozenset()
-        if sc is not None:
-            layers = sc['layers']
-            self.scaled = frozenset(range(n) if layers == 'all' else self.nope_layers if layers == 'nope' else
-                                    [i for i in range(n) if i not in self.nope_layers] if layers == 'pe' else layers)
-            if not self.scaled:
-                raise ValueError(f"attn_scaling {sc['type']!r} applies to layers={layers!r}, and this model has "
-                                 f"none (NoPE layers: {self.nope_layers}). Set nope_layers (Llama 4 scales its NoPE "
-                                 f"layers), or 'layers': 'all' or a list of layer indices")
-            self.ssmax_init = sc.get('init', 1 / math.log(max(2, config.block_size)))
-            own = [i for i in sorted(self.scaled) if plan[i] is not None and schemes[plan[i]].owns_attention]
-            if own:
-                raise ValueError(f"attn_scaling multiplies the logits of model.py's attention, but {pe.name} computes "
-                                 f"its attention itself (its `attention` hook) on layers {own}; apply attn_scaling "
-                                 f"to other layers ('layers': 'nope' with nope_layers, or a list) or drop it")
-        self._built = 0
-
-    def new_layer(self):
-        i = self._built
-        if i >= len(self.plan):
-            raise RuntimeError(f"LayerStack was built for n_layer={len(self.plan)} layers and new_layer() was "
-                               f"called once more: it is called once per layer, in order")
-        self._built += 1
-        p = self.plan[i]
-        inner = None if p is None else self.schemes[p].new_layer()
-        ssmax = None
-        if self.attn_scaling is not None and self.attn_scaling['type'] == 'ssmax' and i in self.scaled:
-            ssmax = nn.Parameter(torch.full((self.n_head,), float(self.ssmax_init)))
-        return _StackLayer(i, inner, ssmax)
-
-    def _at(self, ctx, layer):
-        """(scheme, its context, its per-layer module) of this layer, or None for NoPE."""
-        p = self.plan[layer.index]
-        return None if p is None else (self.schemes[p], ctx.extra['inner'][p], layer.inner)
-
-    def max_len_of(self):
-        lens = [s.max_len for s in self.schemes if s.max_len is not None]
-        return min(lens) if lens else None
-
-    def check_positions(self, n_pos):
-        for s in self.schemes:
-            s.check_positions(n_pos)
-
-    @property
-    def embeds_positions(self):
-        return any(s.embeds_positions for s in self.schemes)
-
-    @property
-    def transform_after_cache(self):
-        return any(s.transform_after_cache for s in self.schemes)
-
-    def embed(self, x, pos):
-        for s in self.schemes:  # several schemes only when none embeds (refused above)
-            x = s.embed(x, pos)
-        return x
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        ctx = make_context(q_pos, k_pos, n_pos)
-        ctx.extra['inner'] = [s.context(q_pos, k_pos, ctx.n_pos) for s in self.schemes]
-        return ctx
-
-    def transform_qk(self, q, k, ctx, layer):
-        at = self._at(ctx, layer)
-        return (q, k) if at is None else at[0].transform_qk(q, k, at[1], at[2])
-
-    def score_mod(self, q, k, ctx, layer):
-        at = self._at(ctx, layer)
-        return None if at is None else at[0].score_mod(q, k, at[1], at[2])
-
-    def value_mod(self, q, k, ctx, layer, score_mod):
-        at = self._at(ctx, layer)
-        return None if at is None else at[0].value_mod(q, k, at[1], at[2], score_mod)
-
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        at = self._at(ctx, layer)
-        return None if at is None else at[0].attention(q, k, v, x, at[1], at[2], cache, attend)
-
-    def logit_scale(self, q, ctx, layer):
-        sc = self.attn_scaling
-        if sc is None or layer.index not in self.scaled:
-            return None
-        if sc['type'] == 'llama4':
-            return llama4_scale(ctx.q_pos, sc['floor_scale'], sc['attn_scale'])[None, :]
-        Tq, Tk = q.size(2), ctx.k_pos.numel()
-        n = torch.arange(Tk - Tq + 1, Tk + 1, device=q.device)  # keys each query attends to
-        if sc['type'] == 'logn':
-            return logn_scale(n, sc.get('original_max_len'))[None, :]
-        return layer.ssmax[:, None] * torch.log(n.float())[None, :]  # ssmax: [H, Tq]
-
-    def extra_repr(self):
-        names = ['nope' if p is None else f"{self.name}#{p}" for p in self.plan]
-        return f"layers=[{', '.join(names)}], attn_scaling={self.attn_scaling}, scaled={sorted(self.scaled)}"

@@ -12,6 +12,7 @@ import checkpoint
 import attention as A
 import model as M
 import positional
+import stack
 from conftest import (SCHEMES, Validated, assert_same_grads, assert_trains_and_pe_params_learn, flex_and_dense_grads,
                       tiny_model, validating_backend)
 
@@ -80,11 +81,11 @@ def test_nope_every_k_matches_smollm3_llama4_rule(k, n_layer):
     want = [i for i, use_rope in enumerate(no_rope_layers) if use_rope == 0]
     if not want or len(want) == n_layer:
         with pytest.raises(ValueError):
-            positional.nope_layer_indices(k, n_layer)
+            stack.nope_layer_indices(k, n_layer)
         return
-    assert positional.nope_layer_indices(k, n_layer) == want
-    assert positional.nope_layer_indices([2, 0], n_layer) == [0, 2]
-    assert positional.nope_layer_indices(0, n_layer) == [] and positional.nope_layer_indices(None, n_layer) == []
+    assert stack.nope_layer_indices(k, n_layer) == want
+    assert stack.nope_layer_indices([2, 0], n_layer) == [0, 2]
+    assert stack.nope_layer_indices(0, n_layer) == [] and stack.nope_layer_indices(None, n_layer) == []
 
 
 @pytest.mark.parametrize('scheme', ['rope', 'alibi'])
@@ -369,7 +370,7 @@ def test_plain_checkpoint_takes_logn_at_eval_and_is_unchanged_inside_L(scheme, t
     args = {f.name: getattr(plain.config, f.name) for f in dataclasses.fields(plain.config)}
     torch.save({'model': plain.state_dict(), 'model_args': args}, tmp_path / 'ckpt.pt')
     loaded, _ = checkpoint.load_model(str(tmp_path / 'ckpt.pt'), attn_scaling={'type': 'logn', 'original_max_len': 16})
-    assert isinstance(loaded.pe, positional.LayerStack)
+    assert isinstance(loaded.pe, stack.LayerStack)
     x = torch.randint(0, 37, (2, 16 if plain.pe.max_len else 48))
     with torch.no_grad():
         a, b = plain(x)[0], scaled(x)[0]
