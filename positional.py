@@ -1,79 +1,32 @@
 """
-Positional encodings for nanoPE. Every scheme is a small nn.Module registered by
-the name used in config (`pos_encoding = 'rope'`).
+Positional encodings for nanoPE: every scheme is a small nn.Module, registered by the name used
+in config (`pos_encoding = 'rope'`). The attention (model.py, attention.py) never asks which
+scheme it runs; it calls these hooks, each of which defaults to "nothing":
 
-The attention code in model.py never asks *which* scheme it runs. It asks the
-scheme for up to four things, each of which defaults to "nothing":
+  embed(x, pos)                  -> x         token embeddings, once before block 0
+  context(q_pos, k_pos, n_pos)   -> Context   per-forward tables shared by all layers
+  new_layer()                    -> module    this layer's parameters, handed back as `layer`
+  transform_qk(q, k, ctx, layer) -> (q, k)    rotate, scale or extend queries and keys
+  score_mod(q, k, ctx, layer)    -> f | None  additive logit bias f(score, b, h, i, j)
+  value_mod(q, k, ctx, layer, f) -> g | None  g(lse) added to the output (Shaw's values)
+  attention(q, k, v, x, ctx, layer, cache, attend) -> y | None   the layer's own attention
+  transform_after_cache = True                the KV cache keeps raw keys (xPos, ExtendedRoPE)
+  logit_scale(q, ctx, layer)     -> s | None  multiplies query i's logits by s[h, i] (attn_scaling)
 
-  embed(x, pos)                   -> x         add/alter token embeddings before block 0
-  context(q_pos, k_pos, n_pos)    -> ctx       per-forward precomputation shared by all layers
-  transform_qk(q, k, ctx, lyr)    -> (q, k)    rotate/scale queries and keys (RoPE family)
-  score_mod(q, k, ctx, lyr)       -> f | None  additive logit bias f(score, b, h, i, j)
+i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; the queries
+are the last Tq keys. A score_mod has no host syncs, indexes each tensor that needs gradients
+once, and stays float32. The full contract, with shapes and the rules the tests check, is in
+docs/schemes.md.
 
-`score_mod` returns a function in FlexAttention's `score_mod` form: b, h index the
-batch and head, i and j index the queries and keys, whose absolute positions are
-ctx.q_pos[i] and ctx.k_pos[j] (ctx.dist(i, j) = query - key position, >= 0 for the
-causal past). model.py either hands it to FlexAttention (one scalar at a time,
-never building a TxT tensor) or calls it once on broadcast index tensors to build
-a dense additive mask for SDPA. One definition, both paths, same logits.
-Rules that keep it fast and differentiable on the GPU (tests check all three):
-  - no Python int() / .item() of a tensor (a host sync and a graph break): sizes
-    come from shapes or from ctx.n_pos, a Python int bound on every position;
-  - a tensor that needs gradients is indexed once inside f, never used bare:
-    FlexAttention's backward scatters each score's gradient into it with one
-    atomic add, so learned biases are tabulated outside f (per distance, O(T)),
-    and autograd carries the table's gradient back to the parameters;
-  - biases stay float32 (model.py evaluates them in float32 under autocast).
+Contents:
+  Context, PositionalEncoding (the base class), NoPE
+  embeddings       learned, sinusoidal
+  q/k transforms   rope (+ ExtendedRoPE: Self-Extend, ReRoPE), xpos, mrope, rope2d, xl, pope
+  score biases     alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta
+  own attention    fox, cope, stick_breaking
+The maths of RoPE context extension (config.rope_scaling) is in rope_scaling.py.
 
-Per-layer parameters (if a scheme has any) live in the module returned by
-`new_layer()`, which each attention layer owns and passes back as `lyr`.
-
-Four rarer hooks, all off by default:
-  value_mod(q, k, ctx, lyr, f) -> g | None  g(lse) is added to the attention output;
-                                            lse [B, H, Tq] is each row's logsumexp, f the
-                                            scheme's score_mod (Shaw's relative values)
-  transform_after_cache = True              the KV cache keeps raw keys and transform_qk sees
-                                            all keys (positions ctx.k_pos) every forward (xPos)
-  logit_scale(q, ctx, lyr) -> s | None      s [H or 1, Tq] float32: every logit of query i in
-                                            head h, content and bias, is multiplied by s[h, i]
-                                            (length-dependent attention scaling, see below).
-                                            model.py multiplies q by s and a score bias by s
-                                            inside score_mod (a -inf bias stays a mask), so
-                                            SDPA, FlexAttention and the dense path agree.
-  attention(q, k, v, x, ctx, lyr, cache, attend) -> y | None
-                                            the layer's attention output [B, H, Tq, Dv],
-                                            computed by the scheme; None (the default):
-                                            model.py's path through score_mod, logit_scale
-                                            and value_mod.
-A scheme implements `attention` when it needs what the other hooks do not give. It gets
-  x       [B, Tq, C], the layer's (normalised) input for the new tokens, from which q,
-          k, v were projected (FoX's forget gates);
-  cache   this layer's KV cache with the new keys already appended (None without a
-          cache); cache.state is a dict the scheme owns for per-key tensors kept next
-          to the keys, one entry per key along dim 2 (FoX's log forget gates; a rolling
-          cache evicts them with their keys);
-  attend  attend(q, k, v, mod=None, vmod=None) -> y, model.py's causal attention
-          bound to this layer's backend and dropout: a scheme that builds its own
-          score_mod (same rules as above) still runs on FlexAttention or the dense path
-          (FoX, CoPE). A scheme that replaces the softmax computes y itself and applies
-          attention dropout itself while training (stick-breaking).
-q and k are what transform_qk returned; the queries are the last Tq keys. logit_scale
-(attn_scaling) applies to model.py's path only: a LayerStack refuses it on layers
-whose scheme computes its own attention.
-
-Keys handed to transform_qk are always the last k.size(2) keys, at positions
-ctx.k_pos[-k.size(2):]: the new keys (= ctx.q_pos) with an ordinary KV cache, all
-keys when the cache holds raw keys (transform_after_cache, or a rolling
-StreamingLLM cache, which re-indexes the kept keys 0..n-1 every step and so must
-re-transform them). Every key-transforming scheme here follows this rule.
-`embeds_positions` (True when a scheme overrides embed) marks the schemes whose
-positions live in the residual stream: their cached keys carry text positions
-that cannot be re-indexed, so they refuse a rolling cache.
-
-Shapes: q, k are [B, n_head, T, head_dim]; positions are int64 tensors, sorted.
-
-Adding a scheme = write a subclass here, decorate it with @register('name'),
-add config/name.py. Nothing else changes.
+Adding a scheme = a subclass here decorated with @register('name'), config/name.py and a test.
 """
 
 import math
@@ -122,67 +75,6 @@ def make_context(q_pos, k_pos, n_pos=None, **extra):
         n_pos = int(torch.maximum(q_pos.max(), k_pos.max())) + 1 if k_pos.numel() else 0
     return Context(q_pos, k_pos, extra, n_pos)
 
-
-# -----------------------------------------------------------------------------
-# pure functions where the math lives (tests call these directly)
-
-def sinusoidal_table(n_pos, dim, positions=None):
-    """Vaswani et al. 2017 (arXiv 1706.03762), section 3.5, the paper's layout:
-    PE[p, 2i] = sin(p / 10000^(2i/dim)),  PE[p, 2i+1] = cos(p / 10000^(2i/dim)).
-    Interleaved sin/cos (fairseq/tensor2tensor concatenate instead; not the paper)."""
-    assert dim % 2 == 0, f"sinusoidal embedding needs an even dim, got {dim}"
-    pos = torch.arange(n_pos, dtype=torch.float64) if positions is None else positions.double()
-    inv = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [dim/2]
-    ang = pos[:, None] * inv[None, :]
-    pe = torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(len(pos), dim)  # interleave
-    return pe.float()
-
-
-def alibi_slopes(n_head):
-    """ALiBi head slopes (Press et al., arXiv 2108.12409). For n = 2^k heads the
-    geometric sequence m_h = 2^(-8h/n), h = 1..n. Otherwise, with c the largest
-    power of two below n: slopes(c) followed by every other slope of slopes(2c),
-    n - c of them (the paper's reference implementation)."""
-    def pow2(n):
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (h + 1) for h in range(n)]
-    if math.log2(n_head).is_integer():
-        s = pow2(n_head)
-    else:
-        c = 2 ** math.floor(math.log2(n_head))
-        s = pow2(c) + pow2(2 * c)[0::2][: n_head - c]
-    return torch.tensor(s, dtype=torch.float32)
-
-
-def rotate_half(x):
-    """Half-split layout (GPT-NeoX, HF Llama): pairs are (i, i + d/2)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x, cos, sin):
-    """Rotate the first cos.size(-1) dims of x, pass the rest through (partial rotary).
-    cos/sin: [T, rot_dim] in float32, already multiplied by the attention factor."""
-    rot = cos.size(-1)
-    xr, xp = x[..., :rot], x[..., rot:]
-    xr = (xr.float() * cos + rotate_half(xr.float()) * sin).to(x.dtype)
-    return torch.cat((xr, xp), dim=-1) if xp.size(-1) else xr
-
-
-def key_tables(ctx, n_keys, q_tables, compute):
-    """Position tables for the n_keys keys handed to transform_qk, which are the last
-    n_keys of ctx.k_pos: the queries' own q_tables when they are the new keys
-    (n_keys == len(ctx.q_pos)), else compute(ctx.k_pos[-n_keys:]) -- a cache of raw
-    keys -- once per forward (kept in ctx.extra for the other layers)."""
-    if n_keys == ctx.q_pos.numel():
-        return q_tables
-    if 'k_tables' not in ctx.extra:
-        ctx.extra['k_tables'] = compute(ctx.k_pos[-n_keys:])
-    return ctx.extra['k_tables']
-
-
-# -----------------------------------------------------------------------------
-# the schemes
 
 class PositionalEncoding(nn.Module):
     """Base class and the 'none' behaviour for every hook."""
@@ -260,6 +152,21 @@ class NoPE(PositionalEncoding):
     because the causal mask leaks it (the number of attended tokens differs per row)."""
 
 
+# --- embeddings: positions added to the token embeddings, once, before block 0
+
+
+def sinusoidal_table(n_pos, dim, positions=None):
+    """Vaswani et al. 2017 (arXiv 1706.03762), section 3.5, the paper's layout:
+    PE[p, 2i] = sin(p / 10000^(2i/dim)),  PE[p, 2i+1] = cos(p / 10000^(2i/dim)).
+    Interleaved sin/cos (fairseq/tensor2tensor concatenate instead; not the paper)."""
+    assert dim % 2 == 0, f"sinusoidal embedding needs an even dim, got {dim}"
+    pos = torch.arange(n_pos, dtype=torch.float64) if positions is None else positions.double()
+    inv = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [dim/2]
+    ang = pos[:, None] * inv[None, :]
+    pe = torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(len(pos), dim)  # interleave
+    return pe.float()
+
+
 @register('learned')
 class Learned(PositionalEncoding):
     """Learned absolute position embeddings (GPT-2 / GPT, Radford et al. 2018/2019;
@@ -292,6 +199,36 @@ class Sinusoidal(PositionalEncoding):
     def embed(self, x, pos):
         pe = sinusoidal_table(0, self.n_embd, positions=pos).to(x.device, x.dtype)
         return x * math.sqrt(self.n_embd) + pe
+
+
+# --- q/k transforms: positions rotate, scale or extend the queries and keys
+
+
+def rotate_half(x):
+    """Half-split layout (GPT-NeoX, HF Llama): pairs are (i, i + d/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate the first cos.size(-1) dims of x, pass the rest through (partial rotary).
+    cos/sin: [T, rot_dim] in float32, already multiplied by the attention factor."""
+    rot = cos.size(-1)
+    xr, xp = x[..., :rot], x[..., rot:]
+    xr = (xr.float() * cos + rotate_half(xr.float()) * sin).to(x.dtype)
+    return torch.cat((xr, xp), dim=-1) if xp.size(-1) else xr
+
+
+def key_tables(ctx, n_keys, q_tables, compute):
+    """Position tables for the n_keys keys handed to transform_qk, which are the last
+    n_keys of ctx.k_pos: the queries' own q_tables when they are the new keys
+    (n_keys == len(ctx.q_pos)), else compute(ctx.k_pos[-n_keys:]) -- a cache of raw
+    keys -- once per forward (kept in ctx.extra for the other layers)."""
+    if n_keys == ctx.q_pos.numel():
+        return q_tables
+    if 'k_tables' not in ctx.extra:
+        ctx.extra['k_tables'] = compute(ctx.k_pos[-n_keys:])
+    return ctx.extra['k_tables']
 
 
 @register('rope')
@@ -402,355 +339,6 @@ class ExtendedRoPE(RoPE):
         def rot(t, pos, slow=1.0):  # t rotated at positions pos, every frequency divided by slow
             return apply_rotary(t, *self.cos_sin(pos, ctx.extra['inv'] / slow)).float()
         return extended_attention(q, k, v, ctx.q_pos, ctx.k_pos[-k.size(2):], self.scaling, rot)
-
-
-@register('alibi')
-class ALiBi(PositionalEncoding):
-    """Attention with Linear Biases (Press et al., arXiv 2108.12409):
-    logit_ij += -m_h * (i - j) for key j <= query i, slopes m_h from alibi_slopes().
-    Added after the 1/sqrt(d) scaling, not divided by it. No embedding is added."""
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.register_buffer('slopes', alibi_slopes(config.n_head), persistent=False)
-
-    def score_mod(self, q, k, ctx, layer):
-        slopes, q_pos, k_pos = self.slopes, ctx.q_pos, ctx.k_pos
-
-        def mod(score, b, h, i, j):
-            return score + slopes[h] * (k_pos[j] - q_pos[i])
-        return mod
-
-
-# =============================================================================
-# the zoo: learned and fixed relative biases, relative keys/values, rotary variants.
-# A bias that depends only on the distance is tabulated once per forward for the
-# distances 0..n_pos-1 (O(T)) and looked up in score_mod, so FlexAttention never
-# builds a TxT tensor and its backward scatters into that small table. Relative
-# distance conventions follow each paper (see positional-facts: T5/Shaw use key - query).
-
-def t5_bucket(relative_position, num_buckets=32, max_distance=128, bidirectional=False):
-    """T5's relative-position bucket (Raffel et al., arXiv 1910.10683, as in Mesh TF).
-    relative_position = key_pos - query_pos (<= 0 for the causal past).
-    Causal: n = max(-rel, 0) and all buckets describe the past. Bidirectional: half the
-    buckets per side, keys in the future get +num_buckets/2, n = |rel|.
-    With nb buckets per side and max_exact = nb // 2: n < max_exact is its own bucket;
-    larger n share log-spaced buckets max_exact + floor(log(n/max_exact) /
-    log(max_distance/max_exact) * (nb - max_exact)), capped at nb - 1. Defaults: the
-    top causal bucket (31) starts at distance 113 and holds everything beyond."""
-    nb = num_buckets // 2 if bidirectional else num_buckets
-    max_exact = nb // 2
-    if max_exact < 1 or max_distance <= max_exact:
-        raise ValueError(f"t5_bucket needs num_buckets >= {4 if bidirectional else 2} and max_distance > "
-                         f"{max_exact} (half the buckets of a side), got num_buckets={num_buckets}, "
-                         f"max_distance={max_distance}")
-    rel = torch.as_tensor(relative_position)
-    if bidirectional:
-        offset = (rel > 0).long() * nb
-        n = rel.abs()
-    else:
-        offset = 0
-        n = (-rel).clamp(min=0)
-    # clamp inside the log: n < max_exact takes the exact branch anyway, and log(0) would be -inf
-    log_ratio = torch.log(n.clamp(min=max_exact).float() / max_exact) / math.log(max_distance / max_exact)
-    large = (max_exact + (log_ratio * (nb - max_exact)).long()).clamp(max=nb - 1)
-    return offset + torch.where(n < max_exact, n, large)
-
-
-@register('t5')
-class T5Bias(PositionalEncoding):
-    """T5 relative attention bias (Raffel et al., arXiv 1910.10683, section 2.1):
-    logit_ij += B[t5_bucket(j - i), h], one learned table B [num_buckets, n_head]
-    shared by all layers (T5 computes it in the first layer and reuses it).
-    Causal buckets. Defaults num_buckets=32, max_distance=128; past 128 every key
-    shares the last bucket. T5 itself drops the 1/sqrt(d) scaling; here the bias is
-    added to the usual scaled logit like every other scheme. Init N(0, n_embd^-0.5)
-    (HF T5's initialiser). Options: num_buckets, max_distance."""
-
-    def __init__(self, config, num_buckets=32, max_distance=128):
-        super().__init__(config)
-        t5_bucket(torch.zeros(1, dtype=torch.long), num_buckets, max_distance)  # validate early
-        self.num_buckets, self.max_distance = num_buckets, max_distance
-        self.table = nn.Parameter(torch.randn(num_buckets, config.n_head) * config.n_embd ** -0.5)
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        ctx = make_context(q_pos, k_pos, n_pos)
-        r = torch.arange(ctx.n_pos, device=q_pos.device)  # every distance this forward can see
-        ctx.extra['bias'] = self.table[t5_bucket(-r, self.num_buckets, self.max_distance)].t()  # [H, n_pos]
-        return ctx
-
-    def score_mod(self, q, k, ctx, layer):
-        bias = ctx.extra['bias']
-
-        def mod(score, b, h, i, j):
-            return score + bias[h, ctx.dist(i, j)]
-        return mod
-
-
-class _ShawLayer(nn.Module):
-    def __init__(self, n, head_dim):
-        super().__init__()
-        self.rel_k = nn.Parameter(torch.randn(n, head_dim) * 0.02)  # a^K_r, r = distance 0..k
-        self.rel_v = nn.Parameter(torch.randn(n, head_dim) * 0.02)  # a^V_r
-
-
-@register('shaw')
-class Shaw(PositionalEncoding):
-    """Relative position representations (Shaw et al., arXiv 1803.02155):
-    e_ij = q_i . (k_j + aK[r]) / sqrt(d),   z_i = sum_j a_ij (v_j + aV[r]),
-    r = min(i - j, k) the distance clipped at k (option max_distance, default 16;
-    the paper found k >= 2 enough for translation). Learned per layer, shared by
-    heads, as in the paper. The paper has 2k+1 vectors for j - i in [-k, k]; a
-    causal decoder only ever sees j <= i, so only the k+1 past ones exist here.
-    Key term: q.aK is precomputed for the k+1 distances ([B, H, T, k+1]) and indexed
-    in score_mod. Value term: sum_j a_ij aV[r] needs only the attention weights of
-    the k nearest keys (the rest share aV[k] with weight 1 - their sum), which come
-    from each row's logsumexp: a_ij = exp(e_ij - lse_i) (the value_mod hook), so
-    FlexAttention can run this scheme too. Those k logits are q_i.k_{i-r} on a
-    sliding-window view of the keys (no copies kept for backward) plus the key term,
-    read through score_mod itself. Attention dropout is not applied to the value term."""
-
-    def __init__(self, config, max_distance=16):
-        super().__init__(config)
-        if int(max_distance) != max_distance or max_distance < 1:
-            raise ValueError(f"shaw max_distance (the clip distance k) must be a positive integer, got {max_distance!r}")
-        self.k = int(max_distance)
-
-    def new_layer(self):
-        return _ShawLayer(self.k + 1, self.head_dim)
-
-    def score_mod(self, q, k, ctx, layer):
-        with torch.autocast(q.device.type, enabled=False):  # a bias: float32 even under autocast
-            qa = (q.float() @ layer.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
-        kmax = self.k
-
-        def mod(score, b, h, i, j):
-            return score + qa[b, h, i, ctx.dist(i, j).clamp(max=kmax)]
-        return mod
-
-    def value_mod(self, q, k, ctx, layer, score_mod):
-        B, H, Tq, d = q.shape
-        K, off = self.k, k.size(2) - Tq  # query i is key i + off
-        # the K nearest keys of every query in one sliding-window view (no copy per distance, and
-        # one op rather than K for torch.compile): kp[t] = k[t - K + 1], window s of query i is
-        # key i + off - (K - 1 - s), so flipping s gives the distance r = 0..K-1
-        kp = F.pad(k.float(), (0, 0, K - 1, 0))
-        win = kp[:, :, off:off + Tq + K - 1].unfold(2, K, 1)  # [B, H, Tq, d, K]
-        raw = (q.float().unsqueeze(-1) * win).sum(-2).flip(-1) / math.sqrt(d)  # [B, H, Tq, K]
-        i = torch.arange(Tq, device=q.device)[:, None]
-        j = i + off - torch.arange(K, device=q.device)  # [Tq, K] the key at distance r
-        b = torch.arange(B, device=q.device)[:, None, None, None]
-        h = torch.arange(H, device=q.device)[None, :, None, None]
-        e = torch.where(j >= 0, score_mod(raw, b, h, i, j.clamp(min=0)), float('-inf'))  # no key r back: weight 0
-
-        def g(lse):
-            p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
-            p = torch.cat((p, 1 - p.sum(-1, keepdim=True)), -1)  # every farther key shares aV[K]
-            return p @ layer.rel_v
-        return g
-
-
-@register('xl')
-class TransformerXL(PositionalEncoding):
-    """Transformer-XL relative attention (Dai et al., arXiv 1901.02860, section 3.3):
-    score_ij = [(q_i + u).k_j + (q_i + v).W_R R_{i-j}] / sqrt(d_head),
-    R_r = [sin(r w) | cos(r w)], w_f = 10000^(-2f/r_dim) (r_dim = n_embd as in the
-    paper), u, v [n_head, d_head] learned and shared by all layers, W_R [n_embd, r_dim]
-    per layer. No segment recurrence (memory): this is the position scheme only.
-    Exact rewrite, no TxT tensor: with a = W_R^T (q_i + v) split as [a_s | a_c],
-    a.R_{i-j} = sum_f c_f(i) cos(j w_f) + s_f(i) sin(j w_f) where
-    c = a_s sin(i w) + a_c cos(i w), s = a_c sin(i w) - a_s cos(i w). So the
-    positional term is a dot product of a per-query vector with the fixed key
-    vector [cos(j w) | sin(j w)]: transform_qk appends them to q and k (head dim
-    d_head + r_dim) and plain causal SDPA does the rest. q is multiplied by
-    sqrt((d_head + r_dim)/d_head) so SDPA's 1/sqrt(dim) is XL's 1/sqrt(d_head).
-    Options: r_dim (default n_embd). Init N(0, 0.02) for u, v and W_R (XL's)."""
-
-    def __init__(self, config, r_dim=None):
-        super().__init__(config)
-        self.r_dim = int(r_dim or config.n_embd)
-        if self.r_dim % 2 or self.r_dim <= 0:
-            raise ValueError(f"xl r_dim (dimension of the sinusoid R) must be a positive even integer, got {r_dim!r}")
-        self.u = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
-        self.v = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
-        inv = 10000.0 ** (-torch.arange(0, self.r_dim, 2, dtype=torch.float64) / self.r_dim)
-        self.register_buffer('inv_freq', inv.float(), persistent=False)
-
-    def new_layer(self):
-        w_r = nn.Linear(self.r_dim, self.n_embd, bias=False)  # W_R: R -> all heads
-        nn.init.normal_(w_r.weight, std=0.02)
-        return w_r
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        cos, sin = self.cos_sin(q_pos)
-        return make_context(q_pos, k_pos, n_pos, cos=cos, sin=sin)
-
-    def cos_sin(self, pos):
-        ang = pos.float()[:, None] * self.inv_freq[None, :]  # [T, r_dim/2], float32
-        return ang.cos(), ang.sin()
-
-    def transform_qk(self, q, k, ctx, layer):
-        B, H, T, d = q.shape
-        cos, sin = ctx.extra['cos'], ctx.extra['sin']
-        kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), self.cos_sin)
-        w = layer.weight.view(H, d, self.r_dim)  # W_R^h
-        a = torch.einsum('bhtd,hdr->bhtr', (q + self.v[:, None]).float(), w.float())
-        a_s, a_c = a.chunk(2, dim=-1)  # coefficients of sin(r w) and cos(r w) in R_r
-        q_r = torch.cat((a_s * sin + a_c * cos, a_c * sin - a_s * cos), -1)
-        k_r = torch.cat((kcos, ksin), -1).expand(B, H, -1, -1)  # the keys' own positions
-        c = math.sqrt((d + self.r_dim) / d)
-        q = torch.cat((q + self.u[:, None], q_r.to(q.dtype)), -1) * c
-        k = torch.cat((k, k_r.to(k.dtype)), -1)
-        return q, k
-
-
-class _KerpleLayer(nn.Module):
-    def __init__(self, n_head):
-        super().__init__()
-        self.p = nn.Parameter(torch.rand(n_head) * 2)  # p ~ U(0, 2), the paper's init
-        self.a = nn.Parameter(torch.rand(n_head))      # a ~ U(0, 1)
-
-
-class _Kerple(PositionalEncoding):
-    """KERPLE (Chi et al., arXiv 2205.09921): a conditionally positive definite
-    kernel of the distance r = i - j >= 0 as a logit bias, added after 1/sqrt(d).
-    p_h, a_h learned per head and per layer, init p ~ U(0, 2), a ~ U(0, 1), and
-    clamped in place before every use as in the paper's code: both >= 1e-2, and
-    for the power kernel p <= 2 (beyond 2 the kernel is not CPD)."""
-    eps, p_max = 1e-2, None
-
-    def new_layer(self):
-        return _KerpleLayer(self.n_head)
-
-    def score_mod(self, q, k, ctx, layer):
-        with torch.no_grad():  # clamp the parameters themselves, so gradients still flow at the boundary
-            layer.p.clamp_(min=self.eps, max=self.p_max)
-            layer.a.clamp_(min=self.eps)
-        r = torch.arange(ctx.n_pos, device=q.device).float()
-        bias = -self.kernel(r[None, :], layer.p[:, None], layer.a[:, None])  # [H, n_pos], once per layer
-
-        def mod(score, b, h, i, j):
-            return score + bias[h, ctx.dist(i, j)]
-        return mod
-
-
-@register('kerple_log')
-class KerpleLog(_Kerple):
-    __doc__ = _Kerple.__doc__ + """
-    Logarithmic variant: bias = -p_h * log(1 + a_h * r)."""
-
-    @staticmethod
-    def kernel(r, p, a):
-        return p * torch.log1p(a * r)
-
-
-@register('kerple_power')
-class KerplePower(_Kerple):
-    __doc__ = _Kerple.__doc__ + """
-    Power variant: bias = -a_h * r^p_h, 0 < p_h <= 2."""
-    p_max = 2.0
-
-    @staticmethod
-    def kernel(r, p, a):
-        # r^p as max(r,1)^p masked at r = 0: same value, and no 0 * log(0) in d/dp
-        return a * r.clamp(min=1) ** p * (r > 0)
-
-
-class _FireLayer(nn.Module):
-    def __init__(self, n_head, width, init_c, init_L):
-        super().__init__()
-        self.fc1 = nn.Linear(1, width)
-        self.fc2 = nn.Linear(width, n_head)
-        self.c = nn.Parameter(torch.tensor(float(init_c)))  # log-transform sharpness
-        self.L_mult = nn.Parameter(torch.tensor(1.0))  # learned threshold = |L_mult * init_L|
-        self.register_buffer('init_L', torch.tensor(float(init_L)), persistent=False)
-
-
-@register('fire')
-class FIRE(PositionalEncoding):
-    """FIRE, functional interpolation for relative positions (Li et al., arXiv 2310.04418):
-    bias_h(i, j) = f_h( psi(i - j) / psi(max(i, L_thr)) ),  psi(x) = log(c x + 1),
-    f: an MLP 1 -> width -> n_head with ReLU (width 32), c learned (init 0.1),
-    L_thr = |m * L0| learned through m (init 1, L0 = 512): distances are normalised by
-    the query position ("progressive interpolation") but never by less than L_thr,
-    so the MLP input stays in [0, 1] at any length. psi of the normaliser gets +1e-6.
-    One FIRE module per layer, as in the paper's default. The bias depends on the
-    query position as well as the distance, so it cannot be tabulated per distance:
-    without gradients (evaluation at any length) the MLP runs inside score_mod as
-    `width` scalar ReLU units, O(T) memory; with gradients it is tabulated as
-    [H, Tq, Tk] once per layer, all units in one expression (the paper's dense
-    bias; the unit loop there took torch.compile 3x longer), because FlexAttention's
-    backward can only scatter a score's gradient into a tensor it indexes once.
-    Note: with the default L0 = 512 and a training length below 512, training
-    never reaches the interpolating regime; set init_L (e.g. block_size / 4 as
-    the paper's 512 / 2048) to study it. Options: width, init_c, init_L."""
-
-    def __init__(self, config, width=32, init_c=0.1, init_L=512.0):
-        super().__init__(config)
-        self.width, self.init_c, self.init_L = int(width), init_c, init_L
-
-    def new_layer(self):
-        return _FireLayer(self.n_head, self.width, self.init_c, self.init_L)
-
-    @staticmethod
-    def normalised(layer, qp, r):
-        """The MLP's input psi(r) / psi(max(qp, L_thr)) for query positions qp and distances r."""
-        c, thr = layer.c, (layer.L_mult * layer.init_L).abs()
-        rel = torch.log(torch.abs(c * r.float()) + 1)
-        return rel / (torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6)
-
-    def score_mod(self, q, k, ctx, layer):
-        w1, b1, w2, b2 = layer.fc1.weight[:, 0], layer.fc1.bias, layer.fc2.weight, layer.fc2.bias
-        if not torch.is_grad_enabled():
-            def mod(score, b, h, i, j):
-                x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))
-                for u in range(w1.size(0)):  # the MLP on a scalar, one hidden unit at a time
-                    score = score + w2[h, u] * torch.relu(w1[u] * x + b1[u])
-                return score + b2[h]
-            return mod
-        i, j = torch.arange(q.size(2), device=q.device)[:, None], torch.arange(k.size(2), device=q.device)
-        x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))  # [Tq, Tk]
-        hidden = torch.relu(x[..., None, None] * w1 + b1)  # [Tq, Tk, 1, width]
-        table = ((hidden * w2).sum(-1) + b2).permute(2, 0, 1)  # [H, Tq, Tk]
-
-        def mod(score, b, h, i, j):
-            return score + table[h, i, j]
-        return mod
-
-
-@register('sandwich')
-class Sandwich(PositionalEncoding):
-    """Sandwich (Chi et al., arXiv 2212.10356): the inner product of sinusoidal
-    position embeddings as a parameter-free logit bias,
-    bias_h(i, j) = (sum_{k=1}^{d/2} cos((i - j) * 10000^(-2k/d)) - d/2) / (8h/H),
-    h = 1..H, d = n_embd by default (option dim). It is 0 at distance 0 and <= 0
-    elsewhere; the 8h/H divisor mirrors ALiBi's head slopes. Since the bias depends
-    only on the distance, context() tabulates it once per forward for distances
-    0..n_pos-1 (O(T) memory) and score_mod indexes the table."""
-
-    def __init__(self, config, dim=None):
-        super().__init__(config)
-        self.dim = int(dim or config.n_embd)
-        if self.dim % 2 or self.dim <= 0:
-            raise ValueError(f"sandwich dim must be a positive even integer, got {dim!r}")
-        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64)
-        self.register_buffer('inv_freq', 10000.0 ** (-2 * k / self.dim), persistent=False)
-        h = torch.arange(1, config.n_head + 1, dtype=torch.float32)
-        self.register_buffer('head_div', 8 * h / config.n_head, persistent=False)
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        ctx = make_context(q_pos, k_pos, n_pos)
-        r = torch.arange(ctx.n_pos, device=k_pos.device, dtype=torch.float64)
-        table = torch.cos(r[:, None] * self.inv_freq[None, :]).sum(-1) - self.dim / 2  # float64: sums of d/2 cosines
-        ctx.extra['table'] = table.float()
-        return ctx
-
-    def score_mod(self, q, k, ctx, layer):
-        table, div = ctx.extra['table'], self.head_div
-
-        def mod(score, b, h, i, j):
-            return score + table[ctx.dist(i, j)] / div[h]
-        return mod
 
 
 def _rope_freqs(scheme, dim, ctx):
@@ -922,10 +510,518 @@ class RoPE2D(_SectionRoPE):
         return torch.stack((pos // self.width, pos % self.width))
 
 
-# =============================================================================
-# data-dependent and contextual positions: FoX, CoPE, PoPE, stick-breaking,
-# DeBERTa. FoX, CoPE and stick-breaking need more than the four basic hooks and use
-# `attention`; PoPE is a transform_qk, DeBERTa a transform_qk plus a score_mod.
+@register('xl')
+class TransformerXL(PositionalEncoding):
+    """Transformer-XL relative attention (Dai et al., arXiv 1901.02860, section 3.3):
+    score_ij = [(q_i + u).k_j + (q_i + v).W_R R_{i-j}] / sqrt(d_head),
+    R_r = [sin(r w) | cos(r w)], w_f = 10000^(-2f/r_dim) (r_dim = n_embd as in the
+    paper), u, v [n_head, d_head] learned and shared by all layers, W_R [n_embd, r_dim]
+    per layer. No segment recurrence (memory): this is the position scheme only.
+    Exact rewrite, no TxT tensor: with a = W_R^T (q_i + v) split as [a_s | a_c],
+    a.R_{i-j} = sum_f c_f(i) cos(j w_f) + s_f(i) sin(j w_f) where
+    c = a_s sin(i w) + a_c cos(i w), s = a_c sin(i w) - a_s cos(i w). So the
+    positional term is a dot product of a per-query vector with the fixed key
+    vector [cos(j w) | sin(j w)]: transform_qk appends them to q and k (head dim
+    d_head + r_dim) and plain causal SDPA does the rest. q is multiplied by
+    sqrt((d_head + r_dim)/d_head) so SDPA's 1/sqrt(dim) is XL's 1/sqrt(d_head).
+    Options: r_dim (default n_embd). Init N(0, 0.02) for u, v and W_R (XL's)."""
+
+    def __init__(self, config, r_dim=None):
+        super().__init__(config)
+        self.r_dim = int(r_dim or config.n_embd)
+        if self.r_dim % 2 or self.r_dim <= 0:
+            raise ValueError(f"xl r_dim (dimension of the sinusoid R) must be a positive even integer, got {r_dim!r}")
+        self.u = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
+        self.v = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
+        inv = 10000.0 ** (-torch.arange(0, self.r_dim, 2, dtype=torch.float64) / self.r_dim)
+        self.register_buffer('inv_freq', inv.float(), persistent=False)
+
+    def new_layer(self):
+        w_r = nn.Linear(self.r_dim, self.n_embd, bias=False)  # W_R: R -> all heads
+        nn.init.normal_(w_r.weight, std=0.02)
+        return w_r
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        cos, sin = self.cos_sin(q_pos)
+        return make_context(q_pos, k_pos, n_pos, cos=cos, sin=sin)
+
+    def cos_sin(self, pos):
+        ang = pos.float()[:, None] * self.inv_freq[None, :]  # [T, r_dim/2], float32
+        return ang.cos(), ang.sin()
+
+    def transform_qk(self, q, k, ctx, layer):
+        B, H, T, d = q.shape
+        cos, sin = ctx.extra['cos'], ctx.extra['sin']
+        kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), self.cos_sin)
+        w = layer.weight.view(H, d, self.r_dim)  # W_R^h
+        a = torch.einsum('bhtd,hdr->bhtr', (q + self.v[:, None]).float(), w.float())
+        a_s, a_c = a.chunk(2, dim=-1)  # coefficients of sin(r w) and cos(r w) in R_r
+        q_r = torch.cat((a_s * sin + a_c * cos, a_c * sin - a_s * cos), -1)
+        k_r = torch.cat((kcos, ksin), -1).expand(B, H, -1, -1)  # the keys' own positions
+        c = math.sqrt((d + self.r_dim) / d)
+        q = torch.cat((q + self.u[:, None], q_r.to(q.dtype)), -1) * c
+        k = torch.cat((k, k_r.to(k.dtype)), -1)
+        return q, k
+
+
+class _PopeLayer(nn.Module):
+    def __init__(self, n_head, head_dim, uniform):
+        super().__init__()
+        self.delta = nn.Parameter(torch.zeros(n_head, head_dim))  # phase bias delta_c per head
+        if uniform:
+            nn.init.uniform_(self.delta, -2 * math.pi, 0.0)
+
+
+@register('pope')
+class PoPE(PositionalEncoding):
+    """Polar coordinate position embeddings (Gopalakrishnan et al., arXiv 2509.10534):
+    every query/key component c is a complex number with magnitude softplus(q_c)
+    (softplus(k_c)) -- the "what" -- and phase t*theta_c for a query at t, s*theta_c +
+    delta_c for a key at s -- the "where" --, and the score is Re[q^H k] / sqrt(d):
+        a_ts = sum_{c=1..d} softplus(q_tc) softplus(k_sc) cos((s - t) theta_c + delta_c) / sqrt(d),
+    theta_c = base^(-(c-1)/d): d frequencies over all d components (RoPE has d/2 pairs).
+    delta_c is learned, clamped to [-2 pi, 0] in every forward, zero init (reported
+    better for length extrapolation; option delta_init='uniform' draws U(-2 pi, 0),
+    reported slightly better in distribution); here one delta [n_head, head_dim] per
+    layer (x-transformers keeps one [n_head, head_dim] for all layers). The sign of
+    delta, the frequencies, the clamp and the 1/sqrt(d) of the original head dim follow
+    x-transformers' and lucidrains/PoPE-pytorch's implementations of the paper (the key
+    carries phase s*theta + delta).
+    Realised as transform_qk: q -> sqrt(2) [mag cos(t theta) | mag sin(t theta)],
+    k -> [mag cos(s theta + delta) | mag sin(s theta + delta)] (head dim 2d, like `xl`), so
+    plain causal SDPA's 1/sqrt(2d) becomes the paper's 1/sqrt(d); computed in float32.
+    Keys depend on their own position only, so the KV cache keeps them transformed.
+    attend() pads v with d zero columns so that SDPA's fused (flash) kernels, which
+    need equal q and v head dims, run instead of the T x T math kernel.
+    Options: base (default 10000), delta_init ('zero' | 'uniform', default 'zero')."""
+
+    def __init__(self, config, base=10000.0, delta_init='zero'):
+        super().__init__(config)
+        if delta_init not in ('zero', 'uniform'):
+            raise ValueError(f"pope delta_init must be 'zero' or 'uniform', got {delta_init!r}")
+        self.base, self.delta_init = float(base), delta_init
+        inv = self.base ** (-torch.arange(self.head_dim, dtype=torch.float64) / self.head_dim)
+        self.register_buffer('inv_freq', inv.float(), persistent=False)
+
+    def new_layer(self):
+        return _PopeLayer(self.n_head, self.head_dim, self.delta_init == 'uniform')
+
+    def angles(self, pos):
+        return pos.float()[:, None] * self.inv_freq[None, :]  # [T, d]: t * theta_c, float32
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        return make_context(q_pos, k_pos, n_pos, angle=self.angles(q_pos))
+
+    def transform_qk(self, q, k, ctx, layer):
+        with torch.autocast(q.device.type, enabled=False):
+            ang = ctx.extra['angle']
+            ang_k = key_tables(ctx, k.size(2), ang, self.angles)  # the keys' own positions
+            ang_k = ang_k[None] + layer.delta.float().clamp(-2 * math.pi, 0.0)[:, None]  # [H, Tk, d]
+            mq, mk = F.softplus(q.float()), F.softplus(k.float())
+            q2 = torch.cat((mq * ang.cos(), mq * ang.sin()), -1) * math.sqrt(2.0)
+            k2 = torch.cat((mk * ang_k.cos(), mk * ang_k.sin()), -1)
+        return q2.to(q.dtype), k2.to(k.dtype)
+
+
+# --- score biases: an additive logit bias f(score, b, h, i, j). A bias that depends only on the
+# distance is tabulated once per forward for distances 0..n_pos-1 (O(T)) and indexed in score_mod,
+# so FlexAttention never builds a TxT tensor and its backward scatters into that small table.
+
+
+def alibi_slopes(n_head):
+    """ALiBi head slopes (Press et al., arXiv 2108.12409). For n = 2^k heads the
+    geometric sequence m_h = 2^(-8h/n), h = 1..n. Otherwise, with c the largest
+    power of two below n: slopes(c) followed by every other slope of slopes(2c),
+    n - c of them (the paper's reference implementation)."""
+    def pow2(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (h + 1) for h in range(n)]
+    if math.log2(n_head).is_integer():
+        s = pow2(n_head)
+    else:
+        c = 2 ** math.floor(math.log2(n_head))
+        s = pow2(c) + pow2(2 * c)[0::2][: n_head - c]
+    return torch.tensor(s, dtype=torch.float32)
+
+
+@register('alibi')
+class ALiBi(PositionalEncoding):
+    """Attention with Linear Biases (Press et al., arXiv 2108.12409):
+    logit_ij += -m_h * (i - j) for key j <= query i, slopes m_h from alibi_slopes().
+    Added after the 1/sqrt(d) scaling, not divided by it. No embedding is added."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.register_buffer('slopes', alibi_slopes(config.n_head), persistent=False)
+
+    def score_mod(self, q, k, ctx, layer):
+        slopes, q_pos, k_pos = self.slopes, ctx.q_pos, ctx.k_pos
+
+        def mod(score, b, h, i, j):
+            return score + slopes[h] * (k_pos[j] - q_pos[i])
+        return mod
+
+
+def t5_bucket(relative_position, num_buckets=32, max_distance=128, bidirectional=False):
+    """T5's relative-position bucket (Raffel et al., arXiv 1910.10683, as in Mesh TF).
+    relative_position = key_pos - query_pos (<= 0 for the causal past).
+    Causal: n = max(-rel, 0) and all buckets describe the past. Bidirectional: half the
+    buckets per side, keys in the future get +num_buckets/2, n = |rel|.
+    With nb buckets per side and max_exact = nb // 2: n < max_exact is its own bucket;
+    larger n share log-spaced buckets max_exact + floor(log(n/max_exact) /
+    log(max_distance/max_exact) * (nb - max_exact)), capped at nb - 1. Defaults: the
+    top causal bucket (31) starts at distance 113 and holds everything beyond."""
+    nb = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = nb // 2
+    if max_exact < 1 or max_distance <= max_exact:
+        raise ValueError(f"t5_bucket needs num_buckets >= {4 if bidirectional else 2} and max_distance > "
+                         f"{max_exact} (half the buckets of a side), got num_buckets={num_buckets}, "
+                         f"max_distance={max_distance}")
+    rel = torch.as_tensor(relative_position)
+    if bidirectional:
+        offset = (rel > 0).long() * nb
+        n = rel.abs()
+    else:
+        offset = 0
+        n = (-rel).clamp(min=0)
+    # clamp inside the log: n < max_exact takes the exact branch anyway, and log(0) would be -inf
+    log_ratio = torch.log(n.clamp(min=max_exact).float() / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (nb - max_exact)).long()).clamp(max=nb - 1)
+    return offset + torch.where(n < max_exact, n, large)
+
+
+@register('t5')
+class T5Bias(PositionalEncoding):
+    """T5 relative attention bias (Raffel et al., arXiv 1910.10683, section 2.1):
+    logit_ij += B[t5_bucket(j - i), h], one learned table B [num_buckets, n_head]
+    shared by all layers (T5 computes it in the first layer and reuses it).
+    Causal buckets. Defaults num_buckets=32, max_distance=128; past 128 every key
+    shares the last bucket. T5 itself drops the 1/sqrt(d) scaling; here the bias is
+    added to the usual scaled logit like every other scheme. Init N(0, n_embd^-0.5)
+    (HF T5's initialiser). Options: num_buckets, max_distance."""
+
+    def __init__(self, config, num_buckets=32, max_distance=128):
+        super().__init__(config)
+        t5_bucket(torch.zeros(1, dtype=torch.long), num_buckets, max_distance)  # validate early
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.table = nn.Parameter(torch.randn(num_buckets, config.n_head) * config.n_embd ** -0.5)
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        r = torch.arange(ctx.n_pos, device=q_pos.device)  # every distance this forward can see
+        ctx.extra['bias'] = self.table[t5_bucket(-r, self.num_buckets, self.max_distance)].t()  # [H, n_pos]
+        return ctx
+
+    def score_mod(self, q, k, ctx, layer):
+        bias = ctx.extra['bias']
+
+        def mod(score, b, h, i, j):
+            return score + bias[h, ctx.dist(i, j)]
+        return mod
+
+
+class _ShawLayer(nn.Module):
+    def __init__(self, n, head_dim):
+        super().__init__()
+        self.rel_k = nn.Parameter(torch.randn(n, head_dim) * 0.02)  # a^K_r, r = distance 0..k
+        self.rel_v = nn.Parameter(torch.randn(n, head_dim) * 0.02)  # a^V_r
+
+
+@register('shaw')
+class Shaw(PositionalEncoding):
+    """Relative position representations (Shaw et al., arXiv 1803.02155):
+    e_ij = q_i . (k_j + aK[r]) / sqrt(d),   z_i = sum_j a_ij (v_j + aV[r]),
+    r = min(i - j, k) the distance clipped at k (option max_distance, default 16;
+    the paper found k >= 2 enough for translation). Learned per layer, shared by
+    heads, as in the paper. The paper has 2k+1 vectors for j - i in [-k, k]; a
+    causal decoder only ever sees j <= i, so only the k+1 past ones exist here.
+    Key term: q.aK is precomputed for the k+1 distances ([B, H, T, k+1]) and indexed
+    in score_mod. Value term: sum_j a_ij aV[r] needs only the attention weights of
+    the k nearest keys (the rest share aV[k] with weight 1 - their sum), which come
+    from each row's logsumexp: a_ij = exp(e_ij - lse_i) (the value_mod hook), so
+    FlexAttention can run this scheme too. Those k logits are q_i.k_{i-r} on a
+    sliding-window view of the keys (no copies kept for backward) plus the key term,
+    read through score_mod itself. Attention dropout is not applied to the value term."""
+
+    def __init__(self, config, max_distance=16):
+        super().__init__(config)
+        if int(max_distance) != max_distance or max_distance < 1:
+            raise ValueError(f"shaw max_distance (the clip distance k) must be a positive integer, got {max_distance!r}")
+        self.k = int(max_distance)
+
+    def new_layer(self):
+        return _ShawLayer(self.k + 1, self.head_dim)
+
+    def score_mod(self, q, k, ctx, layer):
+        with torch.autocast(q.device.type, enabled=False):  # a bias: float32 even under autocast
+            qa = (q.float() @ layer.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
+        kmax = self.k
+
+        def mod(score, b, h, i, j):
+            return score + qa[b, h, i, ctx.dist(i, j).clamp(max=kmax)]
+        return mod
+
+    def value_mod(self, q, k, ctx, layer, score_mod):
+        B, H, Tq, d = q.shape
+        K, off = self.k, k.size(2) - Tq  # query i is key i + off
+        # the K nearest keys of every query in one sliding-window view (no copy per distance, and
+        # one op rather than K for torch.compile): kp[t] = k[t - K + 1], window s of query i is
+        # key i + off - (K - 1 - s), so flipping s gives the distance r = 0..K-1
+        kp = F.pad(k.float(), (0, 0, K - 1, 0))
+        win = kp[:, :, off:off + Tq + K - 1].unfold(2, K, 1)  # [B, H, Tq, d, K]
+        raw = (q.float().unsqueeze(-1) * win).sum(-2).flip(-1) / math.sqrt(d)  # [B, H, Tq, K]
+        i = torch.arange(Tq, device=q.device)[:, None]
+        j = i + off - torch.arange(K, device=q.device)  # [Tq, K] the key at distance r
+        b = torch.arange(B, device=q.device)[:, None, None, None]
+        h = torch.arange(H, device=q.device)[None, :, None, None]
+        e = torch.where(j >= 0, score_mod(raw, b, h, i, j.clamp(min=0)), float('-inf'))  # no key r back: weight 0
+
+        def g(lse):
+            p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
+            p = torch.cat((p, 1 - p.sum(-1, keepdim=True)), -1)  # every farther key shares aV[K]
+            return p @ layer.rel_v
+        return g
+
+
+class _KerpleLayer(nn.Module):
+    def __init__(self, n_head):
+        super().__init__()
+        self.p = nn.Parameter(torch.rand(n_head) * 2)  # p ~ U(0, 2), the paper's init
+        self.a = nn.Parameter(torch.rand(n_head))      # a ~ U(0, 1)
+
+
+class _Kerple(PositionalEncoding):
+    """KERPLE (Chi et al., arXiv 2205.09921): a conditionally positive definite
+    kernel of the distance r = i - j >= 0 as a logit bias, added after 1/sqrt(d).
+    p_h, a_h learned per head and per layer, init p ~ U(0, 2), a ~ U(0, 1), and
+    clamped in place before every use as in the paper's code: both >= 1e-2, and
+    for the power kernel p <= 2 (beyond 2 the kernel is not CPD)."""
+    eps, p_max = 1e-2, None
+
+    def new_layer(self):
+        return _KerpleLayer(self.n_head)
+
+    def score_mod(self, q, k, ctx, layer):
+        with torch.no_grad():  # clamp the parameters themselves, so gradients still flow at the boundary
+            layer.p.clamp_(min=self.eps, max=self.p_max)
+            layer.a.clamp_(min=self.eps)
+        r = torch.arange(ctx.n_pos, device=q.device).float()
+        bias = -self.kernel(r[None, :], layer.p[:, None], layer.a[:, None])  # [H, n_pos], once per layer
+
+        def mod(score, b, h, i, j):
+            return score + bias[h, ctx.dist(i, j)]
+        return mod
+
+
+@register('kerple_log')
+class KerpleLog(_Kerple):
+    __doc__ = _Kerple.__doc__ + """
+    Logarithmic variant: bias = -p_h * log(1 + a_h * r)."""
+
+    @staticmethod
+    def kernel(r, p, a):
+        return p * torch.log1p(a * r)
+
+
+@register('kerple_power')
+class KerplePower(_Kerple):
+    __doc__ = _Kerple.__doc__ + """
+    Power variant: bias = -a_h * r^p_h, 0 < p_h <= 2."""
+    p_max = 2.0
+
+    @staticmethod
+    def kernel(r, p, a):
+        # r^p as max(r,1)^p masked at r = 0: same value, and no 0 * log(0) in d/dp
+        return a * r.clamp(min=1) ** p * (r > 0)
+
+
+class _FireLayer(nn.Module):
+    def __init__(self, n_head, width, init_c, init_L):
+        super().__init__()
+        self.fc1 = nn.Linear(1, width)
+        self.fc2 = nn.Linear(width, n_head)
+        self.c = nn.Parameter(torch.tensor(float(init_c)))  # log-transform sharpness
+        self.L_mult = nn.Parameter(torch.tensor(1.0))  # learned threshold = |L_mult * init_L|
+        self.register_buffer('init_L', torch.tensor(float(init_L)), persistent=False)
+
+
+@register('fire')
+class FIRE(PositionalEncoding):
+    """FIRE, functional interpolation for relative positions (Li et al., arXiv 2310.04418):
+    bias_h(i, j) = f_h( psi(i - j) / psi(max(i, L_thr)) ),  psi(x) = log(c x + 1),
+    f: an MLP 1 -> width -> n_head with ReLU (width 32), c learned (init 0.1),
+    L_thr = |m * L0| learned through m (init 1, L0 = 512): distances are normalised by
+    the query position ("progressive interpolation") but never by less than L_thr,
+    so the MLP input stays in [0, 1] at any length. psi of the normaliser gets +1e-6.
+    One FIRE module per layer, as in the paper's default. The bias depends on the
+    query position as well as the distance, so it cannot be tabulated per distance:
+    without gradients (evaluation at any length) the MLP runs inside score_mod as
+    `width` scalar ReLU units, O(T) memory; with gradients it is tabulated as
+    [H, Tq, Tk] once per layer, all units in one expression (the paper's dense
+    bias; the unit loop there took torch.compile 3x longer), because FlexAttention's
+    backward can only scatter a score's gradient into a tensor it indexes once.
+    Note: with the default L0 = 512 and a training length below 512, training
+    never reaches the interpolating regime; set init_L (e.g. block_size / 4 as
+    the paper's 512 / 2048) to study it. Options: width, init_c, init_L."""
+
+    def __init__(self, config, width=32, init_c=0.1, init_L=512.0):
+        super().__init__(config)
+        self.width, self.init_c, self.init_L = int(width), init_c, init_L
+
+    def new_layer(self):
+        return _FireLayer(self.n_head, self.width, self.init_c, self.init_L)
+
+    @staticmethod
+    def normalised(layer, qp, r):
+        """The MLP's input psi(r) / psi(max(qp, L_thr)) for query positions qp and distances r."""
+        c, thr = layer.c, (layer.L_mult * layer.init_L).abs()
+        rel = torch.log(torch.abs(c * r.float()) + 1)
+        return rel / (torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6)
+
+    def score_mod(self, q, k, ctx, layer):
+        w1, b1, w2, b2 = layer.fc1.weight[:, 0], layer.fc1.bias, layer.fc2.weight, layer.fc2.bias
+        if not torch.is_grad_enabled():
+            def mod(score, b, h, i, j):
+                x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))
+                for u in range(w1.size(0)):  # the MLP on a scalar, one hidden unit at a time
+                    score = score + w2[h, u] * torch.relu(w1[u] * x + b1[u])
+                return score + b2[h]
+            return mod
+        i, j = torch.arange(q.size(2), device=q.device)[:, None], torch.arange(k.size(2), device=q.device)
+        x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))  # [Tq, Tk]
+        hidden = torch.relu(x[..., None, None] * w1 + b1)  # [Tq, Tk, 1, width]
+        table = ((hidden * w2).sum(-1) + b2).permute(2, 0, 1)  # [H, Tq, Tk]
+
+        def mod(score, b, h, i, j):
+            return score + table[h, i, j]
+        return mod
+
+
+@register('sandwich')
+class Sandwich(PositionalEncoding):
+    """Sandwich (Chi et al., arXiv 2212.10356): the inner product of sinusoidal
+    position embeddings as a parameter-free logit bias,
+    bias_h(i, j) = (sum_{k=1}^{d/2} cos((i - j) * 10000^(-2k/d)) - d/2) / (8h/H),
+    h = 1..H, d = n_embd by default (option dim). It is 0 at distance 0 and <= 0
+    elsewhere; the 8h/H divisor mirrors ALiBi's head slopes. Since the bias depends
+    only on the distance, context() tabulates it once per forward for distances
+    0..n_pos-1 (O(T) memory) and score_mod indexes the table."""
+
+    def __init__(self, config, dim=None):
+        super().__init__(config)
+        self.dim = int(dim or config.n_embd)
+        if self.dim % 2 or self.dim <= 0:
+            raise ValueError(f"sandwich dim must be a positive even integer, got {dim!r}")
+        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64)
+        self.register_buffer('inv_freq', 10000.0 ** (-2 * k / self.dim), persistent=False)
+        h = torch.arange(1, config.n_head + 1, dtype=torch.float32)
+        self.register_buffer('head_div', 8 * h / config.n_head, persistent=False)
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        r = torch.arange(ctx.n_pos, device=k_pos.device, dtype=torch.float64)
+        table = torch.cos(r[:, None] * self.inv_freq[None, :]).sum(-1) - self.dim / 2  # float64: sums of d/2 cosines
+        ctx.extra['table'] = table.float()
+        return ctx
+
+    def score_mod(self, q, k, ctx, layer):
+        table, div = ctx.extra['table'], self.head_div
+
+        def mod(score, b, h, i, j):
+            return score + table[ctx.dist(i, j)] / div[h]
+        return mod
+
+
+def deberta_log_bucket(rel, bucket_size, max_position):
+    """DeBERTa-v2/v3's log-bucketed relative position (He et al., arXiv 2006.03654; the
+    authors' make_log_bucket_position): rel clamped to +-(max_position - 1); with
+    mid = bucket_size // 2, |rel| <= mid is kept exactly, larger distances become
+    sign(rel) * (mid + ceil(log(|rel|/mid) / log((max_position - 1)/mid) * (mid - 1))),
+    so |rel| = max_position - 1 lands on 2 * mid - 1: bucket_size - 1 for an even bucket_size,
+    bucket_size - 2 for an odd one. Odd in rel. float64 logs."""
+    mid = bucket_size // 2
+    rel = torch.as_tensor(rel).long().clamp(-(max_position - 1), max_position - 1)
+    a = rel.abs()
+    log_pos = torch.ceil(torch.log(a.clamp(min=mid).double() / mid) / math.log((max_position - 1) / mid)
+                         * (mid - 1)).long() + mid
+    return torch.where(a <= mid, rel, log_pos * rel.sign())
+
+
+class _DebertaLayer(nn.Module):
+    def __init__(self, n_embd):
+        super().__init__()
+        self.pos_k = nn.Linear(n_embd, n_embd, bias=False)  # W_{k,r}: K^r = P W_{k,r}
+        self.pos_q = nn.Linear(n_embd, n_embd, bias=False)  # W_{q,r}: Q^r = P W_{q,r}
+        nn.init.normal_(self.pos_k.weight, std=0.02)
+        nn.init.normal_(self.pos_q.weight, std=0.02)
+
+
+@register('deberta')
+class DeBERTa(PositionalEncoding):
+    """Disentangled attention of DeBERTa (He et al., arXiv 2006.03654, eq. 4), causal:
+        z_ij = (Q_i . K_j + Q_i . K^r_{d(i,j)} + K_j . Q^r_{d(j,i)}) / sqrt(3d)
+    content-to-content, content-to-position (c2p) and position-to-content (p2c), with
+    K^r = P W_{k,r}, Q^r = P W_{q,r} per layer and the relative embeddings P
+    [2k, n_embd] shared by all layers, d(i, j) = k + bucket(i - j) clamped to [0, 2k)
+    (k = position_buckets; bucket = deberta_log_bucket, the v2/v3 log buckets).
+    The paper's attention is bidirectional; this is the causal restriction of the same
+    score: keys j <= i only, so c2p reads P's rows k.. (i - j >= 0) and p2c its rows
+    ..k (d(j, i) = k - bucket(i - j)). Row 0 is never read by a causal model (it would
+    take bucket(i - j) = k, past the largest bucket 2 * (k // 2) - 1); with an odd k, rows 1
+    and 2k - 1 are never read either. The authors' code
+    (and HF's) effectively indexes p2c with d(i, j) like c2p (microsoft/DeBERTa issue
+    #162); this follows the paper's d(j, i). No absolute position embedding, no biases
+    on the position projections (eq. 4), init N(0, 0.02) (DeBERTa's initializer_range).
+    Defaults scale DeBERTa-v3's 256 buckets / 512 relative positions at training length
+    512 to block_size L: position_buckets = L // 2 (distances up to L/4 exact),
+    max_relative_positions = L (beyond L - 1 every key shares the last bucket).
+    Realisation: transform_qk divides q by sqrt(3), so the usual q.k / sqrt(d) is the
+    content term over sqrt(3d); score_mod adds the two position terms from tables
+    Q_i . K^r_m / sqrt(3d) [B, H, Tq, 2k] and K_j . Q^r_m / sqrt(3d) [B, H, Tk, 2k] (float32,
+    each indexed once) through bucket indices tabulated per distance in context().
+    Options: position_buckets, max_relative_positions."""
+
+    def __init__(self, config, position_buckets=None, max_relative_positions=None):
+        super().__init__(config)
+        self.buckets = int(position_buckets or max(2, config.block_size // 2))
+        self.max_rel = int(max_relative_positions or config.block_size)
+        if self.buckets < 2 or self.max_rel - 1 <= self.buckets // 2:
+            raise ValueError(f"deberta needs position_buckets >= 2 and max_relative_positions - 1 > position_buckets // 2 "
+                             f"(the last exact distance), got position_buckets={self.buckets}, "
+                             f"max_relative_positions={self.max_rel}")
+        self.rel_emb = nn.Parameter(torch.randn(2 * self.buckets, config.n_embd) * 0.02)  # P
+
+    def new_layer(self):
+        return _DebertaLayer(self.n_embd)
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        b = deberta_log_bucket(torch.arange(ctx.n_pos, device=q_pos.device), self.buckets, self.max_rel)
+        top = 2 * self.buckets - 1
+        ctx.extra.update(c2p=(self.buckets + b).clamp(0, top), p2c=(self.buckets - b).clamp(0, top))
+        return ctx
+
+    def transform_qk(self, q, k, ctx, layer):
+        return q / math.sqrt(3.0), k
+
+    def score_mod(self, q, k, ctx, layer):
+        H, d = self.n_head, self.head_dim
+        with torch.autocast(q.device.type, enabled=False):  # biases stay float32
+            P = self.rel_emb.float()
+            k_r = (P @ layer.pos_k.weight.float().t()).view(-1, H, d).transpose(0, 1)  # [H, 2k, d]
+            q_r = (P @ layer.pos_q.weight.float().t()).view(-1, H, d).transpose(0, 1)
+            c2p = q.float() @ k_r.transpose(-1, -2) / math.sqrt(d)  # q was divided by sqrt(3): / sqrt(3d)
+            p2c = k.float() @ q_r.transpose(-1, -2) / math.sqrt(3 * d)
+        ci, pi = ctx.extra['c2p'], ctx.extra['p2c']
+
+        def mod(score, b, h, i, j):
+            r = ctx.dist(i, j)
+            return score + c2p[b, h, i, ci[r]] + p2c[b, h, j, pi[r]]
+        return mod
+
+
+# --- own attention: the scheme computes the layer's attention itself (its `attention` hook)
+
 
 class _FoxLayer(nn.Module):
     def __init__(self, n_embd, n_head, bias_init):
@@ -1035,65 +1131,6 @@ class CoPE(PositionalEncoding):
         return chunk_queries(run, q, k, v)
 
 
-class _PopeLayer(nn.Module):
-    def __init__(self, n_head, head_dim, uniform):
-        super().__init__()
-        self.delta = nn.Parameter(torch.zeros(n_head, head_dim))  # phase bias delta_c per head
-        if uniform:
-            nn.init.uniform_(self.delta, -2 * math.pi, 0.0)
-
-
-@register('pope')
-class PoPE(PositionalEncoding):
-    """Polar coordinate position embeddings (Gopalakrishnan et al., arXiv 2509.10534):
-    every query/key component c is a complex number with magnitude softplus(q_c)
-    (softplus(k_c)) -- the "what" -- and phase t*theta_c for a query at t, s*theta_c +
-    delta_c for a key at s -- the "where" --, and the score is Re[q^H k] / sqrt(d):
-        a_ts = sum_{c=1..d} softplus(q_tc) softplus(k_sc) cos((s - t) theta_c + delta_c) / sqrt(d),
-    theta_c = base^(-(c-1)/d): d frequencies over all d components (RoPE has d/2 pairs).
-    delta_c is learned, clamped to [-2 pi, 0] in every forward, zero init (reported
-    better for length extrapolation; option delta_init='uniform' draws U(-2 pi, 0),
-    reported slightly better in distribution); here one delta [n_head, head_dim] per
-    layer (x-transformers keeps one [n_head, head_dim] for all layers). The sign of
-    delta, the frequencies, the clamp and the 1/sqrt(d) of the original head dim follow
-    x-transformers' and lucidrains/PoPE-pytorch's implementations of the paper (the key
-    carries phase s*theta + delta).
-    Realised as transform_qk: q -> sqrt(2) [mag cos(t theta) | mag sin(t theta)],
-    k -> [mag cos(s theta + delta) | mag sin(s theta + delta)] (head dim 2d, like `xl`), so
-    plain causal SDPA's 1/sqrt(2d) becomes the paper's 1/sqrt(d); computed in float32.
-    Keys depend on their own position only, so the KV cache keeps them transformed.
-    attend() pads v with d zero columns so that SDPA's fused (flash) kernels, which
-    need equal q and v head dims, run instead of the T x T math kernel.
-    Options: base (default 10000), delta_init ('zero' | 'uniform', default 'zero')."""
-
-    def __init__(self, config, base=10000.0, delta_init='zero'):
-        super().__init__(config)
-        if delta_init not in ('zero', 'uniform'):
-            raise ValueError(f"pope delta_init must be 'zero' or 'uniform', got {delta_init!r}")
-        self.base, self.delta_init = float(base), delta_init
-        inv = self.base ** (-torch.arange(self.head_dim, dtype=torch.float64) / self.head_dim)
-        self.register_buffer('inv_freq', inv.float(), persistent=False)
-
-    def new_layer(self):
-        return _PopeLayer(self.n_head, self.head_dim, self.delta_init == 'uniform')
-
-    def angles(self, pos):
-        return pos.float()[:, None] * self.inv_freq[None, :]  # [T, d]: t * theta_c, float32
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        return make_context(q_pos, k_pos, n_pos, angle=self.angles(q_pos))
-
-    def transform_qk(self, q, k, ctx, layer):
-        with torch.autocast(q.device.type, enabled=False):
-            ang = ctx.extra['angle']
-            ang_k = key_tables(ctx, k.size(2), ang, self.angles)  # the keys' own positions
-            ang_k = ang_k[None] + layer.delta.float().clamp(-2 * math.pi, 0.0)[:, None]  # [H, Tk, d]
-            mq, mk = F.softplus(q.float()), F.softplus(k.float())
-            q2 = torch.cat((mq * ang.cos(), mq * ang.sin()), -1) * math.sqrt(2.0)
-            k2 = torch.cat((mk * ang_k.cos(), mk * ang_k.sin()), -1)
-        return q2.to(q.dtype), k2.to(k.dtype)
-
-
 @register('stick_breaking')
 class StickBreaking(PositionalEncoding):
     """Stick-breaking attention (Tan et al., arXiv 2410.17980), no softmax and no
@@ -1141,91 +1178,3 @@ class StickBreaking(PositionalEncoding):
                     y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
             return y
         return chunk_queries(run, q, k, v).to(q.dtype)
-
-
-def deberta_log_bucket(rel, bucket_size, max_position):
-    """DeBERTa-v2/v3's log-bucketed relative position (He et al., arXiv 2006.03654; the
-    authors' make_log_bucket_position): rel clamped to +-(max_position - 1); with
-    mid = bucket_size // 2, |rel| <= mid is kept exactly, larger distances become
-    sign(rel) * (mid + ceil(log(|rel|/mid) / log((max_position - 1)/mid) * (mid - 1))),
-    so |rel| = max_position - 1 lands on 2 * mid - 1: bucket_size - 1 for an even bucket_size,
-    bucket_size - 2 for an odd one. Odd in rel. float64 logs."""
-    mid = bucket_size // 2
-    rel = torch.as_tensor(rel).long().clamp(-(max_position - 1), max_position - 1)
-    a = rel.abs()
-    log_pos = torch.ceil(torch.log(a.clamp(min=mid).double() / mid) / math.log((max_position - 1) / mid)
-                         * (mid - 1)).long() + mid
-    return torch.where(a <= mid, rel, log_pos * rel.sign())
-
-
-class _DebertaLayer(nn.Module):
-    def __init__(self, n_embd):
-        super().__init__()
-        self.pos_k = nn.Linear(n_embd, n_embd, bias=False)  # W_{k,r}: K^r = P W_{k,r}
-        self.pos_q = nn.Linear(n_embd, n_embd, bias=False)  # W_{q,r}: Q^r = P W_{q,r}
-        nn.init.normal_(self.pos_k.weight, std=0.02)
-        nn.init.normal_(self.pos_q.weight, std=0.02)
-
-
-@register('deberta')
-class DeBERTa(PositionalEncoding):
-    """Disentangled attention of DeBERTa (He et al., arXiv 2006.03654, eq. 4), causal:
-        z_ij = (Q_i . K_j + Q_i . K^r_{d(i,j)} + K_j . Q^r_{d(j,i)}) / sqrt(3d)
-    content-to-content, content-to-position (c2p) and position-to-content (p2c), with
-    K^r = P W_{k,r}, Q^r = P W_{q,r} per layer and the relative embeddings P
-    [2k, n_embd] shared by all layers, d(i, j) = k + bucket(i - j) clamped to [0, 2k)
-    (k = position_buckets; bucket = deberta_log_bucket, the v2/v3 log buckets).
-    The paper's attention is bidirectional; this is the causal restriction of the same
-    score: keys j <= i only, so c2p reads P's rows k.. (i - j >= 0) and p2c its rows
-    ..k (d(j, i) = k - bucket(i - j)). Row 0 is never read by a causal model (it would
-    take bucket(i - j) = k, past the largest bucket 2 * (k // 2) - 1); with an odd k, rows 1
-    and 2k - 1 are never read either. The authors' code
-    (and HF's) effectively indexes p2c with d(i, j) like c2p (microsoft/DeBERTa issue
-    #162); this follows the paper's d(j, i). No absolute position embedding, no biases
-    on the position projections (eq. 4), init N(0, 0.02) (DeBERTa's initializer_range).
-    Defaults scale DeBERTa-v3's 256 buckets / 512 relative positions at training length
-    512 to block_size L: position_buckets = L // 2 (distances up to L/4 exact),
-    max_relative_positions = L (beyond L - 1 every key shares the last bucket).
-    Realisation: transform_qk divides q by sqrt(3), so the usual q.k / sqrt(d) is the
-    content term over sqrt(3d); score_mod adds the two position terms from tables
-    Q_i . K^r_m / sqrt(3d) [B, H, Tq, 2k] and K_j . Q^r_m / sqrt(3d) [B, H, Tk, 2k] (float32,
-    each indexed once) through bucket indices tabulated per distance in context().
-    Options: position_buckets, max_relative_positions."""
-
-    def __init__(self, config, position_buckets=None, max_relative_positions=None):
-        super().__init__(config)
-        self.buckets = int(position_buckets or max(2, config.block_size // 2))
-        self.max_rel = int(max_relative_positions or config.block_size)
-        if self.buckets < 2 or self.max_rel - 1 <= self.buckets // 2:
-            raise ValueError(f"deberta needs position_buckets >= 2 and max_relative_positions - 1 > position_buckets // 2 "
-                             f"(the last exact distance), got position_buckets={self.buckets}, "
-                             f"max_relative_positions={self.max_rel}")
-        self.rel_emb = nn.Parameter(torch.randn(2 * self.buckets, config.n_embd) * 0.02)  # P
-
-    def new_layer(self):
-        return _DebertaLayer(self.n_embd)
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        ctx = make_context(q_pos, k_pos, n_pos)
-        b = deberta_log_bucket(torch.arange(ctx.n_pos, device=q_pos.device), self.buckets, self.max_rel)
-        top = 2 * self.buckets - 1
-        ctx.extra.update(c2p=(self.buckets + b).clamp(0, top), p2c=(self.buckets - b).clamp(0, top))
-        return ctx
-
-    def transform_qk(self, q, k, ctx, layer):
-        return q / math.sqrt(3.0), k
-
-    def score_mod(self, q, k, ctx, layer):
-        H, d = self.n_head, self.head_dim
-        with torch.autocast(q.device.type, enabled=False):  # biases stay float32
-            P = self.rel_emb.float()
-            k_r = (P @ layer.pos_k.weight.float().t()).view(-1, H, d).transpose(0, 1)  # [H, 2k, d]
-            q_r = (P @ layer.pos_q.weight.float().t()).view(-1, H, d).transpose(0, 1)
-            c2p = q.float() @ k_r.transpose(-1, -2) / math.sqrt(d)  # q was divided by sqrt(3): / sqrt(3d)
-            p2c = k.float() @ q_r.transpose(-1, -2) / math.sqrt(3 * d)
-        ci, pi = ctx.extra['c2p'], ctx.extra['p2c']
-
-        def mod(score, b, h, i, j):
-            r = ctx.dist(i, j)
-            return score + c2p[b, h, i, ci[r]] + p2c[b, h, j, pi[r]]
-        return mod
