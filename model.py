@@ -37,24 +37,6 @@ class GPTConfig:
     attn_backend: str = 'auto'     # 'auto' | 'flex' | 'dense' (for schemes that bias scores)
 
 
-def scale_logits(q, mod, s):
-    """Multiply every logit of query i in head h by s[h, i] (s: [H or 1, Tq] float32):
-    through q for the content term q.k, and inside the score_mod for its bias (which
-    does not depend on the scaled q: it was built from the unscaled one). A -inf bias
-    is a mask and stays -inf. Same logits on every attention path."""
-    s = s.expand(q.size(1), q.size(2))
-    q = (q * s[None, :, :, None]).to(q.dtype)
-    if mod is None:
-        return q, None
-
-    def scaled(score, b, h, i, j):
-        bias = mod(torch.zeros_like(score), b, h, i, j)
-        return score + torch.where(bias == float('-inf'), bias, bias * s[h, i])
-    return q, scaled
-
-
-# --- the model ------------------------------------------------------------------
-
 class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, pe):
@@ -85,9 +67,9 @@ class CausalSelfAttention(nn.Module):
         y = pe.attention(q, k, v, x, ctx, self.pe_layer, cache, run)
         if y is None:
             mod = pe.score_mod(q, k, ctx, self.pe_layer)
-            s = pe.logit_scale(q, ctx, self.pe_layer)
-            if s is not None:  # length-dependent attention scaling
-                q, mod = scale_logits(q, mod, s)
+            s = stack.logit_scale(pe, q, ctx, self.pe_layer)
+            if s is not None:  # length-dependent attention scaling (attn_scaling)
+                q, mod = stack.scale_logits(q, mod, s)
             y = run(q, k, v, mod, pe.value_mod(q, k, ctx, self.pe_layer, mod))
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -294,7 +276,7 @@ class GPT(nn.Module):
             raise ValueError("attention sinks (window=...) are a KV cache policy; use_cache must be True")
         cache = self.new_cache(window, sink) if use_cache else None
         for _ in range(max_new_tokens):
-            fits = max_len is None or idx.size(1) <= max_len
+            fits = self.pe.addresses(idx.size(1))
             if cache is not None and window is not None:
                 while cache.length < idx.size(1):
                     n = sink + window + 1 if cache.length == 0 else 1

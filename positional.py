@@ -2,7 +2,6 @@
 Positional encodings for nanoPE: every scheme is a small nn.Module, registered by the name used
 in config (`pos_encoding = 'rope'`). The attention (model.py, attention.py) never asks which
 scheme it runs; it calls these hooks, each of which defaults to "nothing":
-
   embed(x, pos)                  -> x         token embeddings, once before block 0
   context(q_pos, k_pos, n_pos)   -> Context   per-forward tables shared by all layers
   new_layer()                    -> module    this layer's parameters, handed back as `layer`
@@ -11,12 +10,11 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
   value_mod(q, k, ctx, layer, f) -> g | None  g(lse) added to the output (Shaw's values)
   attention(q, k, v, x, ctx, layer, cache, attend) -> y | None   the layer's own attention
   transform_after_cache = True                the KV cache keeps raw keys (xPos, ExtendedRoPE)
-  logit_scale(q, ctx, layer)     -> s | None  multiplies query i's logits by s[h, i] (attn_scaling)
 
 i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; the queries
 are the last Tq keys. A score_mod has no host syncs, indexes each tensor that needs gradients
-once, and stays float32. The full contract, with shapes and the rules the tests check, is in
-docs/schemes.md.
+once, and stays float32. Attributes the scripts read are declared on PositionalEncoding. The
+full contract, with shapes and the rules the tests check, is in docs/schemes.md.
 
 Contents:
   Context, PositionalEncoding (the base class), NoPE
@@ -25,7 +23,6 @@ Contents:
   score biases     alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta
   own attention    fox, cope, stick_breaking
 The maths of RoPE context extension (config.rope_scaling) is in rope_scaling.py.
-
 Adding a scheme = a subclass here decorated with @register('name'), config/name.py and a test.
 """
 
@@ -77,8 +74,12 @@ def make_context(q_pos, k_pos, n_pos=None, **extra):
 
 
 class PositionalEncoding(nn.Module):
-    """Base class and the 'none' behaviour for every hook."""
-    name = None
+    """Base class and the 'none' behaviour for every hook (see the module docstring); also
+    max_len, addresses(T), embeds_positions and owns_attention, which the scripts read."""
+    name = None                    # the registry name (set by @register)
+    uses_rope_scaling = False      # config.rope_scaling applies to it (the RoPE family)
+    scaling = None                 # the rope_scaling dict it applies, resolved and checked, or None
+    transform_after_cache = False  # the one flag: the KV cache keeps raw keys for this scheme
 
     def __init__(self, config):
         super().__init__()
@@ -94,10 +95,14 @@ class PositionalEncoding(nn.Module):
     def max_len(self):
         return self.max_len_of()
 
+    def addresses(self, T):
+        """True when positions 0..T-1 are all within reach (always, unless there is a finite table)."""
+        return self.max_len is None or T <= self.max_len
+
     def check_positions(self, n_pos):
         """model.py calls this with the Python-int bound on the positions of a forward,
         so a scheme with a finite table refuses them before any tensor work."""
-        if self.max_len is not None and n_pos > self.max_len:
+        if not self.addresses(n_pos):
             raise ValueError(
                 f"{self.name} position embeddings have {self.max_len} positions, but position "
                 f"{n_pos - 1} was requested. Evaluate/sample with at most {self.max_len} tokens "
@@ -107,11 +112,11 @@ class PositionalEncoding(nn.Module):
     def embed(self, x, pos):
         return x
 
-    def new_layer(self):
-        return None
-
     def context(self, q_pos, k_pos, n_pos=None):
         return make_context(q_pos, k_pos, n_pos)
+
+    def new_layer(self):
+        return None
 
     def transform_qk(self, q, k, ctx, layer):
         return q, k
@@ -122,18 +127,13 @@ class PositionalEncoding(nn.Module):
     def value_mod(self, q, k, ctx, layer, score_mod):
         return None
 
-    def logit_scale(self, q, ctx, layer):
-        return None
-
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
         return None
-
-    transform_after_cache = False
 
     @property
     def owns_attention(self):
         """True when this scheme computes its layers' attention itself (its `attention` hook),
-        so model.py's logit hooks (attn_scaling) never see its logits."""
+        so the model's attention scaling (attn_scaling) never sees its logits."""
         return type(self).attention is not PositionalEncoding.attention
 
     @property

@@ -221,6 +221,28 @@ def _plain_state_dict_names(module, sub, own=()):
     module.register_load_state_dict_pre_hook(lambda mod, sd, prefix, *_: _nest(sd, prefix, sub, own))
 
 
+def scale_logits(q, mod, s):
+    """Multiply every logit of query i in head h by s[h, i] (s: [H or 1, Tq] float32):
+    through q for the content term q.k, and inside the score_mod for its bias (which
+    does not depend on the scaled q: it was built from the unscaled one). A -inf bias
+    is a mask and stays -inf. Same logits on every attention path."""
+    s = s.expand(q.size(1), q.size(2))
+    q = (q * s[None, :, :, None]).to(q.dtype)
+    if mod is None:
+        return q, None
+
+    def scaled(score, b, h, i, j):
+        bias = mod(torch.zeros_like(score), b, h, i, j)
+        return score + torch.where(bias == float('-inf'), bias, bias * s[h, i])
+    return q, scaled
+
+
+def logit_scale(pe, q, ctx, layer):
+    """This layer's attention scaling (config.attn_scaling) s [H or 1, Tq] float32, or None: every logit
+    of query i in head h is multiplied by s[h, i]. A model part, not a scheme hook: only a LayerStack scales."""
+    return pe.logit_scale(q, ctx, layer) if isinstance(pe, LayerStack) else None
+
+
 class _StackLayer(nn.Module):
     """One layer's part of a LayerStack: its index, its scheme's per-layer module (or
     None) and, with SSMax on this layer, the learned per-head scales s_h."""
@@ -279,7 +301,7 @@ class LayerStack(PositionalEncoding):
         self.plan = plan  # per layer: index into self.schemes, or None for NoPE
         if len(schemes) == 1:  # the plain scheme's state-dict keys (plus SSMax's own)
             _plain_state_dict_names(self, 'schemes.0.')
-        self.uses_rope_scaling = getattr(pe, 'uses_rope_scaling', False)
+        self.uses_rope_scaling, self.scaling = pe.uses_rope_scaling, pe.scaling
         self.nope_layers = [i for i, p in enumerate(plan) if p is None or isinstance(schemes[p], NoPE)]
         sc = getattr(config, 'attn_scaling', None)
         self.attn_scaling = sc = check_attn_scaling(sc, n) if sc else None
@@ -361,6 +383,7 @@ class LayerStack(PositionalEncoding):
         return None if at is None else at[0].attention(q, k, v, x, at[1], at[2], cache, attend)
 
     def logit_scale(self, q, ctx, layer):
+        """See the module function logit_scale."""
         sc = self.attn_scaling
         if sc is None or layer.index not in self.scaled:
             return None
