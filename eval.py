@@ -178,7 +178,7 @@ def peak_bytes(model, T, batch_tokens, device):
     """A rough upper estimate of one no-grad batch at length T: ~16 floats of activations per
     token and width, a 64 MB logit chunk, and the attention: O(T) on FlexAttention / SDPA, a
     T-wide float32 bias chunk (about 3 copies of model.DENSE_CHUNK_BYTES) where it runs dense."""
-    import model as M
+    import attention as M
     c = model.config
     B = max(1, batch_tokens // T)
     dense = c.attn_backend == 'dense' or (torch.device(device).type == 'cpu' and c.attn_backend != 'flex')

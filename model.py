@@ -1,27 +1,7 @@
 """
 One-file GPT for nanoPE. Pre-LN blocks, tied embeddings, GPT-2 init, a KV cache,
-and an attention that asks positional.py for everything position-related.
-
-Attention paths (chosen per call, same logits on all of them; key j is visible to
-query i when j <= i + Tk - Tq, i.e. the queries are the last Tq keys):
-  - no score bias            -> F.scaled_dot_product_attention(is_causal=True)
-  - score bias, FlexAttention -> flex_attention(score_mod=..., block_mask=causal)
-    (CUDA always; CPU only for no-grad forwards, compiled, since torch 2.13 has
-    no FlexAttention backward on CPU). Never builds a TxT bias.
-  - score bias, dense        -> the same score_mod evaluated on broadcast index
-    tensors into a float32 [B|1, H, Tq, Tk] additive mask, attention in float32
-    (a bf16 bias would not equal the kernel's float32 one: -500.3 becomes -500).
-    Without gradients, long inputs go through in query chunks (O(chunk x T) memory).
-  - value term (Shaw)        -> the scheme adds a term to the output that needs each
-    row's logsumexp: FlexAttention returns it (CUDA; compiled flex on CPU cannot
-    in torch 2.13, so Shaw runs dense on CPU).
-  - the scheme's own attention (its `attention` hook): it builds a score_mod from the
-    layer input or per-key state kept in the cache and calls attend (FoX, CoPE), or
-    computes the output itself without a softmax (stick-breaking).
-Attention dropout with a bias: the dropped keys come from a hash of (seed, b, h, i, j),
-so FlexAttention and the dense path drop the same ones; FlexAttention then rescales
-by exp(lse_kept - lse_all), which turns its softmax over the kept keys into dropout's
-softmax over all of them.
+and an attention that asks positional.py for everything position-related and
+hands the result to attention.attend (SDPA, FlexAttention or a dense float32 bias).
 """
 
 import functools
@@ -33,7 +13,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import positional
+import attention
+import stack
 
 
 @dataclass
@@ -55,193 +36,6 @@ class GPTConfig:
     attn_scaling: dict = None      # {'type': 'logn'|'ssmax'|'llama4', ...}: length-dependent logit scaling
     attn_backend: str = 'auto'     # 'auto' | 'flex' | 'dense' (for schemes that bias scores)
 
-
-# --- attention backends -------------------------------------------------------
-
-# Compiled FlexAttention on CPU cannot return the logsumexp (torch 2.13: "return_lse is
-# not supported yet"), so a scheme with a value term (Shaw) runs dense on CPU.
-FLEX_LSE_ON_CPU = False
-# The dense path (a score bias on CPU, or attn_backend='dense') without gradients scores
-# queries in chunks whose float32 bias stays below this. Small on purpose: glibc maps every
-# allocation over 32 MiB afresh (page faults on each op); at T = 2048-8192 on CPU 16 MiB
-# chunks ran 1.0-5.9x faster than 256 MiB ones (docs/speed.md).
-DENSE_CHUNK_BYTES = 16 * 2**20
-FLEX_BLOCK = 128  # FlexAttention's default sparse block size
-FLEX_SHAPES = 256  # compiled FlexAttention kernels kept per process (one per input shape)
-_compiled = {}
-
-
-def _flex():
-    """Compiled flex_attention: eager FlexAttention materialises the full score matrix
-    (13 GiB and 24 s at T=8192 on CPU; compiled 0.6 GiB, 1.3 s)."""
-    if 'flex' not in _compiled:
-        from torch.nn.attention.flex_attention import flex_attention
-        # one kernel per shape, and an evaluation suite visits dozens of shapes (lengths x batch
-        # sizes); past dynamo's default limit of 8 it would fall back to eager FlexAttention
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_SHAPES)
-        _compiled['flex'] = torch.compile(flex_attention, dynamic=False)
-    return _compiled['flex']
-
-
-def causal_block_mask(Tq, Tk, device):
-    """FlexAttention BlockMask for key j <= query i + (Tk - Tq), from block counts: a few
-    tensor ops on (T/128)^2 integers, so a compiled model traces it with no graph break
-    and no Python-side cache (equals create_block_mask; tested)."""
-    from torch.nn.attention.flex_attention import BlockMask
-    off, BS = Tk - Tq, FLEX_BLOCK
-    m = torch.arange(-(-Tq // BS), device=device)[:, None]  # query blocks
-    n = torch.arange(-(-Tk // BS), device=device)[None, :]  # key blocks
-    q_lo, q_hi = m * BS, torch.clamp((m + 1) * BS, max=Tq) - 1
-    full = ((n + 1) * BS - 1 <= q_lo + off) & ((m + 1) * BS <= Tq) & ((n + 1) * BS <= Tk)  # no mask needed
-    part = (n * BS <= q_hi + off) & ~full  # some keys visible: mask_mod decides
-
-    def blocks(sel):  # counts, and the selected block indices first (ascending)
-        idx = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True)
-        return sel.sum(-1).to(torch.int32)[None, None], idx.to(torch.int32)[None, None]
-    return BlockMask.from_kv_blocks(*blocks(part), *blocks(full), BLOCK_SIZE=BS,
-                                    mask_mod=lambda b, h, i, j: j <= i + off, seq_lengths=(Tq, Tk))
-
-
-def use_flex(q, k, backend, vmod):
-    """'auto': FlexAttention on CUDA; on CPU the dense path, which is as fast there (query
-    chunks without gradients, SDPA's fused kernel) while compiled flex costs 9-500 s per
-    new shape (docs/speed.md). A decoding step's bias is one row per head: dense too."""
-    if backend == 'dense' or (vmod is not None and q.device.type == 'cpu' and not FLEX_LSE_ON_CPU):
-        return False
-    return backend == 'flex' or (q.device.type == 'cuda' and q.size(2) > 1)
-
-
-def _mix(x):
-    """One round of a 31-bit integer hash (xorshift-multiply); exact int64 arithmetic,
-    so every device and both attention paths get the same bits."""
-    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & 0x7FFFFFFF
-    x = ((x ^ (x >> 12)) * 0x297A2D39) & 0x7FFFFFFF
-    return x ^ (x >> 15)
-
-
-def dropout_keep(seed, p, b, h, i, j):
-    """Attention dropout's keep mask as a pure function of (seed, batch, head, query, key)."""
-    return _mix(_mix(_mix(_mix(seed + b) + h) + i) + j) >= int(p * 2**31)
-
-
-def dense_bias(mod, B, H, Tq, Tk, device):
-    """Evaluate a score_mod on broadcast indices -> float32 additive causal mask [B|1, H|1, Tq, Tk]."""
-    b = torch.arange(B, device=device).view(B, 1, 1, 1)
-    h = torch.arange(H, device=device).view(1, H, 1, 1)
-    i = torch.arange(Tq, device=device).view(1, 1, Tq, 1)
-    j = torch.arange(Tk, device=device).view(1, 1, 1, Tk)
-    bias = mod(torch.zeros((), device=device), b, h, i, j) if mod is not None else torch.zeros((), device=device)
-    return bias.float().masked_fill(j > i + (Tk - Tq), float('-inf'))
-
-
-def _dense(q, k, v, mod, dropout_p, seed, need_lse):
-    """float32 attention with a dense bias -> (y in float32, lse or None). Autocast is off
-    inside: it would cast the float32 inputs (and so the bias's effect) back to bf16."""
-    with torch.autocast(q.device.type, enabled=False):
-        return _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse)
-
-
-def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse):
-    B, H, Tq, d = q.shape
-    bias = dense_bias(mod, B, H, Tq, k.size(2), q.device)
-    if not (dropout_p or need_lse):  # SDPA's fused softmax; float32 inputs so the bias stays float32
-        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias), None
-    if not dropout_p and q.device.type == 'cpu' and not torch.is_grad_enabled():
-        # SDPA's fused CPU kernel also returns each row's logsumexp (15x faster than the three
-        # passes below at T = 2048); without gradients only, as its lse has no backward
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q.float(), k.float(), v.float(),
-                                                                         attn_mask=bias)
-    att = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(d) + bias
-    lse = att.logsumexp(-1)
-    p = (att - lse.unsqueeze(-1)).exp()
-    if dropout_p:
-        ix = [torch.arange(n, device=q.device).view(*[-1 if a == ax else 1 for a in range(4)])
-              for ax, n in enumerate((B, H, Tq, k.size(2)))]
-        p = p * dropout_keep(seed, dropout_p, *ix) / (1 - dropout_p)
-    return p @ v.float(), lse
-
-
-def _dense_chunked(q, k, v, mod, need_lse):
-    """No-grad dense attention over query chunks: query rows s..e-1 see keys [:e + off],
-    so each chunk is the same problem, smaller (its indices shifted back by s)."""
-    B, H, Tq, _ = q.shape
-    off, rows = k.size(2) - Tq, max(1, DENSE_CHUNK_BYTES // (4 * B * H * k.size(2)))
-    ys, lses = [], []
-    for s in range(0, Tq, rows):
-        e = min(Tq, s + rows)
-        cmod = None if mod is None else (lambda score, b, h, i, j, s=s: mod(score, b, h, i + s, j))
-        y, lse = _dense(q[:, :, s:e], k[:, :, :e + off], v[:, :, :e + off], cmod, 0.0, None, need_lse)
-        ys.append(y)
-        lses.append(lse)
-    return torch.cat(ys, 2), (torch.cat(lses, 2) if need_lse else None)
-
-
-def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse):
-    """FlexAttention -> (y, lse or None); with dropout, the kept keys' softmax rescaled to all keys'."""
-    from torch.nn.attention import flex_attention as fa
-    bm = causal_block_mask(q.size(2), k.size(2), q.device)
-
-    def run(score_mod, lse):
-        if not lse:
-            return _flex()(q, k, v, score_mod=score_mod, block_mask=bm), None
-        if hasattr(fa, 'AuxRequest'):  # torch >= 2.9
-            y, aux = _flex()(q, k, v, score_mod=score_mod, block_mask=bm, return_aux=fa.AuxRequest(lse=True))
-            return y, aux.lse  # natural-log lse, differentiable
-        return _flex()(q, k, v, score_mod=score_mod, block_mask=bm, return_lse=True)
-    if not dropout_p:
-        return run(mod, need_lse)
-
-    def dropped(score, b, h, i, j):
-        s = mod(score, b, h, i, j) if mod is not None else score
-        return torch.where(dropout_keep(seed, dropout_p, b, h, i, j), s, float('-inf'))
-    y, lse_kept = run(dropped, True)
-    _, lse = run(mod, True)
-    scale = (lse_kept - lse).exp().unsqueeze(-1) / (1 - dropout_p)  # 0 for a row with every key dropped
-    return y * scale.to(y.dtype), lse
-
-
-def scale_logits(q, mod, s):
-    """Multiply every logit of query i in head h by s[h, i] (s: [H or 1, Tq] float32):
-    through q for the content term q.k, and inside the score_mod for its bias (which
-    does not depend on the scaled q: it was built from the unscaled one). A -inf bias
-    is a mask and stays -inf. Same logits on every attention path."""
-    s = s.expand(q.size(1), q.size(2))
-    q = (q * s[None, :, :, None]).to(q.dtype)
-    if mod is None:
-        return q, None
-
-    def scaled(score, b, h, i, j):
-        bias = mod(torch.zeros_like(score), b, h, i, j)
-        return score + torch.where(bias == float('-inf'), bias, bias * s[h, i])
-    return q, scaled
-
-
-def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0):
-    """Causal attention with an optional score bias `mod(score, b, h, i, j)` and an optional
-    value term `vmod(lse) -> [B, H, Tq, Dv]` added to the output (lse = each row's logsumexp)."""
-    Tq, Tk = q.size(2), k.size(2)
-    if mod is None and vmod is None:
-        if Tq == Tk:  # no cache: plain causal
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-        if Tq == 1:  # one new token after the cache sees every key: no mask to build
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-        mask = torch.arange(Tk, device=q.device)[None, :] <= torch.arange(Tq, device=q.device)[:, None] + (Tk - Tq)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    # a fresh dropout seed per call from torch's RNG: on the device, no host sync, restored on resume
-    seed = torch.randint(0, 2**31 - 1, (), device=q.device) if dropout_p else None
-    need_lse = vmod is not None
-    if use_flex(q, k, backend, vmod):
-        y, lse = _flex_attend(q, k, v, mod, dropout_p, seed, need_lse)
-    elif not torch.is_grad_enabled() and q.size(0) * q.size(1) * Tq * Tk * 4 > DENSE_CHUNK_BYTES:
-        y, lse = _dense_chunked(q, k, v, mod, need_lse)
-    else:
-        y, lse = _dense(q, k, v, mod, dropout_p, seed, need_lse)
-    if vmod is not None:
-        y = y + vmod(lse).to(y.dtype)
-    return y.to(q.dtype)
-
-
-# --- the model ------------------------------------------------------------------
 
 class CausalSelfAttention(nn.Module):
 
@@ -268,13 +62,14 @@ class CausalSelfAttention(nn.Module):
             q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
         # a scheme's own attention (given this layer's input x, its cache for per-key state, and attend
         # bound to this layer's backend and dropout), or None: the bias/scaling path below
-        run = functools.partial(attend, backend=self.backend, dropout_p=self.dropout if self.training else 0.0)
+        run = functools.partial(attention.attend, backend=self.backend,
+                                dropout_p=self.dropout if self.training else 0.0)
         y = pe.attention(q, k, v, x, ctx, self.pe_layer, cache, run)
         if y is None:
             mod = pe.score_mod(q, k, ctx, self.pe_layer)
-            s = pe.logit_scale(q, ctx, self.pe_layer)
-            if s is not None:  # length-dependent attention scaling
-                q, mod = scale_logits(q, mod, s)
+            s = stack.logit_scale(pe, q, ctx, self.pe_layer)
+            if s is not None:  # length-dependent attention scaling (attn_scaling)
+                q, mod = stack.scale_logits(q, mod, s)
             y = run(q, k, v, mod, pe.value_mod(q, k, ctx, self.pe_layer, mod))
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -317,7 +112,7 @@ class GPT(nn.Module):
                              f"gets n_embd/n_head dims. Use an n_head that divides {config.n_embd} "
                              f"({', '.join(map(str, ok))}) or an n_embd that is a multiple of {config.n_head}")
         self.config = config
-        self.pe = positional.build(config)  # shared by all layers
+        self.pe = stack.build(config)  # shared by all layers
         # GPT-2's 50257 tokens padded to 50304 (a multiple of 64) make the lm_head matmul
         # faster on GPUs (nanoGPT); the padding ids get logit -inf, so they are never scored or sampled
         mult = max(1, config.vocab_multiple)
@@ -481,7 +276,7 @@ class GPT(nn.Module):
             raise ValueError("attention sinks (window=...) are a KV cache policy; use_cache must be True")
         cache = self.new_cache(window, sink) if use_cache else None
         for _ in range(max_new_tokens):
-            fits = max_len is None or idx.size(1) <= max_len
+            fits = self.pe.addresses(idx.size(1))
             if cache is not None and window is not None:
                 while cache.length < idx.size(1):
                     n = sink + window + 1 if cache.length == 0 else 1

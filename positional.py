@@ -1,99 +1,29 @@
 """
-Positional encodings for nanoPE. Every scheme is a small nn.Module registered by
-the name used in config (`pos_encoding = 'rope'`).
+Positional encodings for nanoPE: every scheme is a small nn.Module, registered by the name used
+in config (`pos_encoding = 'rope'`). The attention (model.py, attention.py) never asks which
+scheme it runs; it calls these hooks, each of which defaults to "nothing":
+  embed(x, pos)                  -> x         token embeddings, once before block 0
+  context(q_pos, k_pos, n_pos)   -> Context   per-forward tables shared by all layers
+  new_layer()                    -> module    this layer's parameters, handed back as `layer`
+  transform_qk(q, k, ctx, layer) -> (q, k)    rotate, scale or extend queries and keys
+  score_mod(q, k, ctx, layer)    -> f | None  additive logit bias f(score, b, h, i, j)
+  value_mod(q, k, ctx, layer, f) -> g | None  g(lse) added to the output (Shaw's values)
+  attention(q, k, v, x, ctx, layer, cache, attend) -> y | None   the layer's own attention
+  transform_after_cache = True                the KV cache keeps raw keys (xPos, ExtendedRoPE)
 
-The attention code in model.py never asks *which* scheme it runs. It asks the
-scheme for up to four things, each of which defaults to "nothing":
+i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; the queries
+are the last Tq keys. A score_mod has no host syncs, indexes each tensor that needs gradients
+once, and stays float32. Attributes the scripts read are declared on PositionalEncoding. The
+full contract, with shapes and the rules the tests check, is in docs/schemes.md.
 
-  embed(x, pos)                   -> x         add/alter token embeddings before block 0
-  context(q_pos, k_pos, n_pos)    -> ctx       per-forward precomputation shared by all layers
-  transform_qk(q, k, ctx, lyr)    -> (q, k)    rotate/scale queries and keys (RoPE family)
-  score_mod(q, k, ctx, lyr)       -> f | None  additive logit bias f(score, b, h, i, j)
-
-`score_mod` returns a function in FlexAttention's `score_mod` form: b, h index the
-batch and head, i and j index the queries and keys, whose absolute positions are
-ctx.q_pos[i] and ctx.k_pos[j] (ctx.dist(i, j) = query - key position, >= 0 for the
-causal past). model.py either hands it to FlexAttention (one scalar at a time,
-never building a TxT tensor) or calls it once on broadcast index tensors to build
-a dense additive mask for SDPA. One definition, both paths, same logits.
-Rules that keep it fast and differentiable on the GPU (tests check all three):
-  - no Python int() / .item() of a tensor (a host sync and a graph break): sizes
-    come from shapes or from ctx.n_pos, a Python int bound on every position;
-  - a tensor that needs gradients is indexed once inside f, never used bare:
-    FlexAttention's backward scatters each score's gradient into it with one
-    atomic add, so learned biases are tabulated outside f (per distance, O(T)),
-    and autograd carries the table's gradient back to the parameters;
-  - biases stay float32 (model.py evaluates them in float32 under autocast).
-
-Per-layer parameters (if a scheme has any) live in the module returned by
-`new_layer()`, which each attention layer owns and passes back as `lyr`.
-
-Four rarer hooks, all off by default:
-  value_mod(q, k, ctx, lyr, f) -> g | None  g(lse) is added to the attention output;
-                                            lse [B, H, Tq] is each row's logsumexp, f the
-                                            scheme's score_mod (Shaw's relative values)
-  transform_after_cache = True              the KV cache keeps raw keys and transform_qk sees
-                                            all keys (positions ctx.k_pos) every forward (xPos)
-  logit_scale(q, ctx, lyr) -> s | None      s [H or 1, Tq] float32: every logit of query i in
-                                            head h, content and bias, is multiplied by s[h, i]
-                                            (length-dependent attention scaling, see below).
-                                            model.py multiplies q by s and a score bias by s
-                                            inside score_mod (a -inf bias stays a mask), so
-                                            SDPA, FlexAttention and the dense path agree.
-  attention(q, k, v, x, ctx, lyr, cache, attend) -> y | None
-                                            the layer's attention output [B, H, Tq, Dv],
-                                            computed by the scheme; None (the default):
-                                            model.py's path through score_mod, logit_scale
-                                            and value_mod.
-A scheme implements `attention` when it needs what the other hooks do not give. It gets
-  x       [B, Tq, C], the layer's (normalised) input for the new tokens, from which q,
-          k, v were projected (FoX's forget gates);
-  cache   this layer's KV cache with the new keys already appended (None without a
-          cache); cache.state is a dict the scheme owns for per-key tensors kept next
-          to the keys, one entry per key along dim 2 (FoX's log forget gates; a rolling
-          cache evicts them with their keys);
-  attend  attend(q, k, v, mod=None, vmod=None) -> y, model.py's causal attention
-          bound to this layer's backend and dropout: a scheme that builds its own
-          score_mod (same rules as above) still runs on FlexAttention or the dense path
-          (FoX, CoPE). A scheme that replaces the softmax computes y itself and applies
-          attention dropout itself while training (stick-breaking).
-q and k are what transform_qk returned; the queries are the last Tq keys. logit_scale
-(attn_scaling) applies to model.py's path only: a LayerStack refuses it on layers
-whose scheme computes its own attention.
-
-Keys handed to transform_qk are always the last k.size(2) keys, at positions
-ctx.k_pos[-k.size(2):]: the new keys (= ctx.q_pos) with an ordinary KV cache, all
-keys when the cache holds raw keys (transform_after_cache, or a rolling
-StreamingLLM cache, which re-indexes the kept keys 0..n-1 every step and so must
-re-transform them). Every key-transforming scheme here follows this rule.
-`embeds_positions` (True when a scheme overrides embed) marks the schemes whose
-positions live in the residual stream: their cached keys carry text positions
-that cannot be re-indexed, so they refuse a rolling cache.
-
-Shapes: q, k are [B, n_head, T, head_dim]; positions are int64 tensors, sorted.
-
-Per-layer stacks and attention scaling (GPTConfig fields, any scheme; build()
-returns a LayerStack wrapper when one is set, the plain scheme otherwise):
-  nope_layers    int k: layers k-1, 2k-1, ... run NoPE (every k-th, the last of
-                 each group: SmolLM3's and Llama 4's (i + 1) % k == 0; Cohere's
-                 RNoPE); or a list of layer indices. 0/None/[] = off.
-  layer_options  {layer index: dict}: pos_options overrides for those layers
-                 (e.g. Gemma 3's global layers: {'base': 1e6} every 6th layer over
-                 pos_options {'base': 1e4}; its 4B-27B models also give the global
-                 layers {'scaling': {'type': 'linear', 'factor': 8}}). Layers with equal options share one
-                 scheme instance (and its global parameters, e.g. xl's u, v).
-  attn_scaling   {'type': 'logn' | 'ssmax' | 'llama4', ..., 'layers': ...}: logit
-                 scaling by the query's key count or position (see check_attn_scaling);
-                 usable at run time on a checkpoint trained without it (the
-                 stack saves and loads under the plain scheme's state-dict keys).
-The wrapper's new_layer() is called once per layer in order (model.py builds the
-blocks in order) and returns a module that knows its layer index; every hook
-delegates to that layer's scheme, or does nothing on a NoPE layer. Schemes that
-embed positions (learned, sinusoidal) act once before block 0, for all layers,
-so they refuse nope_layers and layer_options (attn_scaling works with them).
-
-Adding a scheme = write a subclass here, decorate it with @register('name'),
-add config/name.py. Nothing else changes.
+Contents:
+  Context, PositionalEncoding (the base class), NoPE
+  embeddings       learned, sinusoidal
+  q/k transforms   rope (+ ExtendedRoPE: Self-Extend, ReRoPE), xpos, mrope, rope2d, xl, pope
+  score biases     alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta
+  own attention    fox, cope, stick_breaking
+The maths of RoPE context extension (config.rope_scaling) is in rope_scaling.py.
+Adding a scheme = a subclass here decorated with @register('name'), config/name.py and a test.
 """
 
 import math
@@ -102,6 +32,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from attention import chunk_queries, visibility
+from rope_scaling import (EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, extended_attention, resolve_rope_scaling,
+                          rope_frequencies)
+from rope_scaling import ROPE_SCALING_KEYS  # noqa: F401 (sweep.py reads positional.ROPE_SCALING_KEYS)
 
 REGISTRY = {}
 
@@ -112,30 +47,6 @@ def register(name):
         cls.name = name
         return cls
     return deco
-
-
-def build(config):
-    """Instantiate the scheme named by config.pos_encoding with config.pos_options;
-    wrapped in a LayerStack when config sets nope_layers, layer_options or attn_scaling."""
-    name = config.pos_encoding
-    if name not in REGISTRY:
-        raise ValueError(f"unknown pos_encoding {name!r}; valid schemes: {', '.join(sorted(REGISTRY))}")
-    pe = _make_scheme(config, name, dict(config.pos_options or {}))
-    if getattr(config, 'rope_scaling', None) and not getattr(pe, 'uses_rope_scaling', False):
-        raise ValueError(f"rope_scaling={config.rope_scaling!r} was given, but scheme {name!r} has no "
-                         f"rotary embedding to scale; drop rope_scaling or use a RoPE checkpoint")
-    if not any(getattr(config, k, None) for k in ('nope_layers', 'layer_options', 'attn_scaling')):
-        return pe
-    return LayerStack(config, pe)
-
-
-def _make_scheme(config, name, options, where=''):
-    try:
-        return REGISTRY[name](config, **options)
-    except TypeError as e:
-        raise ValueError(f"bad pos_options {options!r}{where} for scheme {name!r}: {e}. "
-                         f"See the docstring of {REGISTRY[name].__name__} in positional.py "
-                         f"for the options it takes.") from None
 
 
 def extrapolating_schemes():
@@ -162,546 +73,13 @@ def make_context(q_pos, k_pos, n_pos=None, **extra):
     return Context(q_pos, k_pos, extra, n_pos)
 
 
-# -----------------------------------------------------------------------------
-# pure functions where the math lives (tests call these directly)
-
-def sinusoidal_table(n_pos, dim, positions=None):
-    """Vaswani et al. 2017 (arXiv 1706.03762), section 3.5, the paper's layout:
-    PE[p, 2i] = sin(p / 10000^(2i/dim)),  PE[p, 2i+1] = cos(p / 10000^(2i/dim)).
-    Interleaved sin/cos (fairseq/tensor2tensor concatenate instead; not the paper)."""
-    assert dim % 2 == 0, f"sinusoidal embedding needs an even dim, got {dim}"
-    pos = torch.arange(n_pos, dtype=torch.float64) if positions is None else positions.double()
-    inv = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [dim/2]
-    ang = pos[:, None] * inv[None, :]
-    pe = torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(len(pos), dim)  # interleave
-    return pe.float()
-
-
-# RoPE context extension: the keys each scaling type takes (besides 'type'),
-# with defaults (None = required, OPTIONAL = may be left out, no default).
-# See rope_frequencies.
-class _Optional:
-    def __repr__(self):
-        return 'OPTIONAL'
-
-
-OPTIONAL = _Optional()
-
-ROPE_SCALING_KEYS = {
-    'linear': {'factor': None},
-    'ntk': {'factor': None},
-    'dynamic': {'factor': None, 'original_max_len': None},
-    'yarn': {'factor': None, 'original_max_len': None, 'beta_fast': 32.0, 'beta_slow': 1.0,
-             'attention_factor': OPTIONAL, 'mscale': OPTIONAL, 'mscale_all_dim': OPTIONAL, 'truncate': True},
-    'llama3': {'factor': None, 'original_max_len': None, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0},
-    'longrope': {'short_factor': None, 'long_factor': None, 'original_max_len': None, 'factor': None,
-                 'attention_factor': OPTIONAL},
-    # inference-time extensions: frequencies unchanged, two logit maps (RoPE.attention)
-    'self_extend': {'window': None, 'group': None},
-    'rerope': {'window': None},
-    'leaky_rerope': {'window': None, 'k': 16.0},
-}
-EXTENSION_TYPES = ('self_extend', 'rerope', 'leaky_rerope')
-_LIST_KEYS = ('short_factor', 'long_factor')  # per-pair lists (everything else is a number or a bool)
-_BOOL_KEYS = ('truncate',)
-# types whose frequencies depend on the current length (rope_frequencies' seq_len)
-LENGTH_DEPENDENT_SCALING = ('dynamic', 'longrope')
-_EXAMPLES = {
-    'longrope': "e.g. {'type': 'longrope', 'short_factor': [1.0] * (rot_dim // 2), "
-                "'long_factor': [1.0, ..., 4.0], 'original_max_len': 128, 'factor': 4}",
-}
-
-
-def resolve_rope_scaling(config, scaling=None, static_only=False):
-    """The scaling a RoPE-family scheme applies: config.rope_scaling (run-time override)
-    or the scheme's own option, validated, original_max_len defaulting to block_size.
-    longrope without 'factor': s = block_size / original_max_len (at least 1), nanoPE's
-    counterpart of HF's max_position_embeddings / original_max_position_embeddings
-    (block_size is the length the model is configured for, e.g. after fine-tuning at
-    s*L). A run-time override on a model trained at L therefore gets s = 1 and
-    attention factor 1 unless 'factor' (target length / L) is given."""
-    scaling = getattr(config, 'rope_scaling', None) or scaling
-    if scaling is None:
-        return None
-    if isinstance(scaling, dict) and scaling.get('type') in ('dynamic', 'yarn', 'llama3', 'longrope'):
-        scaling = {'original_max_len': config.block_size, **scaling}
-    if isinstance(scaling, dict) and scaling.get('type') == 'longrope' and scaling.get('factor') is None:
-        L = scaling['original_max_len']
-        if isinstance(L, (int, float)) and not isinstance(L, bool) and L > 0:
-            scaling = {**scaling, 'factor': max(1.0, config.block_size / L)}
-    scaling = check_rope_scaling(scaling)
-    if static_only and scaling['type'] == 'dynamic':
-        raise ValueError("rope_scaling type 'dynamic' is implemented for pos_encoding='rope' only; use a static "
-                         "type here (linear, ntk, yarn, llama3, longrope)")
-    return scaling
-
-
-def _number(v):
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-
-
-def check_rope_scaling(scaling):
-    """Validate a rope_scaling dict; return it with defaults filled in (optional keys
-    that were left out stay out). Errors name the fix."""
-    example = "e.g. {'type': 'yarn', 'factor': 4, 'original_max_len': 128}"
-    if not isinstance(scaling, dict) or 'type' not in scaling:
-        raise ValueError(f"rope_scaling must be a dict with a 'type', {example}; got {scaling!r}")
-    kind = scaling['type']
-    if kind not in ROPE_SCALING_KEYS:
-        raise ValueError(f"unknown rope_scaling type {kind!r}; valid types: {', '.join(ROPE_SCALING_KEYS)}")
-    example = _EXAMPLES.get(kind, example)
-    keys = ROPE_SCALING_KEYS[kind]
-    unknown = sorted(set(scaling) - set(keys) - {'type'})
-    if unknown:
-        raise ValueError(f"rope_scaling type {kind!r} does not take {unknown}; its keys are: "
-                         f"{', '.join(keys)}")
-    out = {'type': kind}
-    for k, default in keys.items():
-        v = scaling.get(k, default)
-        if v is OPTIONAL or (v is None and default is OPTIONAL):
-            continue
-        if v is None:
-            raise ValueError(f"rope_scaling type {kind!r} needs {k!r} ({example}); got {scaling!r}")
-        if k in _LIST_KEYS:
-            if not isinstance(v, (list, tuple)) or not v or not all(_number(x) and x > 0 for x in v):
-                raise ValueError(f"rope_scaling {k!r} must be a non-empty list of positive numbers, one "
-                                 f"per rotary pair (rot_dim/2 of them), got {v!r}")
-            v = [float(x) for x in v]
-        elif k in _BOOL_KEYS:
-            if not isinstance(v, bool):
-                raise ValueError(f"rope_scaling {k!r} must be True or False, got {v!r}")
-        elif not _number(v):
-            raise ValueError(f"rope_scaling {k!r} must be a number, got {v!r}")
-        out[k] = v
-    if kind in EXTENSION_TYPES:  # validated by their distance maps
-        if kind == 'self_extend':
-            self_extend_positions(torch.zeros(1), torch.zeros(1), out['window'], out['group'])
-        else:
-            rerope_positions(torch.zeros(1), torch.zeros(1), out['window'], out.get('k'))
-        return out
-    if out['factor'] < 1:
-        raise ValueError(f"rope_scaling factor must be >= 1 (the context is extended s times), "
-                         f"got {out['factor']!r}")
-    if out.get('original_max_len', 1) <= 0:
-        raise ValueError(f"rope_scaling original_max_len must be the positive training length, "
-                         f"got {out['original_max_len']!r}")
-    if kind == 'yarn' and not out['beta_fast'] > out['beta_slow'] > 0:
-        raise ValueError(f"yarn needs beta_fast > beta_slow > 0, got {out['beta_fast']}, {out['beta_slow']}")
-    if out.get('attention_factor', 1) <= 0:
-        raise ValueError(f"rope_scaling attention_factor multiplies cos and sin and must be > 0, got "
-                         f"{out['attention_factor']!r}; leave it out for the method's default")
-    for k in ('mscale', 'mscale_all_dim'):
-        if out.get(k, 0) < 0:
-            raise ValueError(f"yarn {k} must be >= 0 (0 or absent = not given, as in HF), got {out[k]!r}")
-    if kind == 'llama3' and not out['high_freq_factor'] > out['low_freq_factor'] > 0:
-        raise ValueError(f"llama3 needs high_freq_factor > low_freq_factor > 0, got "
-                         f"{out['high_freq_factor']}, {out['low_freq_factor']}")
-    if kind == 'longrope' and len(out['short_factor']) != len(out['long_factor']):
-        raise ValueError(f"longrope short_factor and long_factor must have the same length (rot_dim/2 each), "
-                         f"got {len(out['short_factor'])} and {len(out['long_factor'])}")
-    return out
-
-
-def yarn_get_mscale(s, m=1.0):
-    """YaRN's attention temperature factor 0.1*m*ln(s) + 1 (1 when s <= 1): m = 1 is
-    the paper's sqrt(1/t) (arXiv 2309.00071 eq. 22); DeepSeek-V2/V3 scale ln(s) by mscale."""
-    return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
-
-
-def rope_frequencies(dim, base=10000.0, scaling=None, seq_len=None, p_rope=None):
-    """RoPE inverse frequencies inv_freq[i] = base^(-2i/dim), i = 0..dim/2-1 (float32),
-    and the attention factor that multiplies cos and sin (1.0 without scaling).
-    `scaling` is a context-extension dict {'type': ..., 'factor': s, ...} (s > 1
-    stretches a model trained at L = original_max_len to s*L):
-      linear  Position Interpolation (arXiv 2306.15595): inv_freq / s (= positions / s).
-      ntk     NTK-aware (bloc97 2023; as stated in arXiv 2309.00071 sec. 3.1):
-              base * s^(d/(d-2)); the highest frequency is unchanged, the
-              lowest divided by exactly s.
-      dynamic dynamic NTK (emozilla 2023; arXiv 2309.00071 sec. 3.3): ntk with
-              the factor recomputed from the current length L' = max(seq_len, L):
-              base * (s*L'/L - (s-1))^(d/(d-2)); plain RoPE at seq_len <= L
-              (seq_len=None counts as <= L). A function of the current length
-              only: unlike HF transformers, whose buffer keeps the frequencies of
-              the longest length seen until a call shorter than L resets them
-              (so a 2L call after a 4L call gets the 4L frequencies there), here
-              a 2L call always gets the 2L frequencies, whatever came before.
-      yarn    YaRN (arXiv 2309.00071): NTK-by-parts, pairs that turn fewer than
-              beta_slow times over L are interpolated (/s), more than beta_fast times
-              kept, a linear ramp between. The correction range [low, high] is
-              floored/ceiled to whole pairs (truncate=True, the paper and HF's
-              default); truncate=False keeps it fractional (gpt-oss). Attention
-              factor on cos and sin (so the logits scale by its square):
-              attention_factor if given; else, when mscale and mscale_all_dim are
-              both given and non-zero, get_mscale(s, mscale)/get_mscale(s, mscale_all_dim)
-              (DeepSeek-V2/V3; 1.0 when they are equal); else get_mscale(s) =
-              0.1*ln(s) + 1 -- a lone mscale or mscale_all_dim is ignored, as in HF.
-              (DeepSeek's models also multiply the softmax scale by
-              get_mscale(s, mscale_all_dim)^2 in their attention code; that is not
-              a RoPE quantity and is not applied here.)
-      llama3  Llama 3.1 (Meta's reference code; model: arXiv 2407.21783): pairs
-              with wavelength 2*pi/f < L/high_freq_factor kept, > L/low_freq_factor
-              divided by s, a smooth blend in between (strict inequalities).
-      longrope LongRoPE (arXiv 2402.13753; Phi-3), as HF transformers: per-pair
-              rescale factors inv_freq_i = 1 / (ext_i * base^(2i/dim)), ext =
-              long_factor when seq_len > original_max_len (strictly; seq_len is the
-              current total length, HF's max(position_ids) + 1), else short_factor
-              (also for seq_len=None). Lists of dim/2 numbers. Attention factor:
-              attention_factor if given, else sqrt(1 + ln s / ln L) (1 if s <= 1),
-              the same for both lists. See resolve_rope_scaling for s when
-              'factor' is left out.
-    p_rope: p-RoPE (Barbero et al., arXiv 2410.06205; HF's 'proportional', Gemma):
-      rotate only the highest-frequency fraction p of the pairs. The frequencies
-      above are computed over the full `dim` (the head dim), then pairs
-      i >= floor(p*dim/2) get frequency 0 (cos = 1, sin = 0: not rotated). Unlike
-      partial rotary (rotary_pct), the exponent's denominator stays the full dim.
-      With linear scaling this is exactly HF's proportional with its `factor`
-      (HF divides every inv_freq by factor, default 1).
-    Computed in float64, returned as float32."""
-    if dim % 2 != 0:
-        raise ValueError(f"rotary dimension must be even, got {dim}: pick head_dim/rotary_pct so that "
-                         f"head_dim * rotary_pct is an even integer")
-    if p_rope is not None and not (_number(p_rope) and 0 <= p_rope <= 1):
-        raise ValueError(f"p_rope is the fraction of rotary pairs rotated and must be in [0, 1], got {p_rope!r}")
-    idx = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2i/dim
-    inv = base ** -idx
-    attn = 1.0
-    if scaling is not None:
-        inv, attn = _scaled_frequencies(inv, dim, base, check_rope_scaling(scaling), seq_len)
-    if p_rope is not None:
-        n_rot = int(p_rope * dim // 2)  # floor(p*dim/2) rotated pairs (HF: int(p * head_dim // 2))
-        inv = torch.where(torch.arange(dim // 2) < n_rot, inv, torch.zeros_like(inv))
-    return inv.float(), attn
-
-
-def _scaled_frequencies(inv, dim, base, sc, seq_len):
-    """rope_frequencies' scaling types: (inv_freq float64, attention factor)."""
-    if sc['type'] in EXTENSION_TYPES:  # they change the distances scored (RoPE.attention), not the frequencies
-        return inv, 1.0
-    kind, s = sc['type'], float(sc['factor'])
-    if kind in ('ntk', 'dynamic') and dim <= 2:
-        raise ValueError(f"{kind} scaling changes the base by s^(d/(d-2)) and needs a rotary dim > 2, got {dim}")
-    idx = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-    attn = 1.0
-    if kind == 'linear':
-        inv = inv / s
-    elif kind == 'ntk':
-        inv = (base * s ** (dim / (dim - 2))) ** -idx
-    elif kind == 'dynamic':
-        L = sc['original_max_len']
-        Lp = max(seq_len or 0, L)
-        if Lp > L:  # identical to plain RoPE up to L (factor below is 1 there)
-            inv = (base * (s * Lp / L - (s - 1)) ** (dim / (dim - 2))) ** -idx
-    elif kind == 'yarn':
-        L = sc['original_max_len']
-
-        def corr_dim(n_rot):  # the pair index i whose wavelength fits n_rot times into L
-            return dim * math.log(L / (n_rot * 2 * math.pi)) / (2 * math.log(base))
-        low, high = corr_dim(sc['beta_fast']), corr_dim(sc['beta_slow'])
-        if sc['truncate']:
-            low, high = math.floor(low), math.ceil(high)
-        low, high = max(low, 0), min(high, dim - 1)
-        if low == high:
-            high += 0.001  # avoid 0/0 in the ramp
-        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-        inv = inv * (1 - ramp) + (inv / s) * ramp
-        if 'attention_factor' in sc:
-            attn = float(sc['attention_factor'])
-        elif sc.get('mscale') and sc.get('mscale_all_dim'):  # HF: both given and non-zero
-            attn = yarn_get_mscale(s, sc['mscale']) / yarn_get_mscale(s, sc['mscale_all_dim'])
-        else:
-            attn = yarn_get_mscale(s)
-    elif kind == 'llama3':
-        L, lo, hi = sc['original_max_len'], sc['low_freq_factor'], sc['high_freq_factor']
-        wavelen = 2 * math.pi / inv
-        smooth = (L / wavelen - lo) / (hi - lo)
-        mid = (1 - smooth) * inv / s + smooth * inv
-        inv = torch.where(wavelen < L / hi, inv, torch.where(wavelen > L / lo, inv / s, mid))
-    elif kind == 'longrope':
-        L = sc['original_max_len']
-        use_long = seq_len is not None and seq_len > L
-        name = 'long_factor' if use_long else 'short_factor'
-        for k in ('short_factor', 'long_factor'):
-            if len(sc[k]) != dim // 2:
-                raise ValueError(f"longrope {k!r} has {len(sc[k])} entries, but the rotary dimension {dim} has "
-                                 f"{dim // 2} pairs: give one factor per pair (rot_dim/2 = {dim // 2})")
-        ext = torch.tensor(sc[name], dtype=torch.float64)
-        inv = 1.0 / (ext * base ** idx)
-        if 'attention_factor' in sc:
-            attn = float(sc['attention_factor'])
-        else:
-            attn = 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(L))
-    return inv, attn
-
-
-def alibi_slopes(n_head):
-    """ALiBi head slopes (Press et al., arXiv 2108.12409). For n = 2^k heads the
-    geometric sequence m_h = 2^(-8h/n), h = 1..n. Otherwise, with c the largest
-    power of two below n: slopes(c) followed by every other slope of slopes(2c),
-    n - c of them (the paper's reference implementation)."""
-    def pow2(n):
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (h + 1) for h in range(n)]
-    if math.log2(n_head).is_integer():
-        s = pow2(n_head)
-    else:
-        c = 2 ** math.floor(math.log2(n_head))
-        s = pow2(c) + pow2(2 * c)[0::2][: n_head - c]
-    return torch.tensor(s, dtype=torch.float32)
-
-
-def rotate_half(x):
-    """Half-split layout (GPT-NeoX, HF Llama): pairs are (i, i + d/2)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x, cos, sin):
-    """Rotate the first cos.size(-1) dims of x, pass the rest through (partial rotary).
-    cos/sin: [T, rot_dim] in float32, already multiplied by the attention factor."""
-    rot = cos.size(-1)
-    xr, xp = x[..., :rot], x[..., rot:]
-    xr = (xr.float() * cos + rotate_half(xr.float()) * sin).to(x.dtype)
-    return torch.cat((xr, xp), dim=-1) if xp.size(-1) else xr
-
-
-def _rel(q_pos, k_pos):
-    q_pos, k_pos = torch.as_tensor(q_pos, dtype=torch.int64), torch.as_tensor(k_pos, dtype=torch.int64)
-    return q_pos, k_pos, q_pos[:, None] - k_pos[None, :]  # r = i - j, [Tq, Tk]
-
-
-def self_extend_positions(q_pos, k_pos, window, group):
-    """Self-Extend (Jin et al., "LLM Maybe LongLM", arXiv 2401.01325): the relative
-    distance each (query i, key j) pair is scored at, [Tq, Tk] int64. With r = i - j:
-      r < window:  r  (neighbour attention: exact positions)
-      otherwise:   i//G - j//G + (window - window//G)  (grouped attention, G = group)
-    The merge is strict (r < window is exact), as the authors' code
-    (github.com/datamllab/LongLM): its neighbour mask is the causal triangle minus
-    the triangle j <= i - window. The shift makes the grouped distances continue
-    where the window ends; the authors' first patch and their flash-attention
-    decode path use window - window//G (integer positions, used here), their later
-    eager patch window - window/G in float: identical when G divides the window.
-    Keys after the query (r < 0, masked by causality) get r. The largest distance
-    at n tokens is about window + n/G, so a model trained at L covers n up to
-    about G*(L - window) + window.
-
-    Realised with RoPE (attention side): two rotations and two logit maps,
-      neighbour: q rotated at i,                               k at j
-      grouped:   q rotated at i//G + window - window//G,       k at j//G
-    (RoPE scores depend only on the difference of the two positions, so the
-    grouped map scores every pair at exactly the distance above), then
-    logits = where(i - j < window, neighbour, grouped), causal mask, softmax.
-    Both key rotations depend on j only, so both can be cached (the authors cache
-    them); for a single decoded query it is cheaper to leave q unrotated and rotate
-    each (unrotated) cached key by -d_ij with d = this map, i.e. one attention pass."""
-    if not (_number(window) and _number(group)) or int(window) != window or window < 1 \
-            or int(group) != group or group < 1:
-        raise ValueError(f"self-extend needs integer window >= 1 and group >= 1, got window={window!r}, "
-                         f"group={group!r}")
-    window, group = int(window), int(group)
-    q_pos, k_pos, r = _rel(q_pos, k_pos)
-    grouped = q_pos[:, None] // group - k_pos[None, :] // group + (window - window // group)
-    return torch.where(r < window, r, grouped)
-
-
-def rerope_positions(q_pos, k_pos, window, leaky_k=None):
-    """ReRoPE / Leaky ReRoPE (Su 2023, kexue.fm/archives/9708, code: github.com/bojone/rerope):
-    the relative distance each (query i, key j) pair is scored at, [Tq, Tk]. With r = i - j:
-      ReRoPE (leaky_k=None): min(r, window), int64 -- every key at or beyond the
-        window is scored as if it were exactly `window` back;
-      Leaky ReRoPE (leaky_k = k >= 1; Su uses 16): r for r < window, else
-        window + (r - window)/k, float64 (continuous at r = window; distances
-        beyond grow k times slower).
-    Keys after the query (r < 0, masked by causality) get r.
-
-    Realised with RoPE (attention side, as Su's patches): two logit maps,
-      exact:   q rotated at i, k at j                                     (r < window)
-      ReRoPE:  q rotated at position `window`, k not rotated (position 0)
-      leaky:   RoPE with inv_freq / k (linear scaling by k),
-               q rotated at i + window*(k - 1), k at j
-    then logits = where(i - j < window, exact, second), causal mask, softmax. Every
-    key rotation depends on j only, so a KV cache can hold both rotated copies of
-    the keys; Su's patches instead cache unrotated keys and, per decoded query,
-    rotate each cached key by -d_ij (d = this map) with q unrotated -- one
-    attention pass per step, O(cache) rotations. Su's patches also multiply q by
-    max(1, log(i + 1)/log(L)) (log-n scaling, L = training length); that is a
-    separate choice, not part of this map."""
-    if not _number(window) or int(window) != window or window < 1:
-        raise ValueError(f"rerope window must be a positive integer number of positions, got {window!r}")
-    if leaky_k is not None and not (_number(leaky_k) and leaky_k >= 1):
-        raise ValueError(f"leaky ReRoPE's leaky_k divides the distances beyond the window and must be >= 1 "
-                         f"(leaky_k=None for plain ReRoPE), got {leaky_k!r}")
-    window = int(window)
-    _, _, r = _rel(q_pos, k_pos)
-    if leaky_k is None:
-        return torch.clamp(r, max=window)
-    r = r.double()
-    return torch.where(r < window, r, window + (r - window) / leaky_k)
-
-
-# -----------------------------------------------------------------------------
-# per-layer stacks and length-dependent attention scaling: the pure parts
-
-def nope_layer_indices(spec, n_layer):
-    """The layers that run NoPE for config.nope_layers = spec, sorted:
-      int k >= 1   every k-th layer, the last of each group of k: layers i with
-                   (i + 1) % k == 0 (SmolLM3's and Llama 4's no_rope_layer_interval,
-                   default 4; Cohere's RNoPE, Command A: three RoPE layers, then one NoPE);
-      list/tuple   those (0-based) layer indices;
-      0, None, []  none.
-    Every layer NoPE is refused (that is pos_encoding='none')."""
-    if spec is None or (isinstance(spec, (list, tuple)) and not spec) or (type(spec) is int and spec == 0):
-        return []
-    example = "e.g. nope_layers=4 (layers 3, 7, ...: every 4th) or nope_layers=[3, 7]"
-    if isinstance(spec, bool) or not isinstance(spec, (int, list, tuple)):
-        raise ValueError(f"nope_layers must be an int k (every k-th layer) or a list of layer indices, "
-                         f"{example}; got {spec!r}")
-    if isinstance(spec, int):
-        if spec < 1:
-            raise ValueError(f"nope_layers={spec}: k must be >= 1 (0 = no NoPE layers), {example}")
-        idx = [i for i in range(n_layer) if (i + 1) % spec == 0]
-        if not idx:
-            raise ValueError(f"nope_layers={spec} makes every {spec}th layer NoPE (layers {spec - 1}, "
-                             f"{2 * spec - 1}, ...), but n_layer={n_layer}: none is selected. Use k <= {n_layer} "
-                             f"or list the layers")
-    else:
-        bad = [i for i in spec if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layer]
-        if bad:
-            raise ValueError(f"nope_layers {list(spec)}: {bad} are not layer indices 0..{n_layer - 1} "
-                             f"(n_layer={n_layer}); {example}")
-        if len(set(spec)) != len(spec):
-            raise ValueError(f"nope_layers {list(spec)} lists a layer twice")
-        idx = sorted(spec)
-    if len(idx) == n_layer:
-        raise ValueError(f"nope_layers={spec!r} makes every one of the {n_layer} layers NoPE: that is "
-                         f"pos_encoding='none'")
-    return idx
-
-
-def check_layer_options(spec, n_layer, nope=()):
-    """Validate config.layer_options: {layer index: dict of pos_options overrides}.
-    Returns {int: dict}; a layer that is also in nope_layers is an error."""
-    if not spec:
-        return {}
-    example = "e.g. layer_options={5: {'base': 1e6}, 11: {'base': 1e6}}"
-    if not isinstance(spec, dict):
-        raise ValueError(f"layer_options must be a dict {{layer index: pos_options overrides}}, {example}; "
-                         f"got {spec!r}")
-    out = {}
-    for i, opts in spec.items():
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layer:
-            raise ValueError(f"layer_options key {i!r} is not a layer index 0..{n_layer - 1} "
-                             f"(n_layer={n_layer}); {example}")
-        if not isinstance(opts, dict):
-            raise ValueError(f"layer_options[{i}] must be a dict of pos_options for that layer, got {opts!r}")
-        if i in nope:
-            raise ValueError(f"layer {i} is in nope_layers and in layer_options: a NoPE layer has no "
-                             f"options; drop one of the two")
-        out[i] = dict(opts)
-    return out
-
-
-# attn_scaling: the keys each type takes (besides 'type' and 'layers'), with defaults
-ATTN_SCALING_KEYS = {
-    'logn': {'original_max_len': OPTIONAL},
-    'ssmax': {'init': OPTIONAL},
-    'llama4': {'floor_scale': 8192.0, 'attn_scale': 0.1},
-}
-_DEFAULT_SCALED_LAYERS = {'logn': 'all', 'ssmax': 'all', 'llama4': 'nope'}
-
-
-def check_attn_scaling(sc, n_layer):
-    """Validate config.attn_scaling; return it with defaults filled in. Each type
-    multiplies every attention logit (content and bias) of query i by a factor s_i,
-    with n_i = the number of keys query i attends to (i + 1 without a cache; cache
-    length + i + 1 with one; places in the cache with a rolling one):
-      {'type': 'logn'}   s = log n (Chiang & Cholak, arXiv 2202.12172: their encoder's
-                         n is the input length; for a causal row it is the keys it sees).
-      {'type': 'logn', 'original_max_len': L}
-                         s = max(1, log n / log L): the extrapolation variant, 1 inside
-                         the training length L (Su's log-n for ReRoPE; "log_L n").
-      {'type': 'ssmax', 'init': s0}
-                         Scalable-Softmax (Nakanishi, arXiv 2501.19399):
-                         softmax(s_h * log n * z), s_h learned per head and per layer,
-                         init s0 (default 1/log(block_size), nanoPE's choice: the
-                         factor is 1 at n = L at initialisation).
-      {'type': 'llama4', 'floor_scale': 8192, 'attn_scale': 0.1}
-                         Llama 4's attention temperature tuning (HF transformers'
-                         Llama4TextAttention; defaults from its config):
-                         s = log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1
-                         with pos the query's position; applied on NoPE layers.
-    'layers' picks the layers it applies to: 'all' (default for logn, ssmax), 'nope'
-    (the NoPE layers: nope_layers, or every layer of pos_encoding='none'; default
-    for llama4, as Llama 4), 'pe' (the layers that run the scheme), or a list of
-    layer indices."""
-    example = "e.g. {'type': 'logn', 'original_max_len': 256} or {'type': 'llama4'}"
-    if not isinstance(sc, dict) or sc.get('type') not in ATTN_SCALING_KEYS:
-        raise ValueError(f"attn_scaling must be a dict with 'type' one of {', '.join(ATTN_SCALING_KEYS)}, "
-                         f"{example}; got {sc!r}")
-    kind, keys = sc['type'], ATTN_SCALING_KEYS[sc['type']]
-    unknown = sorted(set(sc) - set(keys) - {'type', 'layers'})
-    if unknown:
-        raise ValueError(f"attn_scaling type {kind!r} does not take {unknown}; its keys are: "
-                         f"{', '.join(list(keys) + ['layers'])}")
-    out = {'type': kind, 'layers': sc.get('layers', _DEFAULT_SCALED_LAYERS[kind])}
-    for k, default in keys.items():
-        v = sc.get(k, default)
-        if v is OPTIONAL or v is None:
-            continue
-        if not _number(v):
-            raise ValueError(f"attn_scaling {k!r} must be a number, got {v!r}")
-        out[k] = float(v)
-    if out.get('original_max_len', 2) <= 1:
-        raise ValueError(f"attn_scaling original_max_len is the training length L (> 1: the factor is "
-                         f"log n / log L), got {out['original_max_len']!r}")
-    if out.get('floor_scale', 1) <= 0 or out.get('attn_scale', 0) < 0:
-        raise ValueError(f"llama4 needs floor_scale > 0 and attn_scale >= 0, got {out.get('floor_scale')}, "
-                         f"{out.get('attn_scale')}")
-    layers = out['layers']
-    if isinstance(layers, (list, tuple)):
-        bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layer]
-        if bad or not layers:
-            raise ValueError(f"attn_scaling layers {layers!r}: give layer indices 0..{n_layer - 1}, or "
-                             f"'all', 'nope', 'pe'")
-        out['layers'] = sorted(set(layers))
-    elif layers not in ('all', 'nope', 'pe'):
-        raise ValueError(f"attn_scaling layers must be 'all', 'nope', 'pe' or a list of layer indices, "
-                         f"got {layers!r}")
-    return out
-
-
-def logn_scale(n, original_max_len=None):
-    """log-n logit factor for a query that sees n keys (tensor): log n, or with the
-    training length L, max(1, log n / log L). Computed in float64, returned float32."""
-    s = torch.log(n.double())
-    if original_max_len is not None:
-        s = torch.clamp(s / math.log(original_max_len), min=1.0)
-    return s.float()
-
-
-def llama4_scale(pos, floor_scale=8192.0, attn_scale=0.1):
-    """Llama 4's attention temperature at query position pos (tensor, 0-based):
-    log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1. float32."""
-    return (torch.log1p(torch.floor((pos.double() + 1) / floor_scale)) * attn_scale + 1).float()
-
-
-def key_tables(ctx, n_keys, q_tables, compute):
-    """Position tables for the n_keys keys handed to transform_qk, which are the last
-    n_keys of ctx.k_pos: the queries' own q_tables when they are the new keys
-    (n_keys == len(ctx.q_pos)), else compute(ctx.k_pos[-n_keys:]) -- a cache of raw
-    keys -- once per forward (kept in ctx.extra for the other layers)."""
-    if n_keys == ctx.q_pos.numel():
-        return q_tables
-    if 'k_tables' not in ctx.extra:
-        ctx.extra['k_tables'] = compute(ctx.k_pos[-n_keys:])
-    return ctx.extra['k_tables']
-
-
-# -----------------------------------------------------------------------------
-# the schemes
-
 class PositionalEncoding(nn.Module):
-    """Base class and the 'none' behaviour for every hook."""
-    name = None
+    """Base class and the 'none' behaviour for every hook (see the module docstring); also
+    max_len, addresses(T), embeds_positions and owns_attention, which the scripts read."""
+    name = None                    # the registry name (set by @register)
+    uses_rope_scaling = False      # config.rope_scaling applies to it (the RoPE family)
+    scaling = None                 # the rope_scaling dict it applies, resolved and checked, or None
+    transform_after_cache = False  # the one flag: the KV cache keeps raw keys for this scheme
 
     def __init__(self, config):
         super().__init__()
@@ -717,10 +95,14 @@ class PositionalEncoding(nn.Module):
     def max_len(self):
         return self.max_len_of()
 
+    def addresses(self, T):
+        """True when positions 0..T-1 are all within reach (always, unless there is a finite table)."""
+        return self.max_len is None or T <= self.max_len
+
     def check_positions(self, n_pos):
         """model.py calls this with the Python-int bound on the positions of a forward,
         so a scheme with a finite table refuses them before any tensor work."""
-        if self.max_len is not None and n_pos > self.max_len:
+        if not self.addresses(n_pos):
             raise ValueError(
                 f"{self.name} position embeddings have {self.max_len} positions, but position "
                 f"{n_pos - 1} was requested. Evaluate/sample with at most {self.max_len} tokens "
@@ -730,11 +112,11 @@ class PositionalEncoding(nn.Module):
     def embed(self, x, pos):
         return x
 
-    def new_layer(self):
-        return None
-
     def context(self, q_pos, k_pos, n_pos=None):
         return make_context(q_pos, k_pos, n_pos)
+
+    def new_layer(self):
+        return None
 
     def transform_qk(self, q, k, ctx, layer):
         return q, k
@@ -745,18 +127,13 @@ class PositionalEncoding(nn.Module):
     def value_mod(self, q, k, ctx, layer, score_mod):
         return None
 
-    def logit_scale(self, q, ctx, layer):
-        return None
-
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
         return None
-
-    transform_after_cache = False
 
     @property
     def owns_attention(self):
         """True when this scheme computes its layers' attention itself (its `attention` hook),
-        so model.py's logit hooks (attn_scaling) never see its logits."""
+        so the model's attention scaling (attn_scaling) never sees its logits."""
         return type(self).attention is not PositionalEncoding.attention
 
     @property
@@ -773,6 +150,21 @@ class NoPE(PositionalEncoding):
     """NoPE: no positional information at all (Kazemnejad et al., arXiv 2305.19466;
     Haviv et al., arXiv 2203.16634). A causal decoder still learns position,
     because the causal mask leaks it (the number of attended tokens differs per row)."""
+
+
+# --- embeddings: positions added to the token embeddings, once, before block 0
+
+
+def sinusoidal_table(n_pos, dim, positions=None):
+    """Vaswani et al. 2017 (arXiv 1706.03762), section 3.5, the paper's layout:
+    PE[p, 2i] = sin(p / 10000^(2i/dim)),  PE[p, 2i+1] = cos(p / 10000^(2i/dim)).
+    Interleaved sin/cos (fairseq/tensor2tensor concatenate instead; not the paper)."""
+    assert dim % 2 == 0, f"sinusoidal embedding needs an even dim, got {dim}"
+    pos = torch.arange(n_pos, dtype=torch.float64) if positions is None else positions.double()
+    inv = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [dim/2]
+    ang = pos[:, None] * inv[None, :]
+    pe = torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(len(pos), dim)  # interleave
+    return pe.float()
 
 
 @register('learned')
@@ -807,6 +199,36 @@ class Sinusoidal(PositionalEncoding):
     def embed(self, x, pos):
         pe = sinusoidal_table(0, self.n_embd, positions=pos).to(x.device, x.dtype)
         return x * math.sqrt(self.n_embd) + pe
+
+
+# --- q/k transforms: positions rotate, scale or extend the queries and keys
+
+
+def rotate_half(x):
+    """Half-split layout (GPT-NeoX, HF Llama): pairs are (i, i + d/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate the first cos.size(-1) dims of x, pass the rest through (partial rotary).
+    cos/sin: [T, rot_dim] in float32, already multiplied by the attention factor."""
+    rot = cos.size(-1)
+    xr, xp = x[..., :rot], x[..., rot:]
+    xr = (xr.float() * cos + rotate_half(xr.float()) * sin).to(x.dtype)
+    return torch.cat((xr, xp), dim=-1) if xp.size(-1) else xr
+
+
+def key_tables(ctx, n_keys, q_tables, compute):
+    """Position tables for the n_keys keys handed to transform_qk, which are the last
+    n_keys of ctx.k_pos: the queries' own q_tables when they are the new keys
+    (n_keys == len(ctx.q_pos)), else compute(ctx.k_pos[-n_keys:]) -- a cache of raw
+    keys -- once per forward (kept in ctx.extra for the other layers)."""
+    if n_keys == ctx.q_pos.numel():
+        return q_tables
+    if 'k_tables' not in ctx.extra:
+        ctx.extra['k_tables'] = compute(ctx.k_pos[-n_keys:])
+    return ctx.extra['k_tables']
 
 
 @register('rope')
@@ -851,9 +273,17 @@ class RoPE(PositionalEncoding):
     distance maps in self_extend_positions / rerope_positions): every pair closer than
     `window` is scored by plain RoPE, farther pairs at a remapped distance, so the
     layer computes two logit maps and merges them by the window mask (the attention
-    hook; dense float32, query chunks without gradients: no FlexAttention, whose
-    score_mod sees one q.k). The KV cache then keeps raw keys, rotated every step."""
+    hook of ExtendedRoPE, which `rope` builds for these types; dense float32, query chunks
+    without gradients: no FlexAttention, whose score_mod sees one q.k). The KV cache then
+    keeps raw keys, rotated every step."""
     uses_rope_scaling = True
+
+    def __new__(cls, config=None, *args, **kwargs):
+        """An extension type (self_extend, rerope, leaky_rerope) builds ExtendedRoPE."""
+        sc = getattr(config, 'rope_scaling', None) or kwargs.get('scaling', args[2] if len(args) > 2 else None)
+        if cls is RoPE and isinstance(sc, dict) and sc.get('type') in EXTENSION_TYPES:
+            cls = ExtendedRoPE
+        return super().__new__(cls)
 
     def __init__(self, config, base=10000.0, rotary_pct=1.0, scaling=None, p_rope=None):
         super().__init__(config)
@@ -870,8 +300,6 @@ class RoPE(PositionalEncoding):
         self.rot_dim = int(rd)
         self.scaling = scaling = resolve_rope_scaling(config, scaling)
         self.dynamic = scaling is not None and scaling['type'] in LENGTH_DEPENDENT_SCALING
-        self.extension = scaling if scaling is not None and scaling['type'] in EXTENSION_TYPES else None
-        self.transform_after_cache = self.extension is not None  # raw keys: the maps rotate every key each step
         inv_freq, self.attention_factor = rope_frequencies(self.rot_dim, self.base, self.scaling, p_rope=p_rope)
         self.register_buffer('inv_freq', inv_freq, persistent=False)  # at lengths <= L
 
@@ -891,395 +319,26 @@ class RoPE(PositionalEncoding):
         return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
 
     def transform_qk(self, q, k, ctx, layer):
-        if self.extension is not None:  # the extension's attention rotates them, two ways
-            return q, k
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
         kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, ctx.extra['inv']))
         return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
 
-    @property
-    def owns_attention(self):  # only with a Self-Extend / ReRoPE extension; plain RoPE uses model.py's
-        return self.extension is not None
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        """Self-Extend / ReRoPE: logits = where(i - j < window, exact map, remapped map)."""
-        if self.extension is None:
-            return None
-        ext, inv = self.extension, ctx.extra['inv']
-        w = ext['window']
-        qp, kp = ctx.q_pos, ctx.k_pos[-k.size(2):]  # raw keys: all of them, at their positions
-
-        def rot(t, pos, freqs=inv):  # rotate t by float positions pos
-            cos, sin = self.cos_sin(pos, freqs)
-            return apply_rotary(t, cos, sin).float()
-        if ext['type'] == 'self_extend':
-            G = ext['group']
-            q2, k2 = rot(q, qp // G + (w - w // G)), rot(k, kp // G)
-        elif ext['type'] == 'rerope':  # every far key scored at distance w: q at w, k unrotated
-            q2, k2 = rot(q, torch.full_like(qp, w)), k.float()
-        else:  # leaky: distances beyond w grow k times slower
-            q2, k2 = rot(q, qp + w * (ext['k'] - 1), inv / ext['k']), rot(k, kp, inv / ext['k'])
-        q1, k1 = rot(q, qp), rot(k, kp)
-        B, H, Tq, d = q.shape
-        rows = Tq if torch.is_grad_enabled() else max(1, 2**26 // (4 * B * H * k.size(2)))  # 64 MB of logits
-        out = []
-        with torch.autocast(q.device.type, enabled=False):
-            for s in range(0, Tq, rows):
-                r = qp[s:s + rows, None] - kp[None, :]
-                att = torch.where(r < w, q1[:, :, s:s + rows] @ k1.transpose(-2, -1),
-                                  q2[:, :, s:s + rows] @ k2.transpose(-2, -1)) / math.sqrt(d)
-                att = att.masked_fill(r < 0, float('-inf')).softmax(-1)
-                out.append(att @ v.float())
-        return torch.cat(out, 2).to(q.dtype)
-
-
-@register('alibi')
-class ALiBi(PositionalEncoding):
-    """Attention with Linear Biases (Press et al., arXiv 2108.12409):
-    logit_ij += -m_h * (i - j) for key j <= query i, slopes m_h from alibi_slopes().
-    Added after the 1/sqrt(d) scaling, not divided by it. No embedding is added."""
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.register_buffer('slopes', alibi_slopes(config.n_head), persistent=False)
-
-    def score_mod(self, q, k, ctx, layer):
-        slopes, q_pos, k_pos = self.slopes, ctx.q_pos, ctx.k_pos
-
-        def mod(score, b, h, i, j):
-            return score + slopes[h] * (k_pos[j] - q_pos[i])
-        return mod
-
-
-# =============================================================================
-# the zoo: learned and fixed relative biases, relative keys/values, rotary variants.
-# A bias that depends only on the distance is tabulated once per forward for the
-# distances 0..n_pos-1 (O(T)) and looked up in score_mod, so FlexAttention never
-# builds a TxT tensor and its backward scatters into that small table. Relative
-# distance conventions follow each paper (see positional-facts: T5/Shaw use key - query).
-
-def t5_bucket(relative_position, num_buckets=32, max_distance=128, bidirectional=False):
-    """T5's relative-position bucket (Raffel et al., arXiv 1910.10683, as in Mesh TF).
-    relative_position = key_pos - query_pos (<= 0 for the causal past).
-    Causal: n = max(-rel, 0) and all buckets describe the past. Bidirectional: half the
-    buckets per side, keys in the future get +num_buckets/2, n = |rel|.
-    With nb buckets per side and max_exact = nb // 2: n < max_exact is its own bucket;
-    larger n share log-spaced buckets max_exact + floor(log(n/max_exact) /
-    log(max_distance/max_exact) * (nb - max_exact)), capped at nb - 1. Defaults: the
-    top causal bucket (31) starts at distance 113 and holds everything beyond."""
-    nb = num_buckets // 2 if bidirectional else num_buckets
-    max_exact = nb // 2
-    if max_exact < 1 or max_distance <= max_exact:
-        raise ValueError(f"t5_bucket needs num_buckets >= {4 if bidirectional else 2} and max_distance > "
-                         f"{max_exact} (half the buckets of a side), got num_buckets={num_buckets}, "
-                         f"max_distance={max_distance}")
-    rel = torch.as_tensor(relative_position)
-    if bidirectional:
-        offset = (rel > 0).long() * nb
-        n = rel.abs()
-    else:
-        offset = 0
-        n = (-rel).clamp(min=0)
-    # clamp inside the log: n < max_exact takes the exact branch anyway, and log(0) would be -inf
-    log_ratio = torch.log(n.clamp(min=max_exact).float() / max_exact) / math.log(max_distance / max_exact)
-    large = (max_exact + (log_ratio * (nb - max_exact)).long()).clamp(max=nb - 1)
-    return offset + torch.where(n < max_exact, n, large)
-
-
-@register('t5')
-class T5Bias(PositionalEncoding):
-    """T5 relative attention bias (Raffel et al., arXiv 1910.10683, section 2.1):
-    logit_ij += B[t5_bucket(j - i), h], one learned table B [num_buckets, n_head]
-    shared by all layers (T5 computes it in the first layer and reuses it).
-    Causal buckets. Defaults num_buckets=32, max_distance=128; past 128 every key
-    shares the last bucket. T5 itself drops the 1/sqrt(d) scaling; here the bias is
-    added to the usual scaled logit like every other scheme. Init N(0, n_embd^-0.5)
-    (HF T5's initialiser). Options: num_buckets, max_distance."""
-
-    def __init__(self, config, num_buckets=32, max_distance=128):
-        super().__init__(config)
-        t5_bucket(torch.zeros(1, dtype=torch.long), num_buckets, max_distance)  # validate early
-        self.num_buckets, self.max_distance = num_buckets, max_distance
-        self.table = nn.Parameter(torch.randn(num_buckets, config.n_head) * config.n_embd ** -0.5)
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        ctx = make_context(q_pos, k_pos, n_pos)
-        r = torch.arange(ctx.n_pos, device=q_pos.device)  # every distance this forward can see
-        ctx.extra['bias'] = self.table[t5_bucket(-r, self.num_buckets, self.max_distance)].t()  # [H, n_pos]
-        return ctx
-
-    def score_mod(self, q, k, ctx, layer):
-        bias = ctx.extra['bias']
-
-        def mod(score, b, h, i, j):
-            return score + bias[h, ctx.dist(i, j)]
-        return mod
-
-
-class _ShawLayer(nn.Module):
-    def __init__(self, n, head_dim):
-        super().__init__()
-        self.rel_k = nn.Parameter(torch.randn(n, head_dim) * 0.02)  # a^K_r, r = distance 0..k
-        self.rel_v = nn.Parameter(torch.randn(n, head_dim) * 0.02)  # a^V_r
-
-
-@register('shaw')
-class Shaw(PositionalEncoding):
-    """Relative position representations (Shaw et al., arXiv 1803.02155):
-    e_ij = q_i . (k_j + aK[r]) / sqrt(d),   z_i = sum_j a_ij (v_j + aV[r]),
-    r = min(i - j, k) the distance clipped at k (option max_distance, default 16;
-    the paper found k >= 2 enough for translation). Learned per layer, shared by
-    heads, as in the paper. The paper has 2k+1 vectors for j - i in [-k, k]; a
-    causal decoder only ever sees j <= i, so only the k+1 past ones exist here.
-    Key term: q.aK is precomputed for the k+1 distances ([B, H, T, k+1]) and indexed
-    in score_mod. Value term: sum_j a_ij aV[r] needs only the attention weights of
-    the k nearest keys (the rest share aV[k] with weight 1 - their sum), which come
-    from each row's logsumexp: a_ij = exp(e_ij - lse_i) (the value_mod hook), so
-    FlexAttention can run this scheme too. Those k logits are q_i.k_{i-r} on a
-    sliding-window view of the keys (no copies kept for backward) plus the key term,
-    read through score_mod itself. Attention dropout is not applied to the value term."""
-
-    def __init__(self, config, max_distance=16):
-        super().__init__(config)
-        if int(max_distance) != max_distance or max_distance < 1:
-            raise ValueError(f"shaw max_distance (the clip distance k) must be a positive integer, got {max_distance!r}")
-        self.k = int(max_distance)
-
-    def new_layer(self):
-        return _ShawLayer(self.k + 1, self.head_dim)
-
-    def score_mod(self, q, k, ctx, layer):
-        with torch.autocast(q.device.type, enabled=False):  # a bias: float32 even under autocast
-            qa = (q.float() @ layer.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
-        kmax = self.k
-
-        def mod(score, b, h, i, j):
-            return score + qa[b, h, i, ctx.dist(i, j).clamp(max=kmax)]
-        return mod
-
-    def value_mod(self, q, k, ctx, layer, score_mod):
-        B, H, Tq, d = q.shape
-        K, off = self.k, k.size(2) - Tq  # query i is key i + off
-        # the K nearest keys of every query in one sliding-window view (no copy per distance, and
-        # one op rather than K for torch.compile): kp[t] = k[t - K + 1], window s of query i is
-        # key i + off - (K - 1 - s), so flipping s gives the distance r = 0..K-1
-        kp = F.pad(k.float(), (0, 0, K - 1, 0))
-        win = kp[:, :, off:off + Tq + K - 1].unfold(2, K, 1)  # [B, H, Tq, d, K]
-        raw = (q.float().unsqueeze(-1) * win).sum(-2).flip(-1) / math.sqrt(d)  # [B, H, Tq, K]
-        i = torch.arange(Tq, device=q.device)[:, None]
-        j = i + off - torch.arange(K, device=q.device)  # [Tq, K] the key at distance r
-        b = torch.arange(B, device=q.device)[:, None, None, None]
-        h = torch.arange(H, device=q.device)[None, :, None, None]
-        e = torch.where(j >= 0, score_mod(raw, b, h, i, j.clamp(min=0)), float('-inf'))  # no key r back: weight 0
-
-        def g(lse):
-            p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
-            p = torch.cat((p, 1 - p.sum(-1, keepdim=True)), -1)  # every farther key shares aV[K]
-            return p @ layer.rel_v
-        return g
-
-
-@register('xl')
-class TransformerXL(PositionalEncoding):
-    """Transformer-XL relative attention (Dai et al., arXiv 1901.02860, section 3.3):
-    score_ij = [(q_i + u).k_j + (q_i + v).W_R R_{i-j}] / sqrt(d_head),
-    R_r = [sin(r w) | cos(r w)], w_f = 10000^(-2f/r_dim) (r_dim = n_embd as in the
-    paper), u, v [n_head, d_head] learned and shared by all layers, W_R [n_embd, r_dim]
-    per layer. No segment recurrence (memory): this is the position scheme only.
-    Exact rewrite, no TxT tensor: with a = W_R^T (q_i + v) split as [a_s | a_c],
-    a.R_{i-j} = sum_f c_f(i) cos(j w_f) + s_f(i) sin(j w_f) where
-    c = a_s sin(i w) + a_c cos(i w), s = a_c sin(i w) - a_s cos(i w). So the
-    positional term is a dot product of a per-query vector with the fixed key
-    vector [cos(j w) | sin(j w)]: transform_qk appends them to q and k (head dim
-    d_head + r_dim) and plain causal SDPA does the rest. q is multiplied by
-    sqrt((d_head + r_dim)/d_head) so SDPA's 1/sqrt(dim) is XL's 1/sqrt(d_head).
-    Options: r_dim (default n_embd). Init N(0, 0.02) for u, v and W_R (XL's)."""
-
-    def __init__(self, config, r_dim=None):
-        super().__init__(config)
-        self.r_dim = int(r_dim or config.n_embd)
-        if self.r_dim % 2 or self.r_dim <= 0:
-            raise ValueError(f"xl r_dim (dimension of the sinusoid R) must be a positive even integer, got {r_dim!r}")
-        self.u = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
-        self.v = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
-        inv = 10000.0 ** (-torch.arange(0, self.r_dim, 2, dtype=torch.float64) / self.r_dim)
-        self.register_buffer('inv_freq', inv.float(), persistent=False)
-
-    def new_layer(self):
-        w_r = nn.Linear(self.r_dim, self.n_embd, bias=False)  # W_R: R -> all heads
-        nn.init.normal_(w_r.weight, std=0.02)
-        return w_r
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        cos, sin = self.cos_sin(q_pos)
-        return make_context(q_pos, k_pos, n_pos, cos=cos, sin=sin)
-
-    def cos_sin(self, pos):
-        ang = pos.float()[:, None] * self.inv_freq[None, :]  # [T, r_dim/2], float32
-        return ang.cos(), ang.sin()
+class ExtendedRoPE(RoPE):
+    """`rope` with an inference-time extension (rope_scaling type self_extend, rerope or
+    leaky_rerope), built by RoPE when one is asked for: near pairs are scored by plain RoPE,
+    far ones at a remapped distance, so the layer computes its own attention
+    (rope_scaling.extended_attention). Every key is rotated two ways each forward, so the
+    KV cache keeps raw keys."""
+    transform_after_cache = True
 
     def transform_qk(self, q, k, ctx, layer):
-        B, H, T, d = q.shape
-        cos, sin = ctx.extra['cos'], ctx.extra['sin']
-        kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), self.cos_sin)
-        w = layer.weight.view(H, d, self.r_dim)  # W_R^h
-        a = torch.einsum('bhtd,hdr->bhtr', (q + self.v[:, None]).float(), w.float())
-        a_s, a_c = a.chunk(2, dim=-1)  # coefficients of sin(r w) and cos(r w) in R_r
-        q_r = torch.cat((a_s * sin + a_c * cos, a_c * sin - a_s * cos), -1)
-        k_r = torch.cat((kcos, ksin), -1).expand(B, H, -1, -1)  # the keys' own positions
-        c = math.sqrt((d + self.r_dim) / d)
-        q = torch.cat((q + self.u[:, None], q_r.to(q.dtype)), -1) * c
-        k = torch.cat((k, k_r.to(k.dtype)), -1)
-        return q, k
+        return q, k  # extended_attention rotates them, two ways
 
-
-class _KerpleLayer(nn.Module):
-    def __init__(self, n_head):
-        super().__init__()
-        self.p = nn.Parameter(torch.rand(n_head) * 2)  # p ~ U(0, 2), the paper's init
-        self.a = nn.Parameter(torch.rand(n_head))      # a ~ U(0, 1)
-
-
-class _Kerple(PositionalEncoding):
-    """KERPLE (Chi et al., arXiv 2205.09921): a conditionally positive definite
-    kernel of the distance r = i - j >= 0 as a logit bias, added after 1/sqrt(d).
-    p_h, a_h learned per head and per layer, init p ~ U(0, 2), a ~ U(0, 1), and
-    clamped in place before every use as in the paper's code: both >= 1e-2, and
-    for the power kernel p <= 2 (beyond 2 the kernel is not CPD)."""
-    eps, p_max = 1e-2, None
-
-    def new_layer(self):
-        return _KerpleLayer(self.n_head)
-
-    def score_mod(self, q, k, ctx, layer):
-        with torch.no_grad():  # clamp the parameters themselves, so gradients still flow at the boundary
-            layer.p.clamp_(min=self.eps, max=self.p_max)
-            layer.a.clamp_(min=self.eps)
-        r = torch.arange(ctx.n_pos, device=q.device).float()
-        bias = -self.kernel(r[None, :], layer.p[:, None], layer.a[:, None])  # [H, n_pos], once per layer
-
-        def mod(score, b, h, i, j):
-            return score + bias[h, ctx.dist(i, j)]
-        return mod
-
-
-@register('kerple_log')
-class KerpleLog(_Kerple):
-    __doc__ = _Kerple.__doc__ + """
-    Logarithmic variant: bias = -p_h * log(1 + a_h * r)."""
-
-    @staticmethod
-    def kernel(r, p, a):
-        return p * torch.log1p(a * r)
-
-
-@register('kerple_power')
-class KerplePower(_Kerple):
-    __doc__ = _Kerple.__doc__ + """
-    Power variant: bias = -a_h * r^p_h, 0 < p_h <= 2."""
-    p_max = 2.0
-
-    @staticmethod
-    def kernel(r, p, a):
-        # r^p as max(r,1)^p masked at r = 0: same value, and no 0 * log(0) in d/dp
-        return a * r.clamp(min=1) ** p * (r > 0)
-
-
-class _FireLayer(nn.Module):
-    def __init__(self, n_head, width, init_c, init_L):
-        super().__init__()
-        self.fc1 = nn.Linear(1, width)
-        self.fc2 = nn.Linear(width, n_head)
-        self.c = nn.Parameter(torch.tensor(float(init_c)))  # log-transform sharpness
-        self.L_mult = nn.Parameter(torch.tensor(1.0))  # learned threshold = |L_mult * init_L|
-        self.register_buffer('init_L', torch.tensor(float(init_L)), persistent=False)
-
-
-@register('fire')
-class FIRE(PositionalEncoding):
-    """FIRE, functional interpolation for relative positions (Li et al., arXiv 2310.04418):
-    bias_h(i, j) = f_h( psi(i - j) / psi(max(i, L_thr)) ),  psi(x) = log(c x + 1),
-    f: an MLP 1 -> width -> n_head with ReLU (width 32), c learned (init 0.1),
-    L_thr = |m * L0| learned through m (init 1, L0 = 512): distances are normalised by
-    the query position ("progressive interpolation") but never by less than L_thr,
-    so the MLP input stays in [0, 1] at any length. psi of the normaliser gets +1e-6.
-    One FIRE module per layer, as in the paper's default. The bias depends on the
-    query position as well as the distance, so it cannot be tabulated per distance:
-    without gradients (evaluation at any length) the MLP runs inside score_mod as
-    `width` scalar ReLU units, O(T) memory; with gradients it is tabulated as
-    [H, Tq, Tk] once per layer, all units in one expression (the paper's dense
-    bias; the unit loop there took torch.compile 3x longer), because FlexAttention's
-    backward can only scatter a score's gradient into a tensor it indexes once.
-    Note: with the default L0 = 512 and a training length below 512, training
-    never reaches the interpolating regime; set init_L (e.g. block_size / 4 as
-    the paper's 512 / 2048) to study it. Options: width, init_c, init_L."""
-
-    def __init__(self, config, width=32, init_c=0.1, init_L=512.0):
-        super().__init__(config)
-        self.width, self.init_c, self.init_L = int(width), init_c, init_L
-
-    def new_layer(self):
-        return _FireLayer(self.n_head, self.width, self.init_c, self.init_L)
-
-    @staticmethod
-    def normalised(layer, qp, r):
-        """The MLP's input psi(r) / psi(max(qp, L_thr)) for query positions qp and distances r."""
-        c, thr = layer.c, (layer.L_mult * layer.init_L).abs()
-        rel = torch.log(torch.abs(c * r.float()) + 1)
-        return rel / (torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6)
-
-    def score_mod(self, q, k, ctx, layer):
-        w1, b1, w2, b2 = layer.fc1.weight[:, 0], layer.fc1.bias, layer.fc2.weight, layer.fc2.bias
-        if not torch.is_grad_enabled():
-            def mod(score, b, h, i, j):
-                x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))
-                for u in range(w1.size(0)):  # the MLP on a scalar, one hidden unit at a time
-                    score = score + w2[h, u] * torch.relu(w1[u] * x + b1[u])
-                return score + b2[h]
-            return mod
-        i, j = torch.arange(q.size(2), device=q.device)[:, None], torch.arange(k.size(2), device=q.device)
-        x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))  # [Tq, Tk]
-        hidden = torch.relu(x[..., None, None] * w1 + b1)  # [Tq, Tk, 1, width]
-        table = ((hidden * w2).sum(-1) + b2).permute(2, 0, 1)  # [H, Tq, Tk]
-
-        def mod(score, b, h, i, j):
-            return score + table[h, i, j]
-        return mod
-
-
-@register('sandwich')
-class Sandwich(PositionalEncoding):
-    """Sandwich (Chi et al., arXiv 2212.10356): the inner product of sinusoidal
-    position embeddings as a parameter-free logit bias,
-    bias_h(i, j) = (sum_{k=1}^{d/2} cos((i - j) * 10000^(-2k/d)) - d/2) / (8h/H),
-    h = 1..H, d = n_embd by default (option dim). It is 0 at distance 0 and <= 0
-    elsewhere; the 8h/H divisor mirrors ALiBi's head slopes. Since the bias depends
-    only on the distance, context() tabulates it once per forward for distances
-    0..n_pos-1 (O(T) memory) and score_mod indexes the table."""
-
-    def __init__(self, config, dim=None):
-        super().__init__(config)
-        self.dim = int(dim or config.n_embd)
-        if self.dim % 2 or self.dim <= 0:
-            raise ValueError(f"sandwich dim must be a positive even integer, got {dim!r}")
-        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64)
-        self.register_buffer('inv_freq', 10000.0 ** (-2 * k / self.dim), persistent=False)
-        h = torch.arange(1, config.n_head + 1, dtype=torch.float32)
-        self.register_buffer('head_div', 8 * h / config.n_head, persistent=False)
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        ctx = make_context(q_pos, k_pos, n_pos)
-        r = torch.arange(ctx.n_pos, device=k_pos.device, dtype=torch.float64)
-        table = torch.cos(r[:, None] * self.inv_freq[None, :]).sum(-1) - self.dim / 2  # float64: sums of d/2 cosines
-        ctx.extra['table'] = table.float()
-        return ctx
-
-    def score_mod(self, q, k, ctx, layer):
-        table, div = ctx.extra['table'], self.head_div
-
-        def mod(score, b, h, i, j):
-            return score + table[ctx.dist(i, j)] / div[h]
-        return mod
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        def rot(t, pos, slow=1.0):  # t rotated at positions pos, every frequency divided by slow
+            return apply_rotary(t, *self.cos_sin(pos, ctx.extra['inv'] / slow)).float()
+        return extended_attention(q, k, v, ctx.q_pos, ctx.k_pos[-k.size(2):], self.scaling, rot)
 
 
 def _rope_freqs(scheme, dim, ctx):
@@ -1451,146 +510,58 @@ class RoPE2D(_SectionRoPE):
         return torch.stack((pos // self.width, pos % self.width))
 
 
-# =============================================================================
-# data-dependent and contextual positions: FoX, CoPE, PoPE, stick-breaking,
-# DeBERTa. FoX, CoPE and stick-breaking need more than the four basic hooks and use
-# `attention`; PoPE is a transform_qk (and uses `attention` only to pad v for SDPA's
-# fused kernel), DeBERTa a transform_qk plus a score_mod.
+@register('xl')
+class TransformerXL(PositionalEncoding):
+    """Transformer-XL relative attention (Dai et al., arXiv 1901.02860, section 3.3):
+    score_ij = [(q_i + u).k_j + (q_i + v).W_R R_{i-j}] / sqrt(d_head),
+    R_r = [sin(r w) | cos(r w)], w_f = 10000^(-2f/r_dim) (r_dim = n_embd as in the
+    paper), u, v [n_head, d_head] learned and shared by all layers, W_R [n_embd, r_dim]
+    per layer. No segment recurrence (memory): this is the position scheme only.
+    Exact rewrite, no TxT tensor: with a = W_R^T (q_i + v) split as [a_s | a_c],
+    a.R_{i-j} = sum_f c_f(i) cos(j w_f) + s_f(i) sin(j w_f) where
+    c = a_s sin(i w) + a_c cos(i w), s = a_c sin(i w) - a_s cos(i w). So the
+    positional term is a dot product of a per-query vector with the fixed key
+    vector [cos(j w) | sin(j w)]: transform_qk appends them to q and k (head dim
+    d_head + r_dim) and plain causal SDPA does the rest. q is multiplied by
+    sqrt((d_head + r_dim)/d_head) so SDPA's 1/sqrt(dim) is XL's 1/sqrt(d_head).
+    Options: r_dim (default n_embd). Init N(0, 0.02) for u, v and W_R (XL's)."""
 
-# The O(T^2) schemes (CoPE, stick-breaking) build [B, H, Tq, Tk] tensors outside any kernel;
-# without gradients they go through in query chunks whose float32 [B, H, rows, Tk] tensor
-# stays below this (as model.DENSE_CHUNK_BYTES: under glibc's 32 MiB mmap threshold, 8-42%
-# faster than 32 MiB at T = 1024-2048 on CPU).
-QUERY_CHUNK_BYTES = 16 * 2**20
-
-
-def chunk_queries(fn, q, k, v):
-    """fn(q, k, v) -> [B, H, Tq, D], over query chunks when there are no gradients and one
-    float32 [B, H, Tq, Tk] tensor would exceed QUERY_CHUNK_BYTES. Query rows s..e-1 see the
-    keys [:e + Tk - Tq] (the queries are the last Tq keys), so each chunk is the same
-    problem, smaller; fn gets the chunk's queries and the keys/values it can see."""
-    B, H, Tq, _ = q.shape
-    Tk = k.size(2)
-    if torch.is_grad_enabled() or B * H * Tq * Tk * 4 <= QUERY_CHUNK_BYTES:
-        return fn(q, k, v)
-    off, rows = Tk - Tq, max(1, QUERY_CHUNK_BYTES // (4 * B * H * Tk))
-    return torch.cat([fn(q[:, :, s:s + rows], k[:, :, :s + rows + off], v[:, :, :s + rows + off])
-                      for s in range(0, Tq, rows)], 2)
-
-
-def _visible(Tq, Tk, device, strict=False):
-    """[Tq, Tk] bool: key j is visible to query i (j <= i + Tk - Tq; j < i + Tk - Tq if strict)."""
-    i = torch.arange(Tq, device=device)[:, None] + (Tk - Tq)
-    j = torch.arange(Tk, device=device)[None, :]
-    return j < i if strict else j <= i
-
-
-class _FoxLayer(nn.Module):
-    def __init__(self, n_embd, n_head, bias_init):
-        super().__init__()
-        self.fgate = nn.Linear(n_embd, n_head)  # row h: w_h, bias: b_h
-        nn.init.normal_(self.fgate.weight, std=0.02)
-        nn.init.constant_(self.fgate.bias, float(bias_init))
-
-
-@register('fox')
-class FoX(PositionalEncoding):
-    """Forgetting Transformer (Lin et al., arXiv 2503.02130): a data-dependent forget gate
-    per head and token, f_t = sigmoid(w_h . x_t + b_h) with x_t the attention layer's input
-    (the one q, k, v are projected from), and
-        logit_ij = q_i . k_j / sqrt(d) + sum_{l=j+1..i} log f_l = q_i . k_j / sqrt(d) + c_i - c_j,
-    c_t = sum_{l<=t} log f_l (float32 prefix sums). No other position signal: the decay
-    is the position information (the paper's "FoX (LLaMA)" block, without the "Pro"
-    extras). Defaults as the authors' code (github.com/zhixuan-lin/forgetting-transformer,
-    fgate_type='full'): one Linear(n_embd, n_head) per layer, weight N(0, 0.02), bias 0,
-    so f is about 1/2 at init (x-transformers' data-dependent ALiBi uses bias 5; the
-    authors' special bias init is for their data-independent gates only). Option:
-    bias_init.
-    Runs through `attention`: the gates need x, and the log gates of cached tokens live
-    in cache.state (one per key), so decoding recomputes c over all keys. The score_mod
-    reads c at the query and at the key from two tensors (c's last Tq entries and c), each
-    indexed once, so FlexAttention's backward takes it; memory O(T) beyond attention."""
-
-    def __init__(self, config, bias_init=0.0):
+    def __init__(self, config, r_dim=None):
         super().__init__(config)
-        self.bias_init = float(bias_init)
+        self.r_dim = int(r_dim or config.n_embd)
+        if self.r_dim % 2 or self.r_dim <= 0:
+            raise ValueError(f"xl r_dim (dimension of the sinusoid R) must be a positive even integer, got {r_dim!r}")
+        self.u = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
+        self.v = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
+        inv = 10000.0 ** (-torch.arange(0, self.r_dim, 2, dtype=torch.float64) / self.r_dim)
+        self.register_buffer('inv_freq', inv.float(), persistent=False)
 
     def new_layer(self):
-        return _FoxLayer(self.n_embd, self.n_head, self.bias_init)
+        w_r = nn.Linear(self.r_dim, self.n_embd, bias=False)  # W_R: R -> all heads
+        nn.init.normal_(w_r.weight, std=0.02)
+        return w_r
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        with torch.autocast(x.device.type, enabled=False):  # the bias stays float32
-            log_f = F.logsigmoid(layer.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
-        if cache is not None:
-            if 'fox_log_f' in cache.state:
-                log_f = torch.cat((cache.state['fox_log_f'], log_f), 2)  # [B, H, Tk]: every key's log f
-            cache.state['fox_log_f'] = log_f
-        c = log_f.cumsum(-1)  # c_j = sum_{l<=j} log f_l
-        c_q = c[..., c.size(-1) - q.size(2):]  # at the queries (the last Tq keys)
+    def context(self, q_pos, k_pos, n_pos=None):
+        cos, sin = self.cos_sin(q_pos)
+        return make_context(q_pos, k_pos, n_pos, cos=cos, sin=sin)
 
-        def mod(score, b, h, i, j):
-            return score + (c_q[b, h, i] - c[b, h, j])
-        return attend(q, k, v, mod)
+    def cos_sin(self, pos):
+        ang = pos.float()[:, None] * self.inv_freq[None, :]  # [T, r_dim/2], float32
+        return ang.cos(), ang.sin()
 
-
-class _CopeLayer(nn.Module):
-    def __init__(self, npos_max, head_dim):
-        super().__init__()
-        self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))  # e[0..npos_max-1], the paper's zero init
-
-
-@register('cope')
-class CoPE(PositionalEncoding):
-    """Contextual position encoding (Golovneva et al., arXiv 2405.18719):
-        g_ij = sigmoid(q_i . k_j / sqrt(d))     gates, per head (from the scaled logits, as
-                                                the paper's code; future keys get 0)
-        p_ij = sum_{t=j..i} g_it                the contextual position of key j seen from
-                                                query i (counting from the query back), clipped
-                                                at npos_max - 1
-        logit_ij = q_i . k_j / sqrt(d) + q_i . e[p_ij]
-    with e[p] interpolated linearly between the learned vectors e[floor p] and e[ceil p];
-    computed cheaply as the scalars z_i[m] = q_i . e[m] for every integer m, interpolated.
-    The CoPE term is not divided by sqrt(d) (as the paper's code listing). One table e
-    [npos_max, head_dim] per layer, shared by the heads (the listing keeps one pos_emb
-    [head_dim, npos_max] per attention module and applies it to head_dim-sized queries;
-    x-transformers shares one table across heads too), zero init (the listing's).
-    Default npos_max = 64, a choice: the paper clips positions at a small npos_max
-    (its language-modelling value was not checked here); at the default training length
-    128 a count reaches 64 when half the gates are open. Option: npos_max.
-    Where it runs: the gates, positions and bias are dense [B, H, Tq, Tk] float32 tensors
-    built in PyTorch outside the kernel (O(T^2) memory; without gradients in query chunks,
-    QUERY_CHUNK_BYTES), then attend() adds the bias through a score_mod that indexes it
-    once: FlexAttention on CUDA, the dense path on CPU."""
-
-    def __init__(self, config, npos_max=64):
-        super().__init__(config)
-        if int(npos_max) != npos_max or npos_max < 2:
-            raise ValueError(f"cope npos_max (number of position embeddings) must be an integer >= 2, got {npos_max!r}")
-        self.npos_max = int(npos_max)
-
-    def new_layer(self):
-        return _CopeLayer(self.npos_max, self.head_dim)
-
-    def bias(self, q, k, layer):
-        """The CoPE term q_i . e[p_ij], [B, H, Tq, Tk] float32 (queries = the last Tq keys)."""
-        with torch.autocast(q.device.type, enabled=False):
-            qf = q.float()
-            z = qf @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
-            g = torch.sigmoid(z).masked_fill(~_visible(q.size(2), k.size(2), q.device), 0.0)
-            p = g.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # p_ij = sum_{t>=j} g_it
-            lo = p.detach().floor()
-            w = p - lo  # carries the gradient to p
-            qe = qf @ layer.pos_emb.float().t()  # [B, H, Tq, npos_max]: q_i . e[m]
-            return qe.gather(-1, p.detach().ceil().long()) * w + qe.gather(-1, lo.long()) * (1 - w)
-
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        def run(q, k, v):
-            bias = self.bias(q, k, layer)
-
-            def mod(score, b, h, i, j):
-                return score + bias[b, h, i, j]
-            return attend(q, k, v, mod)
-        return chunk_queries(run, q, k, v)
+    def transform_qk(self, q, k, ctx, layer):
+        B, H, T, d = q.shape
+        cos, sin = ctx.extra['cos'], ctx.extra['sin']
+        kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), self.cos_sin)
+        w = layer.weight.view(H, d, self.r_dim)  # W_R^h
+        a = torch.einsum('bhtd,hdr->bhtr', (q + self.v[:, None]).float(), w.float())
+        a_s, a_c = a.chunk(2, dim=-1)  # coefficients of sin(r w) and cos(r w) in R_r
+        q_r = torch.cat((a_s * sin + a_c * cos, a_c * sin - a_s * cos), -1)
+        k_r = torch.cat((kcos, ksin), -1).expand(B, H, -1, -1)  # the keys' own positions
+        c = math.sqrt((d + self.r_dim) / d)
+        q = torch.cat((q + self.u[:, None], q_r.to(q.dtype)), -1) * c
+        k = torch.cat((k, k_r.to(k.dtype)), -1)
+        return q, k
 
 
 class _PopeLayer(nn.Module):
@@ -1620,7 +591,7 @@ class PoPE(PositionalEncoding):
     k -> [mag cos(s theta + delta) | mag sin(s theta + delta)] (head dim 2d, like `xl`), so
     plain causal SDPA's 1/sqrt(2d) becomes the paper's 1/sqrt(d); computed in float32.
     Keys depend on their own position only, so the KV cache keeps them transformed.
-    `attention` pads v with d zero columns so that SDPA's fused (flash) kernels, which
+    attend() pads v with d zero columns so that SDPA's fused (flash) kernels, which
     need equal q and v head dims, run instead of the T x T math kernel.
     Options: base (default 10000), delta_init ('zero' | 'uniform', default 'zero')."""
 
@@ -1651,60 +622,314 @@ class PoPE(PositionalEncoding):
             k2 = torch.cat((mk * ang_k.cos(), mk * ang_k.sin()), -1)
         return q2.to(q.dtype), k2.to(k.dtype)
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        # SDPA's fused kernels need v's head dim to equal q's (2d here); with d it falls back to
-        # the math kernel, which builds the T x T scores. Zero columns in v change nothing.
-        d = v.size(-1)
-        return attend(q, k, F.pad(v, (0, q.size(-1) - d)))[..., :d]
+
+# --- score biases: an additive logit bias f(score, b, h, i, j). A bias that depends only on the
+# distance is tabulated once per forward for distances 0..n_pos-1 (O(T)) and indexed in score_mod,
+# so FlexAttention never builds a TxT tensor and its backward scatters into that small table.
 
 
-@register('stick_breaking')
-class StickBreaking(PositionalEncoding):
-    """Stick-breaking attention (Tan et al., arXiv 2410.17980), no softmax and no
-    positional encoding. With z_ij = q_i . k_j / sqrt(d) and beta_ij = sigmoid(z_ij), the
-    nearest key breaks off its share of the stick first:
-        A_ij = beta_ij prod_{j<l<i} (1 - beta_il)       keys j < i (the paper's default)
-        o_i  = sum_{j<i} A_ij v_j + (1 - sum_j A_ij) v_i
-    The last term gives the stick left over, prod_{j<i} (1 - beta_ij), to the query's own
-    value (the authors' reference tests and their model code's sb_remainder option;
-    option remainder=False drops it, as flash-linear-attention's layer). Option
-    attend_current=True lets j = i take part (j <= i, product over j < l <= i; the
-    authors' kernel option, off by default).
-    Computed in log space in float32 (log A_ij = log sigmoid(z_ij) - sum_{j<l<i}
-    softplus(z_il), a reversed cumulative sum), O(T^2) memory, in query chunks without
-    gradients (QUERY_CHUNK_BYTES). There is no FlexAttention path: `attention` computes
-    the output itself, applies attention dropout to A while training (config.dropout;
-    the remainder term is not dropped), and ignores attn_backend."""
+def alibi_slopes(n_head):
+    """ALiBi head slopes (Press et al., arXiv 2108.12409). For n = 2^k heads the
+    geometric sequence m_h = 2^(-8h/n), h = 1..n. Otherwise, with c the largest
+    power of two below n: slopes(c) followed by every other slope of slopes(2c),
+    n - c of them (the paper's reference implementation)."""
+    def pow2(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (h + 1) for h in range(n)]
+    if math.log2(n_head).is_integer():
+        s = pow2(n_head)
+    else:
+        c = 2 ** math.floor(math.log2(n_head))
+        s = pow2(c) + pow2(2 * c)[0::2][: n_head - c]
+    return torch.tensor(s, dtype=torch.float32)
 
-    def __init__(self, config, attend_current=False, remainder=True):
+
+@register('alibi')
+class ALiBi(PositionalEncoding):
+    """Attention with Linear Biases (Press et al., arXiv 2108.12409):
+    logit_ij += -m_h * (i - j) for key j <= query i, slopes m_h from alibi_slopes().
+    Added after the 1/sqrt(d) scaling, not divided by it. No embedding is added."""
+
+    def __init__(self, config):
         super().__init__(config)
-        self.attend_current, self.remainder = bool(attend_current), bool(remainder)
-        self.dropout = config.dropout
+        self.register_buffer('slopes', alibi_slopes(config.n_head), persistent=False)
 
-    def weights(self, q, k):
-        """(A [B, H, Tq, Tk], the stick left over [B, H, Tq]) in float32; queries = the last Tq keys."""
-        with torch.autocast(q.device.type, enabled=False):
-            z = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
-            vis = _visible(q.size(2), k.size(2), q.device, strict=not self.attend_current)
-            log_keep = F.logsigmoid(-z).masked_fill(~vis, 0.0)  # log(1 - beta_il); 0 = no break
-            after = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum_{l>=j}
-            after = F.pad(after[..., 1:], (0, 1))  # sum_{l>j}
-            A = (F.logsigmoid(z) + after).exp().masked_fill(~vis, 0.0)
-            return A, log_keep.sum(-1).exp()
+    def score_mod(self, q, k, ctx, layer):
+        slopes, q_pos, k_pos = self.slopes, ctx.q_pos, ctx.k_pos
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        p = self.dropout if self.training else 0.0
+        def mod(score, b, h, i, j):
+            return score + slopes[h] * (k_pos[j] - q_pos[i])
+        return mod
 
-        def run(q, k, v):
-            A, rest = self.weights(q, k)
-            with torch.autocast(q.device.type, enabled=False):
-                if p:
-                    A = F.dropout(A, p)
-                y = A @ v.float()
-                if self.remainder:
-                    y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
-            return y
-        return chunk_queries(run, q, k, v).to(q.dtype)
+
+def t5_bucket(relative_position, num_buckets=32, max_distance=128, bidirectional=False):
+    """T5's relative-position bucket (Raffel et al., arXiv 1910.10683, as in Mesh TF).
+    relative_position = key_pos - query_pos (<= 0 for the causal past).
+    Causal: n = max(-rel, 0) and all buckets describe the past. Bidirectional: half the
+    buckets per side, keys in the future get +num_buckets/2, n = |rel|.
+    With nb buckets per side and max_exact = nb // 2: n < max_exact is its own bucket;
+    larger n share log-spaced buckets max_exact + floor(log(n/max_exact) /
+    log(max_distance/max_exact) * (nb - max_exact)), capped at nb - 1. Defaults: the
+    top causal bucket (31) starts at distance 113 and holds everything beyond."""
+    nb = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = nb // 2
+    if max_exact < 1 or max_distance <= max_exact:
+        raise ValueError(f"t5_bucket needs num_buckets >= {4 if bidirectional else 2} and max_distance > "
+                         f"{max_exact} (half the buckets of a side), got num_buckets={num_buckets}, "
+                         f"max_distance={max_distance}")
+    rel = torch.as_tensor(relative_position)
+    if bidirectional:
+        offset = (rel > 0).long() * nb
+        n = rel.abs()
+    else:
+        offset = 0
+        n = (-rel).clamp(min=0)
+    # clamp inside the log: n < max_exact takes the exact branch anyway, and log(0) would be -inf
+    log_ratio = torch.log(n.clamp(min=max_exact).float() / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (nb - max_exact)).long()).clamp(max=nb - 1)
+    return offset + torch.where(n < max_exact, n, large)
+
+
+@register('t5')
+class T5Bias(PositionalEncoding):
+    """T5 relative attention bias (Raffel et al., arXiv 1910.10683, section 2.1):
+    logit_ij += B[t5_bucket(j - i), h], one learned table B [num_buckets, n_head]
+    shared by all layers (T5 computes it in the first layer and reuses it).
+    Causal buckets. Defaults num_buckets=32, max_distance=128; past 128 every key
+    shares the last bucket. T5 itself drops the 1/sqrt(d) scaling; here the bias is
+    added to the usual scaled logit like every other scheme. Init N(0, n_embd^-0.5)
+    (HF T5's initialiser). Options: num_buckets, max_distance."""
+
+    def __init__(self, config, num_buckets=32, max_distance=128):
+        super().__init__(config)
+        t5_bucket(torch.zeros(1, dtype=torch.long), num_buckets, max_distance)  # validate early
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.table = nn.Parameter(torch.randn(num_buckets, config.n_head) * config.n_embd ** -0.5)
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        r = torch.arange(ctx.n_pos, device=q_pos.device)  # every distance this forward can see
+        ctx.extra['bias'] = self.table[t5_bucket(-r, self.num_buckets, self.max_distance)].t()  # [H, n_pos]
+        return ctx
+
+    def score_mod(self, q, k, ctx, layer):
+        bias = ctx.extra['bias']
+
+        def mod(score, b, h, i, j):
+            return score + bias[h, ctx.dist(i, j)]
+        return mod
+
+
+class _ShawLayer(nn.Module):
+    def __init__(self, n, head_dim):
+        super().__init__()
+        self.rel_k = nn.Parameter(torch.randn(n, head_dim) * 0.02)  # a^K_r, r = distance 0..k
+        self.rel_v = nn.Parameter(torch.randn(n, head_dim) * 0.02)  # a^V_r
+
+
+@register('shaw')
+class Shaw(PositionalEncoding):
+    """Relative position representations (Shaw et al., arXiv 1803.02155):
+    e_ij = q_i . (k_j + aK[r]) / sqrt(d),   z_i = sum_j a_ij (v_j + aV[r]),
+    r = min(i - j, k) the distance clipped at k (option max_distance, default 16;
+    the paper found k >= 2 enough for translation). Learned per layer, shared by
+    heads, as in the paper. The paper has 2k+1 vectors for j - i in [-k, k]; a
+    causal decoder only ever sees j <= i, so only the k+1 past ones exist here.
+    Key term: q.aK is precomputed for the k+1 distances ([B, H, T, k+1]) and indexed
+    in score_mod. Value term: sum_j a_ij aV[r] needs only the attention weights of
+    the k nearest keys (the rest share aV[k] with weight 1 - their sum), which come
+    from each row's logsumexp: a_ij = exp(e_ij - lse_i) (the value_mod hook), so
+    FlexAttention can run this scheme too. Those k logits are q_i.k_{i-r} on a
+    sliding-window view of the keys (no copies kept for backward) plus the key term,
+    read through score_mod itself. Attention dropout is not applied to the value term."""
+
+    def __init__(self, config, max_distance=16):
+        super().__init__(config)
+        if int(max_distance) != max_distance or max_distance < 1:
+            raise ValueError(f"shaw max_distance (the clip distance k) must be a positive integer, got {max_distance!r}")
+        self.k = int(max_distance)
+
+    def new_layer(self):
+        return _ShawLayer(self.k + 1, self.head_dim)
+
+    def score_mod(self, q, k, ctx, layer):
+        with torch.autocast(q.device.type, enabled=False):  # a bias: float32 even under autocast
+            qa = (q.float() @ layer.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
+        kmax = self.k
+
+        def mod(score, b, h, i, j):
+            return score + qa[b, h, i, ctx.dist(i, j).clamp(max=kmax)]
+        return mod
+
+    def value_mod(self, q, k, ctx, layer, score_mod):
+        B, H, Tq, d = q.shape
+        K, off = self.k, k.size(2) - Tq  # query i is key i + off
+        # the K nearest keys of every query in one sliding-window view (no copy per distance, and
+        # one op rather than K for torch.compile): kp[t] = k[t - K + 1], window s of query i is
+        # key i + off - (K - 1 - s), so flipping s gives the distance r = 0..K-1
+        kp = F.pad(k.float(), (0, 0, K - 1, 0))
+        win = kp[:, :, off:off + Tq + K - 1].unfold(2, K, 1)  # [B, H, Tq, d, K]
+        raw = (q.float().unsqueeze(-1) * win).sum(-2).flip(-1) / math.sqrt(d)  # [B, H, Tq, K]
+        i = torch.arange(Tq, device=q.device)[:, None]
+        j = i + off - torch.arange(K, device=q.device)  # [Tq, K] the key at distance r
+        b = torch.arange(B, device=q.device)[:, None, None, None]
+        h = torch.arange(H, device=q.device)[None, :, None, None]
+        e = torch.where(j >= 0, score_mod(raw, b, h, i, j.clamp(min=0)), float('-inf'))  # no key r back: weight 0
+
+        def g(lse):
+            p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
+            p = torch.cat((p, 1 - p.sum(-1, keepdim=True)), -1)  # every farther key shares aV[K]
+            return p @ layer.rel_v
+        return g
+
+
+class _KerpleLayer(nn.Module):
+    def __init__(self, n_head):
+        super().__init__()
+        self.p = nn.Parameter(torch.rand(n_head) * 2)  # p ~ U(0, 2), the paper's init
+        self.a = nn.Parameter(torch.rand(n_head))      # a ~ U(0, 1)
+
+
+class _Kerple(PositionalEncoding):
+    """KERPLE (Chi et al., arXiv 2205.09921): a conditionally positive definite
+    kernel of the distance r = i - j >= 0 as a logit bias, added after 1/sqrt(d).
+    p_h, a_h learned per head and per layer, init p ~ U(0, 2), a ~ U(0, 1), and
+    clamped in place before every use as in the paper's code: both >= 1e-2, and
+    for the power kernel p <= 2 (beyond 2 the kernel is not CPD)."""
+    eps, p_max = 1e-2, None
+
+    def new_layer(self):
+        return _KerpleLayer(self.n_head)
+
+    def score_mod(self, q, k, ctx, layer):
+        with torch.no_grad():  # clamp the parameters themselves, so gradients still flow at the boundary
+            layer.p.clamp_(min=self.eps, max=self.p_max)
+            layer.a.clamp_(min=self.eps)
+        r = torch.arange(ctx.n_pos, device=q.device).float()
+        bias = -self.kernel(r[None, :], layer.p[:, None], layer.a[:, None])  # [H, n_pos], once per layer
+
+        def mod(score, b, h, i, j):
+            return score + bias[h, ctx.dist(i, j)]
+        return mod
+
+
+@register('kerple_log')
+class KerpleLog(_Kerple):
+    __doc__ = _Kerple.__doc__ + """
+    Logarithmic variant: bias = -p_h * log(1 + a_h * r)."""
+
+    @staticmethod
+    def kernel(r, p, a):
+        return p * torch.log1p(a * r)
+
+
+@register('kerple_power')
+class KerplePower(_Kerple):
+    __doc__ = _Kerple.__doc__ + """
+    Power variant: bias = -a_h * r^p_h, 0 < p_h <= 2."""
+    p_max = 2.0
+
+    @staticmethod
+    def kernel(r, p, a):
+        # r^p as max(r,1)^p masked at r = 0: same value, and no 0 * log(0) in d/dp
+        return a * r.clamp(min=1) ** p * (r > 0)
+
+
+class _FireLayer(nn.Module):
+    def __init__(self, n_head, width, init_c, init_L):
+        super().__init__()
+        self.fc1 = nn.Linear(1, width)
+        self.fc2 = nn.Linear(width, n_head)
+        self.c = nn.Parameter(torch.tensor(float(init_c)))  # log-transform sharpness
+        self.L_mult = nn.Parameter(torch.tensor(1.0))  # learned threshold = |L_mult * init_L|
+        self.register_buffer('init_L', torch.tensor(float(init_L)), persistent=False)
+
+
+@register('fire')
+class FIRE(PositionalEncoding):
+    """FIRE, functional interpolation for relative positions (Li et al., arXiv 2310.04418):
+    bias_h(i, j) = f_h( psi(i - j) / psi(max(i, L_thr)) ),  psi(x) = log(c x + 1),
+    f: an MLP 1 -> width -> n_head with ReLU (width 32), c learned (init 0.1),
+    L_thr = |m * L0| learned through m (init 1, L0 = 512): distances are normalised by
+    the query position ("progressive interpolation") but never by less than L_thr,
+    so the MLP input stays in [0, 1] at any length. psi of the normaliser gets +1e-6.
+    One FIRE module per layer, as in the paper's default. The bias depends on the
+    query position as well as the distance, so it cannot be tabulated per distance:
+    without gradients (evaluation at any length) the MLP runs inside score_mod as
+    `width` scalar ReLU units, O(T) memory; with gradients it is tabulated as
+    [H, Tq, Tk] once per layer, all units in one expression (the paper's dense
+    bias; the unit loop there took torch.compile 3x longer), because FlexAttention's
+    backward can only scatter a score's gradient into a tensor it indexes once.
+    Note: with the default L0 = 512 and a training length below 512, training
+    never reaches the interpolating regime; set init_L (e.g. block_size / 4 as
+    the paper's 512 / 2048) to study it. Options: width, init_c, init_L."""
+
+    def __init__(self, config, width=32, init_c=0.1, init_L=512.0):
+        super().__init__(config)
+        self.width, self.init_c, self.init_L = int(width), init_c, init_L
+
+    def new_layer(self):
+        return _FireLayer(self.n_head, self.width, self.init_c, self.init_L)
+
+    @staticmethod
+    def normalised(layer, qp, r):
+        """The MLP's input psi(r) / psi(max(qp, L_thr)) for query positions qp and distances r."""
+        c, thr = layer.c, (layer.L_mult * layer.init_L).abs()
+        rel = torch.log(torch.abs(c * r.float()) + 1)
+        return rel / (torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6)
+
+    def score_mod(self, q, k, ctx, layer):
+        w1, b1, w2, b2 = layer.fc1.weight[:, 0], layer.fc1.bias, layer.fc2.weight, layer.fc2.bias
+        if not torch.is_grad_enabled():
+            def mod(score, b, h, i, j):
+                x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))
+                for u in range(w1.size(0)):  # the MLP on a scalar, one hidden unit at a time
+                    score = score + w2[h, u] * torch.relu(w1[u] * x + b1[u])
+                return score + b2[h]
+            return mod
+        i, j = torch.arange(q.size(2), device=q.device)[:, None], torch.arange(k.size(2), device=q.device)
+        x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))  # [Tq, Tk]
+        hidden = torch.relu(x[..., None, None] * w1 + b1)  # [Tq, Tk, 1, width]
+        table = ((hidden * w2).sum(-1) + b2).permute(2, 0, 1)  # [H, Tq, Tk]
+
+        def mod(score, b, h, i, j):
+            return score + table[h, i, j]
+        return mod
+
+
+@register('sandwich')
+class Sandwich(PositionalEncoding):
+    """Sandwich (Chi et al., arXiv 2212.10356): the inner product of sinusoidal
+    position embeddings as a parameter-free logit bias,
+    bias_h(i, j) = (sum_{k=1}^{d/2} cos((i - j) * 10000^(-2k/d)) - d/2) / (8h/H),
+    h = 1..H, d = n_embd by default (option dim). It is 0 at distance 0 and <= 0
+    elsewhere; the 8h/H divisor mirrors ALiBi's head slopes. Since the bias depends
+    only on the distance, context() tabulates it once per forward for distances
+    0..n_pos-1 (O(T) memory) and score_mod indexes the table."""
+
+    def __init__(self, config, dim=None):
+        super().__init__(config)
+        self.dim = int(dim or config.n_embd)
+        if self.dim % 2 or self.dim <= 0:
+            raise ValueError(f"sandwich dim must be a positive even integer, got {dim!r}")
+        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64)
+        self.register_buffer('inv_freq', 10000.0 ** (-2 * k / self.dim), persistent=False)
+        h = torch.arange(1, config.n_head + 1, dtype=torch.float32)
+        self.register_buffer('head_div', 8 * h / config.n_head, persistent=False)
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        r = torch.arange(ctx.n_pos, device=k_pos.device, dtype=torch.float64)
+        table = torch.cos(r[:, None] * self.inv_freq[None, :]).sum(-1) - self.dim / 2  # float64: sums of d/2 cosines
+        ctx.extra['table'] = table.float()
+        return ctx
+
+    def score_mod(self, q, k, ctx, layer):
+        table, div = ctx.extra['table'], self.head_div
+
+        def mod(score, b, h, i, j):
+            return score + table[ctx.dist(i, j)] / div[h]
+        return mod
 
 
 def deberta_log_bucket(rel, bucket_size, max_position):
@@ -1795,185 +1020,161 @@ class DeBERTa(PositionalEncoding):
         return mod
 
 
-# =============================================================================
-# per-layer stacks (NoPE layers, per-layer options) and attention scaling
-
-def _nest(state_dict, prefix, sub, own=()):
-    """state_dict load pre-hook: key prefix + name becomes prefix + sub + name (the
-    module's real name), unless name is the wrapper's own or the keys are nested already."""
-    keys = [k for k in state_dict if k.startswith(prefix)]
-    if any(k.startswith(prefix + sub) for k in keys):
-        return
-    for k in keys:
-        if k[len(prefix):].split('.')[0] not in own:
-            state_dict[prefix + sub + k[len(prefix):]] = state_dict.pop(k)
+# --- own attention: the scheme computes the layer's attention itself (its `attention` hook)
 
 
-def _flatten(state_dict, prefix, sub):
-    """state_dict post-hook: save prefix + sub + name as prefix + name, the plain scheme's key."""
-    for k in [k for k in state_dict if k.startswith(prefix + sub)]:
-        state_dict[prefix + k[len(prefix + sub):]] = state_dict.pop(k)
-
-
-def _plain_state_dict_names(module, sub, own=()):
-    """Save and load a wrapper's wrapped module under the plain scheme's names, so a checkpoint
-    of the plain scheme and one of the wrapper have the same keys (a plain one loads into a
-    model with attn_scaling chosen at run time, and checkpoint tools compare keys directly)."""
-    module.register_state_dict_post_hook(lambda mod, sd, prefix, meta: _flatten(sd, prefix, sub))
-    module.register_load_state_dict_pre_hook(lambda mod, sd, prefix, *_: _nest(sd, prefix, sub, own))
-
-
-class _StackLayer(nn.Module):
-    """One layer's part of a LayerStack: its index, its scheme's per-layer module (or
-    None) and, with SSMax on this layer, the learned per-head scales s_h."""
-
-    def __init__(self, index, inner, ssmax):
+class _FoxLayer(nn.Module):
+    def __init__(self, n_embd, n_head, bias_init):
         super().__init__()
-        self.index = index
-        self.inner = inner
-        self.ssmax = ssmax
-        _plain_state_dict_names(self, 'inner.', own=('ssmax',))
+        self.fgate = nn.Linear(n_embd, n_head)  # row h: w_h, bias: b_h
+        nn.init.normal_(self.fgate.weight, std=0.02)
+        nn.init.constant_(self.fgate.bias, float(bias_init))
 
 
-class LayerStack(PositionalEncoding):
-    """A scheme per layer, or none (NoPE), plus optional length-dependent attention
-    scaling; built by build() from config.nope_layers, layer_options and attn_scaling
-    (see the module docstring, nope_layer_indices, check_layer_options and
-    check_attn_scaling). One scheme instance per distinct set of options: layers with
-    the same options share it (its context is computed once per forward, and its
-    global parameters are shared as in the plain scheme). Every hook delegates to
-    the layer's scheme with that scheme's own context and the layer's own module;
-    a NoPE layer transforms nothing and adds no bias. Examples:
-      RNoPE / Llama 4 iRoPE / SmolLM3: pos_encoding='rope', nope_layers=4
-      Llama 4's temperature tuning too:  attn_scaling={'type': 'llama4'}
-      Gemma 3 bases (every 6th layer global, 1M; the others local, 10k):
-        pos_options={'base': 1e4}, layer_options={i: {'base': 1e6} for i in range(5, n_layer, 6)}
-      ALiBi with NoPE every 3rd layer and log-n scaling beyond L:
-        pos_encoding='alibi', nope_layers=3, attn_scaling={'type': 'logn', 'original_max_len': L}"""
+@register('fox')
+class FoX(PositionalEncoding):
+    """Forgetting Transformer (Lin et al., arXiv 2503.02130): a data-dependent forget gate
+    per head and token, f_t = sigmoid(w_h . x_t + b_h) with x_t the attention layer's input
+    (the one q, k, v are projected from), and
+        logit_ij = q_i . k_j / sqrt(d) + sum_{l=j+1..i} log f_l = q_i . k_j / sqrt(d) + c_i - c_j,
+    c_t = sum_{l<=t} log f_l (float32 prefix sums). No other position signal: the decay
+    is the position information (the paper's "FoX (LLaMA)" block, without the "Pro"
+    extras). Defaults as the authors' code (github.com/zhixuan-lin/forgetting-transformer,
+    fgate_type='full'): one Linear(n_embd, n_head) per layer, weight N(0, 0.02), bias 0,
+    so f is about 1/2 at init (x-transformers' data-dependent ALiBi uses bias 5; the
+    authors' special bias init is for their data-independent gates only). Option:
+    bias_init.
+    Runs through `attention`: the gates need x, and the log gates of cached tokens live
+    in cache.state (one per key), so decoding recomputes c over all keys. The score_mod
+    reads c at the query and at the key from two tensors (c's last Tq entries and c), each
+    indexed once, so FlexAttention's backward takes it; memory O(T) beyond attention."""
 
-    def __init__(self, config, pe):
+    def __init__(self, config, bias_init=0.0):
         super().__init__(config)
-        self.name, n = pe.name, config.n_layer
-        nope = nope_layer_indices(getattr(config, 'nope_layers', None), n)
-        per = check_layer_options(getattr(config, 'layer_options', None), n, nope)
-        if (nope or per) and pe.embeds_positions:
-            raise ValueError(f"{pe.name} adds positions to the token embeddings once, before block 0, for "
-                             f"every layer: there is no per-layer position to switch off or change, so "
-                             f"nope_layers/layer_options do not apply. Use an attention-side scheme "
-                             f"({', '.join(s for s in sorted(REGISTRY) if REGISTRY[s].embed is PositionalEncoding.embed and s != 'none')})")
-        if nope and isinstance(pe, NoPE):
-            raise ValueError("pos_encoding='none' is NoPE in every layer already; drop nope_layers")
-        base = dict(config.pos_options or {})
-        base_key = repr(sorted(base.items()))
-        schemes, plan, seen = [], [], {}
-        for i in range(n):
-            if i in nope:
-                plan.append(None)
-                continue
-            opts = {**base, **per.get(i, {})}
-            key = repr(sorted(opts.items()))
-            if key not in seen:
-                seen[key] = len(schemes)
-                schemes.append(pe if key == base_key else
-                               _make_scheme(config, pe.name, opts, f" (pos_options updated by layer_options[{i}])"))
-            plan.append(seen[key])
-        self.schemes = nn.ModuleList(schemes)
-        self.plan = plan  # per layer: index into self.schemes, or None for NoPE
-        if len(schemes) == 1:  # the plain scheme's state-dict keys (plus SSMax's own)
-            _plain_state_dict_names(self, 'schemes.0.')
-        self.uses_rope_scaling = getattr(pe, 'uses_rope_scaling', False)
-        self.nope_layers = [i for i, p in enumerate(plan) if p is None or isinstance(schemes[p], NoPE)]
-        sc = getattr(config, 'attn_scaling', None)
-        self.attn_scaling = sc = check_attn_scaling(sc, n) if sc else None
-        self.scaled = frozenset()
-        if sc is not None:
-            layers = sc['layers']
-            self.scaled = frozenset(range(n) if layers == 'all' else self.nope_layers if layers == 'nope' else
-                                    [i for i in range(n) if i not in self.nope_layers] if layers == 'pe' else layers)
-            if not self.scaled:
-                raise ValueError(f"attn_scaling {sc['type']!r} applies to layers={layers!r}, and this model has "
-                                 f"none (NoPE layers: {self.nope_layers}). Set nope_layers (Llama 4 scales its NoPE "
-                                 f"layers), or 'layers': 'all' or a list of layer indices")
-            self.ssmax_init = sc.get('init', 1 / math.log(max(2, config.block_size)))
-            own = [i for i in sorted(self.scaled) if plan[i] is not None and schemes[plan[i]].owns_attention]
-            if own:
-                raise ValueError(f"attn_scaling multiplies the logits of model.py's attention, but {pe.name} computes "
-                                 f"its attention itself (its `attention` hook) on layers {own}; apply attn_scaling "
-                                 f"to other layers ('layers': 'nope' with nope_layers, or a list) or drop it")
-        self._built = 0
+        self.bias_init = float(bias_init)
 
     def new_layer(self):
-        i = self._built
-        if i >= len(self.plan):
-            raise RuntimeError(f"LayerStack was built for n_layer={len(self.plan)} layers and new_layer() was "
-                               f"called once more: it is called once per layer, in order")
-        self._built += 1
-        p = self.plan[i]
-        inner = None if p is None else self.schemes[p].new_layer()
-        ssmax = None
-        if self.attn_scaling is not None and self.attn_scaling['type'] == 'ssmax' and i in self.scaled:
-            ssmax = nn.Parameter(torch.full((self.n_head,), float(self.ssmax_init)))
-        return _StackLayer(i, inner, ssmax)
-
-    def _at(self, ctx, layer):
-        """(scheme, its context, its per-layer module) of this layer, or None for NoPE."""
-        p = self.plan[layer.index]
-        return None if p is None else (self.schemes[p], ctx.extra['inner'][p], layer.inner)
-
-    def max_len_of(self):
-        lens = [s.max_len for s in self.schemes if s.max_len is not None]
-        return min(lens) if lens else None
-
-    def check_positions(self, n_pos):
-        for s in self.schemes:
-            s.check_positions(n_pos)
-
-    @property
-    def embeds_positions(self):
-        return any(s.embeds_positions for s in self.schemes)
-
-    @property
-    def transform_after_cache(self):
-        return any(s.transform_after_cache for s in self.schemes)
-
-    def embed(self, x, pos):
-        for s in self.schemes:  # several schemes only when none embeds (refused above)
-            x = s.embed(x, pos)
-        return x
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        ctx = make_context(q_pos, k_pos, n_pos)
-        ctx.extra['inner'] = [s.context(q_pos, k_pos, ctx.n_pos) for s in self.schemes]
-        return ctx
-
-    def transform_qk(self, q, k, ctx, layer):
-        at = self._at(ctx, layer)
-        return (q, k) if at is None else at[0].transform_qk(q, k, at[1], at[2])
-
-    def score_mod(self, q, k, ctx, layer):
-        at = self._at(ctx, layer)
-        return None if at is None else at[0].score_mod(q, k, at[1], at[2])
-
-    def value_mod(self, q, k, ctx, layer, score_mod):
-        at = self._at(ctx, layer)
-        return None if at is None else at[0].value_mod(q, k, at[1], at[2], score_mod)
+        return _FoxLayer(self.n_embd, self.n_head, self.bias_init)
 
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        at = self._at(ctx, layer)
-        return None if at is None else at[0].attention(q, k, v, x, at[1], at[2], cache, attend)
+        with torch.autocast(x.device.type, enabled=False):  # the bias stays float32
+            log_f = F.logsigmoid(layer.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
+        if cache is not None:
+            if 'fox_log_f' in cache.state:
+                log_f = torch.cat((cache.state['fox_log_f'], log_f), 2)  # [B, H, Tk]: every key's log f
+            cache.state['fox_log_f'] = log_f
+        c = log_f.cumsum(-1)  # c_j = sum_{l<=j} log f_l
+        c_q = c[..., c.size(-1) - q.size(2):]  # at the queries (the last Tq keys)
 
-    def logit_scale(self, q, ctx, layer):
-        sc = self.attn_scaling
-        if sc is None or layer.index not in self.scaled:
-            return None
-        if sc['type'] == 'llama4':
-            return llama4_scale(ctx.q_pos, sc['floor_scale'], sc['attn_scale'])[None, :]
-        Tq, Tk = q.size(2), ctx.k_pos.numel()
-        n = torch.arange(Tk - Tq + 1, Tk + 1, device=q.device)  # keys each query attends to
-        if sc['type'] == 'logn':
-            return logn_scale(n, sc.get('original_max_len'))[None, :]
-        return layer.ssmax[:, None] * torch.log(n.float())[None, :]  # ssmax: [H, Tq]
+        def mod(score, b, h, i, j):
+            return score + (c_q[b, h, i] - c[b, h, j])
+        return attend(q, k, v, mod)
 
-    def extra_repr(self):
-        names = ['nope' if p is None else f"{self.name}#{p}" for p in self.plan]
-        return f"layers=[{', '.join(names)}], attn_scaling={self.attn_scaling}, scaled={sorted(self.scaled)}"
+
+class _CopeLayer(nn.Module):
+    def __init__(self, npos_max, head_dim):
+        super().__init__()
+        self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))  # e[0..npos_max-1], the paper's zero init
+
+
+@register('cope')
+class CoPE(PositionalEncoding):
+    """Contextual position encoding (Golovneva et al., arXiv 2405.18719):
+        g_ij = sigmoid(q_i . k_j / sqrt(d))     gates, per head (from the scaled logits, as
+                                                the paper's code; future keys get 0)
+        p_ij = sum_{t=j..i} g_it                the contextual position of key j seen from
+                                                query i (counting from the query back), clipped
+                                                at npos_max - 1
+        logit_ij = q_i . k_j / sqrt(d) + q_i . e[p_ij]
+    with e[p] interpolated linearly between the learned vectors e[floor p] and e[ceil p];
+    computed cheaply as the scalars z_i[m] = q_i . e[m] for every integer m, interpolated.
+    The CoPE term is not divided by sqrt(d) (as the paper's code listing). One table e
+    [npos_max, head_dim] per layer, shared by the heads (the listing keeps one pos_emb
+    [head_dim, npos_max] per attention module and applies it to head_dim-sized queries;
+    x-transformers shares one table across heads too), zero init (the listing's).
+    Default npos_max = 64, a choice: the paper clips positions at a small npos_max
+    (its language-modelling value was not checked here); at the default training length
+    128 a count reaches 64 when half the gates are open. Option: npos_max.
+    Where it runs: the gates, positions and bias are dense [B, H, Tq, Tk] float32 tensors
+    built in PyTorch outside the kernel (O(T^2) memory; without gradients in query chunks,
+    attention.DENSE_CHUNK_BYTES), then attend() adds the bias through a score_mod that indexes it
+    once: FlexAttention on CUDA, the dense path on CPU."""
+
+    def __init__(self, config, npos_max=64):
+        super().__init__(config)
+        if int(npos_max) != npos_max or npos_max < 2:
+            raise ValueError(f"cope npos_max (number of position embeddings) must be an integer >= 2, got {npos_max!r}")
+        self.npos_max = int(npos_max)
+
+    def new_layer(self):
+        return _CopeLayer(self.npos_max, self.head_dim)
+
+    def bias(self, q, k, layer):
+        """The CoPE term q_i . e[p_ij], [B, H, Tq, Tk] float32 (queries = the last Tq keys)."""
+        with torch.autocast(q.device.type, enabled=False):
+            qf = q.float()
+            z = qf @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+            g = torch.sigmoid(z).masked_fill(~visibility(q.size(2), k.size(2), q.device), 0.0)
+            p = g.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # p_ij = sum_{t>=j} g_it
+            lo = p.detach().floor()
+            w = p - lo  # carries the gradient to p
+            qe = qf @ layer.pos_emb.float().t()  # [B, H, Tq, npos_max]: q_i . e[m]
+            return qe.gather(-1, p.detach().ceil().long()) * w + qe.gather(-1, lo.long()) * (1 - w)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        def run(q, k, v, s):
+            bias = self.bias(q, k, layer)
+
+            def mod(score, b, h, i, j):
+                return score + bias[b, h, i, j]
+            return attend(q, k, v, mod)
+        return chunk_queries(run, q, k, v)
+
+
+@register('stick_breaking')
+class StickBreaking(PositionalEncoding):
+    """Stick-breaking attention (Tan et al., arXiv 2410.17980), no softmax and no
+    positional encoding. With z_ij = q_i . k_j / sqrt(d) and beta_ij = sigmoid(z_ij), the
+    nearest key breaks off its share of the stick first:
+        A_ij = beta_ij prod_{j<l<i} (1 - beta_il)       keys j < i (the paper's default)
+        o_i  = sum_{j<i} A_ij v_j + (1 - sum_j A_ij) v_i
+    The last term gives the stick left over, prod_{j<i} (1 - beta_ij), to the query's own
+    value (the authors' reference tests and their model code's sb_remainder option;
+    option remainder=False drops it, as flash-linear-attention's layer). Option
+    attend_current=True lets j = i take part (j <= i, product over j < l <= i; the
+    authors' kernel option, off by default).
+    Computed in log space in float32 (log A_ij = log sigmoid(z_ij) - sum_{j<l<i}
+    softplus(z_il), a reversed cumulative sum), O(T^2) memory, in query chunks without
+    gradients (attention.DENSE_CHUNK_BYTES). There is no FlexAttention path: `attention` computes
+    the output itself, applies attention dropout to A while training (config.dropout;
+    the remainder term is not dropped), and ignores attn_backend."""
+
+    def __init__(self, config, attend_current=False, remainder=True):
+        super().__init__(config)
+        self.attend_current, self.remainder = bool(attend_current), bool(remainder)
+        self.dropout = config.dropout
+
+    def weights(self, q, k):
+        """(A [B, H, Tq, Tk], the stick left over [B, H, Tq]) in float32; queries = the last Tq keys."""
+        with torch.autocast(q.device.type, enabled=False):
+            z = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+            vis = visibility(q.size(2), k.size(2), q.device, strict=not self.attend_current)
+            log_keep = F.logsigmoid(-z).masked_fill(~vis, 0.0)  # log(1 - beta_il); 0 = no break
+            after = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum_{l>=j}
+            after = F.pad(after[..., 1:], (0, 1))  # sum_{l>j}
+            A = (F.logsigmoid(z) + after).exp().masked_fill(~vis, 0.0)
+            return A, log_keep.sum(-1).exp()
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        p = self.dropout if self.training else 0.0
+
+        def run(q, k, v, s):
+            A, rest = self.weights(q, k)
+            with torch.autocast(q.device.type, enabled=False):
+                if p:
+                    A = F.dropout(A, p)
+                y = A @ v.float()
+                if self.remainder:
+                    y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
+            return y
+        return chunk_queries(run, q, k, v).to(q.dtype)

@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import positional  # noqa: E402
-import model as M  # noqa: E402
+import attention as A  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from data.common import get_encoding  # noqa: E402
 
@@ -35,27 +35,26 @@ def tiny_model(scheme, seed=0, **kw):
 
 
 def attend_mods(scheme, train):
-    """The (score_mod, value_mod) pairs a scheme's hooks hand model.attend in one forward of a
+    """The (score_mod, value_mod) pairs a scheme's hooks hand attention.attend in one forward of a
     tiny model, training with gradients (train=True) or evaluating without; [] when its attention
     hook never calls attend (it computes the output itself, e.g. stick-breaking)."""
-    import model as M
     m = tiny_model(scheme).train(train)
-    calls, real = [], M.attend
+    calls, real = [], A.attend
 
     def spy(q, k, v, mod=None, vmod=None, *args, **kw):
         calls.append((mod, vmod))
         return real(q, k, v, mod, vmod, *args, **kw)
-    M.attend = spy
+    A.attend = spy
     try:
         with torch.set_grad_enabled(train):
             m(torch.zeros(1, 8, dtype=torch.long))
     finally:
-        M.attend = real
+        A.attend = real
     return calls
 
 
 def has_attention_mod(scheme, train=False):
-    """Whether the scheme gives model.attend a score_mod or value_mod (so FlexAttention runs it):
+    """Whether the scheme gives attention.attend a score_mod or value_mod (so FlexAttention runs it):
     it overrides the score_mod/value_mod hooks, or its attention hook hands attend one."""
     cls, base = positional.REGISTRY[scheme], positional.PositionalEncoding
     return cls.score_mod is not base.score_mod or cls.value_mod is not base.value_mod or \
@@ -156,7 +155,7 @@ def flex_with_grad_on_cpu(monkeypatch):
     """FlexAttention refuses inputs that need gradients on CPU before building anything; lift
     that check (and let Shaw's value term take flex's logsumexp) so the graph gets built."""
     monkeypatch.setattr(fa, '_validate_device', lambda *a: None)
-    monkeypatch.setattr(M, 'FLEX_LSE_ON_CPU', True)
+    monkeypatch.setattr(A, 'FLEX_LSE_ON_CPU', True)
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

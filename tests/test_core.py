@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import positional
+import rope_scaling
 from conftest import SCHEMES, assert_trains_and_pe_params_learn, has_attention_mod, tiny_model
-from model import dense_bias
+from attention import dense_bias
 
 
 # --- math of the core schemes against independent formulas / published values ---
@@ -47,7 +48,7 @@ def test_alibi_bias_is_minus_slope_times_distance():
 
 def test_rope_inv_freq_and_half_split_rotation():
     d, base = 8, 10000.0
-    inv, factor = positional.rope_frequencies(d, base)
+    inv, factor = rope_scaling.rope_frequencies(d, base)
     assert factor == 1.0 and inv.dtype == torch.float32
     assert inv.tolist() == pytest.approx([base ** (-2 * i / d) for i in range(d // 2)], rel=1e-6)
     # half-split: pair (i, i + d/2) is rotated by angle p * inv[i], as a 2D rotation

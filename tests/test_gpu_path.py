@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.attention.flex_attention as fa
 
-import model as M
+import attention as A
 import positional
 import runtime
 from conftest import (SCHEMES, Validated, assert_same_grads, attend_mods, flex_and_dense_grads,
                       has_attention_mod, tiny_model, validating_backend)
 
-# schemes that hand model.attend a score_mod or value_mod (stick-breaking, with its own attention, does not)
+# schemes that hand attention.attend a score_mod or value_mod (stick-breaking, with its own attention, does not)
 MOD_SCHEMES = [s for s in SCHEMES if has_attention_mod(s) or has_attention_mod(s, train=True)]
 
 
@@ -36,7 +36,7 @@ def test_flex_backward_graph_validates_and_gradients_equal_dense(scheme, flex_wi
         loss.backward()
     assert len(counts) == (2 * m.config.n_layer if _has_training_mod(scheme) else 0)
 
-    monkeypatch.setitem(M._compiled, 'flex', fa.flex_attention)  # eager flex: its backward runs on CPU
+    monkeypatch.setitem(A._compiled, 'flex', fa.flex_attention)  # eager flex: its backward runs on CPU
     assert_same_grads(flex_and_dense_grads(lambda be: tiny_model(scheme, block_size=64, attn_backend=be,
                                                                   dropout=0.1), x))
 
@@ -91,47 +91,47 @@ def test_dense_bias_stays_float32_under_autocast():
     def mod(score, b, h, i, j):
         return score + table[j]
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        y = M.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), mod, backend='dense')
+        y = A.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), mod, backend='dense')
     want = 1 / (1 + math.exp(0.9))  # weight of key 0
     assert y[0, 0, 0, 0].item() == pytest.approx(want, abs=1e-2)
-    assert M.dense_bias(mod, 1, 1, 1, 2, 'cpu').dtype == torch.float32
+    assert A.dense_bias(mod, 1, 1, 1, 2, 'cpu').dtype == torch.float32
 
 
 @pytest.mark.parametrize('path', ['sdpa', 'dense', 'flex'])
 def test_attention_dropout_on_every_path(path, monkeypatch):
     """Dropout changes the output in training on every path, keeps its expectation (the mean
     over many draws approaches the undropped attention), and drops the fraction asked for."""
-    monkeypatch.setitem(M._compiled, 'flex', fa.flex_attention)
+    monkeypatch.setitem(A._compiled, 'flex', fa.flex_attention)
     monkeypatch.setattr(fa, '_validate_device', lambda *a: None)
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 1, 2, 12, 8).unbind(0)
     mod = None if path == 'sdpa' else (lambda score, b, h, i, j: score - 0.1 * (i - j))
     backend = 'dense' if path == 'sdpa' else path
-    ref = M.attend(q, k, v, mod, backend=backend)
-    draws = torch.stack([M.attend(q, k, v, mod, backend=backend, dropout_p=0.3) for _ in range(400)])
+    ref = A.attend(q, k, v, mod, backend=backend)
+    draws = torch.stack([A.attend(q, k, v, mod, backend=backend, dropout_p=0.3) for _ in range(400)])
     assert (draws[0] - ref).abs().max() > 1e-2
     assert (draws.mean(0) - ref).abs().mean() < 0.04  # (without the 1/(1-p) rescale: 0.16)
-    keep = M.dropout_keep(torch.tensor(12345), 0.3, torch.arange(4)[:, None, None, None],
+    keep = A.dropout_keep(torch.tensor(12345), 0.3, torch.arange(4)[:, None, None, None],
                           torch.arange(8)[:, None, None], torch.arange(64)[:, None], torch.arange(64))
     assert keep.float().mean().item() == pytest.approx(0.7, abs=0.01)
 
 
 def test_flex_dropout_equals_dense_dropout(monkeypatch):
     """With the same seed FlexAttention and the dense path drop the same keys and rescale alike."""
-    monkeypatch.setitem(M._compiled, 'flex', fa.flex_attention)
+    monkeypatch.setitem(A._compiled, 'flex', fa.flex_attention)
     monkeypatch.setattr(fa, '_validate_device', lambda *a: None)
     q, k, v = torch.randn(3, 2, 2, 20, 8).unbind(0)
     mod = lambda score, b, h, i, j: score + 0.05 * (j - i) * (h + 1)  # noqa: E731
     outs = []
     for backend in ('flex', 'dense'):
         torch.manual_seed(3)
-        outs.append(M.attend(q, k, v, mod, backend=backend, dropout_p=0.4))
+        outs.append(A.attend(q, k, v, mod, backend=backend, dropout_p=0.4))
     assert torch.allclose(outs[0], outs[1], atol=1e-5)
 
 
 def test_causal_block_mask_equals_create_block_mask():
     for Tq, Tk in [(64, 64), (300, 300), (1, 300), (100, 356), (256, 1024), (129, 129)]:
-        ours = M.causal_block_mask(Tq, Tk, 'cpu')
+        ours = A.causal_block_mask(Tq, Tk, 'cpu')
         off = Tk - Tq
         ref = fa.create_block_mask(lambda b, h, i, j: j <= i + off, None, None, Tq, Tk, device='cpu')
         assert torch.equal(ours.to_dense(), ref.to_dense())

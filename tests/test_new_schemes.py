@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+import attention as A
 import model as M
 import positional as P
 from conftest import ROOT, tiny_config, tiny_model
@@ -29,7 +30,7 @@ def run_hooks(pe, layer, q, k, v, x, q_pos, k_pos, cache=None, backend='dense'):
     """What CausalSelfAttention does with a scheme: context, transform_qk, the attention hook."""
     ctx = pe.context(q_pos, k_pos)
     qq, kk = pe.transform_qk(q, k, ctx, layer)
-    return pe.attention(qq, kk, v, x, ctx, layer, cache, functools.partial(M.attend, backend=backend))
+    return pe.attention(qq, kk, v, x, ctx, layer, cache, functools.partial(A.attend, backend=backend))
 
 
 def softmax_attend(logits, vs):
@@ -210,15 +211,16 @@ def test_pope_scores_match_polar_formula():
                 assert abs(got[0, h, ti, si].item() - want) < 1e-4
 
 
-def test_pope_attention_pads_v_for_the_fused_kernel():
-    """Zero columns in v leave the output as attention with the d-dim v, and let SDPA take a fused kernel."""
+def test_attend_pads_v_for_pope_and_the_fused_kernel():
+    """attend() pads PoPE's d-dim v to q's 2d: zero columns leave the output as attention with the
+    d-dim v, and let SDPA take a fused kernel."""
     pe = P.REGISTRY['pope'](tiny_config('pope'))
     layer = pe.new_layer()
     q, k, v = qkv(2, 4, 12, 12, 8, seed=6)
     pos = torch.arange(12)
     ctx = pe.context(pos, pos)
     q2, k2 = pe.transform_qk(q, k, ctx, layer)
-    got = pe.attention(q2, k2, v, None, ctx, layer, None, M.attend)
+    got = A.attend(q2, k2, v)
     want = torch.nn.functional.scaled_dot_product_attention(q2, k2, v, is_causal=True)
     assert got.shape == v.shape and torch.allclose(got, want, atol=1e-6)
     if hasattr(torch, '_fused_sdp_choice'):  # private API: 0 is the math kernel
@@ -288,7 +290,7 @@ def test_query_chunks_equal_one_pass(name, monkeypatch):
     x = torch.randint(0, 37, (2, 40))
     with torch.no_grad():
         whole = m(x)[0]
-        monkeypatch.setattr(P, 'QUERY_CHUNK_BYTES', 4 * 2 * 4 * 40 * 7)  # 7 query rows per chunk
+        monkeypatch.setattr(A, 'DENSE_CHUNK_BYTES', 4 * 2 * 4 * 40 * 7)  # 7 query rows per chunk
         chunked = m(x)[0]
         cache = m.new_cache()
         m(x[:, :25], cache=cache)
@@ -355,7 +357,7 @@ def test_deberta_score_matches_disentangled_formula():
     ctx = pe.context(q_pos, k_pos)
     qq, kk = pe.transform_qk(q, k, ctx, layer)
     with torch.no_grad():
-        bias = M.dense_bias(pe.score_mod(qq, kk, ctx, layer), 2, H, Tk - q0, Tk, 'cpu')
+        bias = A.dense_bias(pe.score_mod(qq, kk, ctx, layer), 2, H, Tk - q0, Tk, 'cpu')
         got = (qq @ kk.transpose(-2, -1)) / math.sqrt(d) + bias  # what the attention scores
     Pm = pe.rel_emb.detach().double()
     Kr = Pm @ layer.pos_k.weight.detach().double().t()  # [2k, n_embd], head h = columns h*d..h*d+d-1

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import checkpoint
-import model as M
+import attention as A
 import positional
+import stack
 from conftest import (SCHEMES, Validated, assert_same_grads, assert_trains_and_pe_params_learn, flex_and_dense_grads,
                       tiny_model, validating_backend)
 
@@ -79,11 +80,11 @@ def test_nope_every_k_matches_smollm3_llama4_rule(k, n_layer):
     want = [i for i, use_rope in enumerate(no_rope_layers) if use_rope == 0]
     if not want or len(want) == n_layer:
         with pytest.raises(ValueError):
-            positional.nope_layer_indices(k, n_layer)
+            stack.nope_layer_indices(k, n_layer)
         return
-    assert positional.nope_layer_indices(k, n_layer) == want
-    assert positional.nope_layer_indices([2, 0], n_layer) == [0, 2]
-    assert positional.nope_layer_indices(0, n_layer) == [] and positional.nope_layer_indices(None, n_layer) == []
+    assert stack.nope_layer_indices(k, n_layer) == want
+    assert stack.nope_layer_indices([2, 0], n_layer) == [0, 2]
+    assert stack.nope_layer_indices(0, n_layer) == [] and stack.nope_layer_indices(None, n_layer) == []
 
 
 @pytest.mark.parametrize('scheme', ['rope', 'alibi'])
@@ -253,7 +254,7 @@ def test_scaled_bias_flex_backward_graph_validates_and_equals_dense(flex_with_gr
         _, loss = torch.compile(m, backend=validating_backend(counts))(x, x)
         loss.backward()
     assert len(counts) == m.config.n_layer
-    monkeypatch.setitem(M._compiled, 'flex', fa.flex_attention)
+    monkeypatch.setitem(A._compiled, 'flex', fa.flex_attention)
     assert_same_grads(flex_and_dense_grads(lambda be: stack_model('kerple_log+ssmax', block_size=64,
                                                                   attn_backend=be), x))
 
@@ -368,7 +369,7 @@ def test_plain_checkpoint_takes_logn_at_eval_and_is_unchanged_inside_L(scheme, t
     args = {f.name: getattr(plain.config, f.name) for f in dataclasses.fields(plain.config)}
     torch.save({'model': plain.state_dict(), 'model_args': args}, tmp_path / 'ckpt.pt')
     loaded, _ = checkpoint.load_model(str(tmp_path / 'ckpt.pt'), attn_scaling={'type': 'logn', 'original_max_len': 16})
-    assert isinstance(loaded.pe, positional.LayerStack)
+    assert isinstance(loaded.pe, stack.LayerStack)
     x = torch.randint(0, 37, (2, 16 if plain.pe.max_len else 48))
     with torch.no_grad():
         a, b = plain(x)[0], scaled(x)[0]
@@ -403,7 +404,7 @@ def test_minus_inf_bias_stays_a_mask_under_scaling():
     s = torch.tensor([[0.0, -2.0, 3.0]])
     q = torch.ones(1, 1, 3, 4)
     table = torch.tensor([0.0, float('-inf'), 1.5])
-    _, mod = M.scale_logits(q, lambda score, b, h, i, j: score + table[j], s)
+    _, mod = stack.scale_logits(q, lambda score, b, h, i, j: score + table[j], s)
     out = mod(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long),
               torch.arange(3), torch.arange(3))
     assert out[1] == float('-inf') and out[0] == 0 and out[2] == pytest.approx(4.5)

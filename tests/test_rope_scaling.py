@@ -1,4 +1,4 @@
-"""RoPE context extension (positional.rope_frequencies and the RoPE scheme): each
+"""RoPE context extension (rope_scaling.rope_frequencies and the RoPE scheme): each
 formula against an independent computation written here, properties through the
 real model attention, the dynamic-NTK + KV-cache choice, and run-time overrides
 of a saved checkpoint."""
@@ -14,7 +14,8 @@ import torch
 
 from conftest import ROOT, tiny_model
 import positional
-from positional import rope_frequencies
+import rope_scaling
+from rope_scaling import rope_frequencies
 
 D, BASE, L = 32, 10000.0, 128
 
@@ -516,20 +517,20 @@ def self_extend_loop(qs, ks, w, G):
 @pytest.mark.parametrize('w, G', [(4, 2), (5, 3), (1, 1), (3, 4), (8, 2)])
 def test_self_extend_map_against_the_paper(w, G):
     T = 20
-    got = positional.self_extend_positions(torch.arange(T), torch.arange(T), w, G)
+    got = rope_scaling.self_extend_positions(torch.arange(T), torch.arange(T), w, G)
     assert got.dtype == torch.int64 and got.shape == (T, T)
     assert got.tolist() == self_extend_loop(range(T), range(T), w, G)
     # one decoded query against the whole cache = the last row
-    last = positional.self_extend_positions(torch.tensor([T - 1]), torch.arange(T), w, G)
+    last = rope_scaling.self_extend_positions(torch.tensor([T - 1]), torch.arange(T), w, G)
     assert last.tolist() == [got[-1].tolist()]
 
 
 def test_self_extend_by_hand():
     # w = 4, G = 2, query 9: keys 6..9 exact (3, 2, 1, 0); keys 0..5: 9//2 - j//2 + 4 - 2
-    got = positional.self_extend_positions(torch.tensor([9]), torch.arange(10), 4, 2)
+    got = rope_scaling.self_extend_positions(torch.tensor([9]), torch.arange(10), 4, 2)
     assert got.tolist() == [[6, 6, 5, 5, 4, 4, 3, 2, 1, 0]]
     # G = 1 is plain RoPE
-    assert torch.equal(positional.self_extend_positions(torch.arange(9), torch.arange(9), 3, 1),
+    assert torch.equal(rope_scaling.self_extend_positions(torch.arange(9), torch.arange(9), 3, 1),
                        torch.arange(9)[:, None] - torch.arange(9)[None, :])
 
 
@@ -547,15 +548,15 @@ def rerope_loop(qs, ks, w, k=None):
 @pytest.mark.parametrize('w, k', [(3, None), (1, None), (6, None), (3, 4.0), (5, 16), (2, 1.5)])
 def test_rerope_map_against_su(w, k):
     T = 16
-    got = positional.rerope_positions(torch.arange(T), torch.arange(T), w, leaky_k=k)
+    got = rope_scaling.rerope_positions(torch.arange(T), torch.arange(T), w, leaky_k=k)
     assert got.dtype == (torch.int64 if k is None else torch.float64)
     np.testing.assert_allclose(got.numpy(), np.array(rerope_loop(range(T), range(T), w, k)), rtol=1e-15, atol=0)
 
 
 def test_rerope_by_hand():
-    got = positional.rerope_positions(torch.tensor([7]), torch.arange(8), 3)
+    got = rope_scaling.rerope_positions(torch.tensor([7]), torch.arange(8), 3)
     assert got.tolist() == [[3, 3, 3, 3, 3, 2, 1, 0]]
-    got = positional.rerope_positions(torch.tensor([7]), torch.arange(8), 3, leaky_k=4)
+    got = rope_scaling.rerope_positions(torch.tensor([7]), torch.arange(8), 3, leaky_k=4)
     assert got.tolist() == [[4.0, 3.75, 3.5, 3.25, 3.0, 2.0, 1.0, 0.0]]
 
 
@@ -590,7 +591,7 @@ def test_self_extend_two_rotations_merge_reproduce_the_map():
     grouped = rope_at(q, i // G + w - w // G, inv) @ rope_at(k, i // G, inv).T
     r = i[:, None] - i[None, :]
     merged = torch.where(r < w, neighbour, grouped)
-    dist = positional.self_extend_positions(i, i, w, G)
+    dist = rope_scaling.self_extend_positions(i, i, w, G)
     causal = r >= 0
     torch.testing.assert_close(merged[causal], scores_at_distances(q, k, dist, inv)[causal])
     inside = causal & (r < w)
@@ -614,7 +615,7 @@ def test_rerope_two_maps_reproduce_the_map(leaky_k):
         second = rope_at(q, i + w * (leaky_k - 1), inv / leaky_k) @ rope_at(k, i, inv / leaky_k).T
     r = i[:, None] - i[None, :]
     merged = torch.where(r < w, exact, second)
-    dist = positional.rerope_positions(i, i, w, leaky_k=leaky_k)
+    dist = rope_scaling.rerope_positions(i, i, w, leaky_k=leaky_k)
     causal = r >= 0
     torch.testing.assert_close(merged[causal], scores_at_distances(q, k, dist, inv)[causal])
 
@@ -651,13 +652,13 @@ def test_bad_p_rope_and_extension_maps_are_clear_errors():
     with pytest.raises(ValueError, match='give one of them'):
         tiny_model('rope', pos_options={'p_rope': 0.5, 'rotary_pct': 0.5})
     with pytest.raises(ValueError, match='integer window >= 1 and group >= 1'):
-        positional.self_extend_positions(torch.arange(4), torch.arange(4), 0, 2)
+        rope_scaling.self_extend_positions(torch.arange(4), torch.arange(4), 0, 2)
     with pytest.raises(ValueError, match='integer window >= 1 and group >= 1'):
-        positional.self_extend_positions(torch.arange(4), torch.arange(4), 4, 1.5)
+        rope_scaling.self_extend_positions(torch.arange(4), torch.arange(4), 4, 1.5)
     with pytest.raises(ValueError, match='rerope window must be a positive integer'):
-        positional.rerope_positions(torch.arange(4), torch.arange(4), 0)
+        rope_scaling.rerope_positions(torch.arange(4), torch.arange(4), 0)
     with pytest.raises(ValueError, match='leaky_k divides the distances beyond the window and must be >= 1'):
-        positional.rerope_positions(torch.arange(4), torch.arange(4), 2, leaky_k=0.5)
+        rope_scaling.rerope_positions(torch.arange(4), torch.arange(4), 2, leaky_k=0.5)
 
 
 @pytest.mark.parametrize('ext', [{'type': 'self_extend', 'window': 6, 'group': 3}, {'type': 'rerope', 'window': 6},

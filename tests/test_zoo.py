@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import attention as A
 import model as M
 import positional as P
 from conftest import tiny_config, tiny_model
@@ -17,7 +18,7 @@ def dense_bias(pe, layer, q, q_pos, k_pos):
     """The scheme's score bias as a dense [B|1, H, Tq, Tk] tensor (future = -inf)."""
     ctx = pe.context(q_pos, k_pos)
     k = torch.zeros(q.size(0), q.size(1), len(k_pos), q.size(3))
-    return M.dense_bias(pe.score_mod(q, k, ctx, layer), q.size(0), q.size(1), len(q_pos), len(k_pos), q.device)
+    return A.dense_bias(pe.score_mod(q, k, ctx, layer), q.size(0), q.size(1), len(q_pos), len(k_pos), q.device)
 
 
 # --- T5 -----------------------------------------------------------------------
@@ -94,7 +95,7 @@ def shaw_reference(q, k, v, aK, aV, K, q_pos, k_pos):
 def shaw_attention(pe, layer, q, k, v, q_pos, k_pos, backend='dense'):
     ctx = pe.context(q_pos, k_pos)
     mod = pe.score_mod(q, k, ctx, layer)
-    return M.attend(q, k, v, mod, pe.value_mod(q, k, ctx, layer, mod), backend)
+    return A.attend(q, k, v, mod, pe.value_mod(q, k, ctx, layer, mod), backend)
 
 
 @pytest.mark.parametrize('q0', [0, 6])  # 6: the last queries of a cached sequence
@@ -103,7 +104,7 @@ def test_shaw_matches_per_pair_loop(q0, grad, chunk, monkeypatch):
     """With gradients the dense path's own softmax; without, SDPA's fused CPU kernel and its
     logsumexp, in one pass or in query chunks of 2 rows."""
     if chunk:
-        monkeypatch.setattr(M, 'DENSE_CHUNK_BYTES', 4 * 2 * 4 * 11 * 2)
+        monkeypatch.setattr(A, 'DENSE_CHUNK_BYTES', 4 * 2 * 4 * 11 * 2)
     torch.manual_seed(0)
     K = 3
     pe = P.REGISTRY['shaw'](tiny_config('shaw'), max_distance=K)
@@ -125,8 +126,8 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
     flex's logsumexp (which compiled flex cannot return on CPU, hence eager)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    monkeypatch.setitem(M._compiled, 'flex', flex_attention)
-    monkeypatch.setattr(M, 'FLEX_LSE_ON_CPU', True)
+    monkeypatch.setitem(A._compiled, 'flex', flex_attention)
+    monkeypatch.setattr(A, 'FLEX_LSE_ON_CPU', True)
     schemes = [('t5', {'num_buckets': 8, 'max_distance': 10}), ('shaw', {'max_distance': 4}), ('kerple_log', {}),
                ('kerple_power', {}), ('fire', {'init_L': 6.0, 'width': 4}), ('sandwich', {}),
                ('xpos', {'blockwise': True, 'bca_block': 4})]
@@ -142,8 +143,8 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
             with torch.no_grad():
                 mod = pe.score_mod(qq, kk, ctx, layer)
                 vmod = pe.value_mod(qq, kk, ctx, layer, mod)
-                dense = M.attend(qq, kk, v, mod, vmod, 'dense')
-                flex = M.attend(qq, kk, v, mod, vmod, 'flex')
+                dense = A.attend(qq, kk, v, mod, vmod, 'dense')
+                flex = A.attend(qq, kk, v, mod, vmod, 'flex')
             assert torch.allclose(flex, dense, atol=1e-5), name
 
 
