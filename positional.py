@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from attention import chunk_queries, visibility
 from rope_scaling import (EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, extended_attention, resolve_rope_scaling,
                           rope_frequencies)
-from rope_scaling import ROPE_SCALING_KEYS  # noqa: F401 (sweep.py reads positional.ROPE_SCALING_KEYS)
 
 REGISTRY = {}
 

@@ -53,6 +53,7 @@ from console import exit_on_ctrl_c
 if __name__ == '__main__':  # a Ctrl-C before the runs start (torch loading, the dry run): one line, no traceback
     exit_on_ctrl_c('sweep.py', 'no run had started; run the same command again')
 import positional  # noqa: E402
+import rope_scaling  # noqa: E402
 from checkpoint import lock_out_dir  # noqa: E402
 from compare import read_result  # noqa: E402
 from files import atomic_json, open_no_follow  # noqa: E402
@@ -81,12 +82,12 @@ GPU_CONFIG = os.path.join(HERE, 'config', 'sweep_gpu.py')  # --gpu: nanoGPT's sh
 def scaling_dicts(names, factor, L, rot_dim=32):
     """rope_scaling dicts for these names: the scaling types with factor s = `factor` (and
     original_max_len L where they take it), and the fixed recipes below for the others."""
-    keys = positional.ROPE_SCALING_KEYS  # type -> the keys it takes
+    keys = rope_scaling.ROPE_SCALING_KEYS  # type -> the keys it takes
     s = factor
     yarn = {'type': 'yarn', 'factor': s, 'original_max_len': L}
     # LongRoPE's factors come from its search (not implemented): here YaRN's per-pair ratios at s, as the
     # long list (the search's starting point in arXiv 2402.13753), plain RoPE up to L
-    ratio = (positional.rope_frequencies(rot_dim)[0] / positional.rope_frequencies(rot_dim, scaling=yarn)[0]).tolist()
+    ratio = (rope_scaling.rope_frequencies(rot_dim)[0] / rope_scaling.rope_frequencies(rot_dim, scaling=yarn)[0]).tolist()
     recipes = {
         'yarn_nomscale': {**yarn, 'mscale': 1.0, 'mscale_all_dim': 1.0},  # DeepSeek-V3's form: attention factor 1
         'longrope': {'type': 'longrope', 'short_factor': [1.0] * (rot_dim // 2), 'long_factor': ratio,
