@@ -232,7 +232,7 @@ class Bench:
         self.xe = torch.randint(size['vocab_size'], (max(1, a.eval_batch_tokens // self.T8), self.T8 + 1),
                                 generator=g).to(rt.device)
         self.order, ms = list(self.models), self.models
-        self.can_eval = [n for n in self.order if n != BASELINE and (ms[n].pe.max_len is None or ms[n].pe.max_len >= self.T8)]
+        self.can_eval = [n for n in self.order if n != BASELINE and ms[n].pe.addresses(self.T8)]
         self.res = {n: {} if n in self.can_eval else {'eval_note': f'no positions past {ms[n].config.block_size}'}
                     for n in self.order}
 
@@ -313,7 +313,7 @@ class Bench:
                     t_re = (clock.now() - t0) * n_new / len(lengths)
                 res[name].update(sample_kv_tok_s=n_new / t_kv, sample_recompute_tok_s=n_new / t_re,
                                  kv_speedup=t_re / t_kv)
-                if m.pe.max_len is not None and m.pe.max_len < n_new + 1:
+                if not m.pe.addresses(n_new + 1):
                     res[name]['sample_note'] = f'sliding window of {m.pe.max_len} past its table, both ways'
                 bar.set_postfix_str(f"{name} KV cache {t_re / t_kv:.1f}x")
                 bar.update()

@@ -158,11 +158,6 @@ def length_of(m, L):
     return T
 
 
-def _fits(model, T):
-    max_len = model.pe.max_len  # learned absolute embeddings cannot address positions past their table
-    return max_len is None or T <= max_len
-
-
 def available_bytes(device):
     """Memory free for an evaluation: the GPU's free memory, or Linux's MemAvailable (else None)."""
     if torch.device(device).type == 'cuda':
@@ -215,7 +210,7 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
                   f"more memory (eval.py --mults=[{m}])", file=sys.stderr)
         elif progress and T >= batch_tokens:
             print(f"eval: {m}L is one window of {T:,} tokens per batch", file=sys.stderr)
-    ok = [_fits(model, T) and str(m) not in res['skipped'] for m, T in zip(mults, lengths)]
+    ok = [model.pe.addresses(T) and str(m) not in res['skipped'] for m, T in zip(mults, lengths)]
     try:
         for m, T, go in zip(mults, lengths, ok):
             pw = []
@@ -230,7 +225,7 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
         else:
             # a finite position table (learned, GPT-2) scores lengths past it with its longest window:
             # every scored token then has max_len - stride .. max_len - 1 tokens of context
-            windows = [T if _fits(model, T) else model.pe.max_len for T in lengths]
+            windows = [T if model.pe.addresses(T) else model.pe.max_len for T in lengths]
             res.update(stride=stride, sliding_tokens=sliding_tokens, sliding=[], sliding_se=[], sliding_window=windows)
             for m, T in zip(mults, windows):
                 pw = []
@@ -239,7 +234,7 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
                                       if str(m) not in res['skipped'] else None)
                 res['sliding_se'].append(standard_error(pw))
             ks = sorted({T for T, go in zip([L // 4, L // 2] + lengths, [True, True] + ok) if T > last_k and go
-                         and _fits(model, T)})
+                         and model.pe.addresses(T)})
             ses = []
             losses = last_k_loss(model, data, last_k, ks, last_k_spans, ses=ses, label="last-k" if progress else None,
                                  **kw)
@@ -311,7 +306,7 @@ def eval_loss(model, data, T, tokens=32768, batch_tokens=2**14, device='cpu', ct
 def eval_lengths(model, data, L, mults=(1, 2, 4, 8), **kw):
     """{'val/loss@1L': .., 'val/loss@2L': ..}; lengths a scheme cannot address are skipped."""
     return {f'val/loss@{m}L': eval_loss(model, data, length_of(m, L), **kw) for m in mults
-            if _fits(model, length_of(m, L))}
+            if model.pe.addresses(length_of(m, L))}
 
 
 def scaling_tag(rope_scaling):

@@ -52,7 +52,7 @@ def check_correct(model, x, rt, r):
                 flex = model(x)[0]
             with attention_backend(model, 'dense'):
                 r['flex_vs_dense'] = rel(flex, model(x)[0])
-        if model.pe.max_len is None or model.pe.max_len >= Tc:
+        if model.pe.addresses(Tc):
             cache = model.new_cache()
             steps = [model(x[:, :Tc - 16], cache=cache)[0]] + [model(x[:, t:t + 1], cache=cache)[0]
                                                                for t in range(Tc - 16, Tc)]

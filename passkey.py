@@ -171,11 +171,10 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
     length), so every scheme sees the same ones. Logits only for the answer positions."""
     from eval import length_of, progress_bar
     model.eval()
-    max_len = model.pe.max_len
     grids = {'acc': [], 'digit_acc': [], 'answer_loss': []}
     for m in mults:
         T = length_of(m, L)
-        if max_len is not None and T > max_len:
+        if not model.pe.addresses(T):
             for g in grids.values():
                 g.append(None)
             continue

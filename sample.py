@@ -64,7 +64,7 @@ except ValueError as e:  # a character the char vocabulary does not have
     sys.exit(f"prompt {e}")
 total = len(ids) + max_new_tokens
 max_len = model.pe.max_len
-if max_len is not None and total > max_len:
+if not model.pe.addresses(total):
     print(f"note: {cfg.pos_encoding} has {max_len} positions; past them sampling uses a sliding window "
           f"of the last {max_len} tokens, recomputed each step (no KV cache there)")
 elif window:
