@@ -34,6 +34,11 @@ Sweep options (the rest go to train.py):
   --tasks=a,b         the task suite instead of language modelling ('default': TASK_SUITE below)
   --randomized=a,b    task suite: schemes also trained with randomized positions (default rope,learned)
   --workers=N         task suite: runs at a time, one CPU thread each (default 2)
+  --seeds=N           train every run once per seed: N seeds from --seed (default 1337) up, or a
+                      list (--seeds=[1337,7,42]); each in its own folder NAME-sSEED, resumable per
+                      seed. A seed fixes initialisation, batch order and dropout, and seed s gives
+                      every scheme the same batches, so differences at one seed are paired; the
+                      report gives mean ± sd over seeds and paired intervals (compare.py)
   --passkey=True      also run the passkey probe on every run (default: on with --gpu,
                       off on the CPU config, whose 0.8M-parameter model does not learn
                       to retrieve in a short fine-tune: see README, Passkey retrieval);
@@ -253,18 +258,66 @@ def claim(d, args):
     atomic_json(args, os.path.join(d, 'sweep_args.json'))
 
 
+def seed_list(spec, base):
+    """--seeds: None -> [base]; a count n -> base, base + 1, ..., base + n - 1; a list -> itself.
+    None for anything else."""
+    if spec is None:
+        return [base]
+    if isinstance(spec, int) and not isinstance(spec, bool) and spec > 0:
+        return [base + i for i in range(spec)]
+    if isinstance(spec, (list, tuple)) and spec and all(isinstance(x, int) and not isinstance(x, bool) for x in spec) \
+            and len(set(spec)) == len(spec):
+        return list(spec)
+    return None
+
+
+# Seconds one run takes on 2 CPU cores, single-threaded per run in the task suite: the default LM config
+# trains at ~0.18 s/iteration and its final suite takes ~80 s (docs/evaluation.md, 85 minutes for the
+# full sweep); a task run trains at ~0.06 s/iteration (docs/tasks.md). A resumed sweep uses its own runs.
+COST = {'lm': (0.18, 80.0), 'task': (0.06, 5.0)}
+
+
+def estimate(jobs, kind, workers, out):
+    """(runs left, expected seconds): runs whose eval.json is whole and at max_iters are done; the
+    rest cost what this folder's finished runs took per iteration (their eval.json 'timing'),
+    else COST[kind], `workers` at a time."""
+    left, spent = [a for a in jobs if not done(a)], []
+    for a in jobs:
+        res = read_result(os.path.join(a['out_dir'], 'eval.json'))[0] or {}
+        t = res.get('timing') or {}
+        if t.get('train_s') and res.get('iter'):
+            spent.append((t['train_s'] / res['iter'], t.get('final_eval_s', 0.0) + t.get('startup_s', 0.0)))
+    per_iter, fixed = (sorted(x[0] for x in spent)[len(spent) // 2], sorted(x[1] for x in spent)[len(spent) // 2]) \
+        if spent else COST[kind]
+    return len(left), sum(per_iter * int(a['max_iters']) + fixed for a in left) / workers
+
+
+def done(args):
+    """Whether the run of these sweep args has its whole result at max_iters."""
+    res = read_result(os.path.join(args['out_dir'], 'eval.json'))[0]
+    return res is not None and res.get('iter') == int(args['max_iters'])
+
+
+def plan_line(what, jobs, seeds, kind, workers, out):
+    left, secs = estimate(jobs, kind, workers, out)
+    return (f"sweep: {what}: {len(jobs)} runs ({len(jobs) // len(seeds)} x {len(seeds)} seed(s): "
+            f"{', '.join(map(str, seeds))}), {left} to do, about {secs / 60:.0f} min"
+            + (f" at {workers} at a time" if workers > 1 else '') + " on 2 CPU cores -> " + out + "/")
+
+
 def main(argv):
     from configurator import configure
     sweep = dict(out='', schemes='', scalings=','.join(SCALINGS), scaling_factor=float(EVAL_MULTS), passkey=None,
                  passkey_iters=300, passkey_trials=20, gpu=False, tasks='', randomized=TASK_SUITE['randomized'],
-                 workers=2, variants='default')
+                 workers=2, variants='default', seeds=None)
     ours = [a for a in argv if a == '--gpu' or a.split('=', 1)[0][2:] in sweep]
     train_args = dict(a[2:].split('=', 1) for a in argv if a not in ours and a.startswith('--') and '=' in a)
     bad = [a for a in argv if a not in ours and not (a.startswith('--') and '=' in a)]
     if bad:
         sys.exit(f"bad argument(s) {bad}: use --key=value (sweep keys: {', '.join(sweep)}; others go to train.py)")
     configure(sweep, ['--gpu=True' if a == '--gpu' else a for a in ours], dict(scaling_factor='>0', passkey_iters='>=0',
-              passkey_trials='>0', passkey=(lambda v: isinstance(v, bool), 'True or False'), workers='>0'))
+              passkey_trials='>0', passkey=(lambda v: isinstance(v, bool), 'True or False'), workers='>0',
+              seeds=(lambda v: seed_list(v, 0) is not None, 'a count (--seeds=3) or a list of seeds (--seeds=[1337,7,42])')))
     if sweep['tasks']:
         return task_suite(sweep, train_args, argv)
     if sweep['passkey'] is None:
@@ -279,6 +332,7 @@ def main(argv):
     base = config_args(GPU_CONFIG) if sweep['gpu'] else {}
     base.update({'wandb_log': 'False', 'seed': '1337'})
     base.update(train_args)  # the user's keys win
+    seeds = seed_list(sweep['seeds'], int(base['seed']))
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
     from eval import scaling_tag
     # train.py resolves (and checks) the settings every run will use: one dry run, no training
@@ -295,7 +349,11 @@ def main(argv):
     if unknown:
         sys.exit(f"unknown variant(s) {unknown}; variants: {', '.join(VARIANTS)} (or 'default' for all)")
     variants = {v: VARIANTS[v] for v in names}
-    runs = [(s, {'pos_encoding': s}) for s in schemes] + [(v, {**a, 'wandb_run_name': v}) for v, a in variants.items()]
+    # each scheme once per seed, in its own folder; seed s gives every scheme the same batches
+    runs = [(f"{s}-s{seed}", {'pos_encoding': s, 'seed': str(seed)}) for s in schemes for seed in seeds] + \
+           [(f"{v}-s{seed}", {**a, 'wandb_run_name': v, 'seed': str(seed)}) for v, a in variants.items() for seed in seeds]
+    print(plan_line('language modelling', [dict(base, **a, out_dir=os.path.join(out, s), max_iters=max_iters)
+                                           for s, a in runs], seeds, 'lm', 1, out), flush=True)
     failed, t_start = [], time.time()
     for sig in (signal.SIGTERM, signal.SIGINT):  # from here on a signal stops the runs, which save first
         signal.signal(sig, on_signal)
@@ -317,7 +375,8 @@ def main(argv):
             if why:
                 failed.append((s, why))
                 continue
-        variants = [None] + (scalings if s in SCALED_SCHEMES else [])
+        variants = [None] + (scalings if run_args['pos_encoding'] in SCALED_SCHEMES and 'wandb_run_name' not in run_args
+                             else [])
         for sc in variants[1:]:
             path = os.path.join(d, f'eval_{scaling_tag(sc)}.json')
             if result(path) is None:
@@ -355,7 +414,7 @@ def main(argv):
 def task_suite(sweep, train_args, argv):
     """Train every task x scheme (x randomized positions for some schemes) from scratch, `workers`
     runs at a time (one thread each: tiny models gain nothing from a second thread), resumable as
-    the LM sweep; then compare.make_task_report. Each run: out/<task>/<scheme>[-randomized]."""
+    the LM sweep; then compare.make_task_report. Each run: out/<task>/<scheme>[-randomized]-s<seed>."""
     import tasks
     names = TASK_SUITE['tasks'] if sweep['tasks'] == 'default' else sweep['tasks']
     names = names.split(',')
@@ -369,21 +428,23 @@ def task_suite(sweep, train_args, argv):
     base = config_args(TASK_CONFIG)
     base.update({'wandb_log': 'False', 'seed': '1337'})
     base.update(train_args)
+    seeds = seed_list(sweep['seeds'], int(base['seed']))
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
     train_config({**base, 'task': names[0]})  # checks the settings once
     jobs = []
     for t in names:
         for s in schemes:
-            for pos in ['plain'] + (['randomized'] if s in randomized else []):
+            for pos, seed in [(p, x) for p in ['plain'] + (['randomized'] if s in randomized else []) for x in seeds]:
                 iters = {} if 'max_iters' in train_args or t not in TASK_ITERS else {'max_iters': str(TASK_ITERS[t])}
-                args = dict(base, **iters, task=t, pos_encoding=s, positions=pos,
-                            out_dir=os.path.join(out, t, s + ('' if pos == 'plain' else f'-{pos}')))
+                args = dict(base, **iters, task=t, pos_encoding=s, positions=pos, seed=str(seed),
+                            out_dir=os.path.join(out, t, s + ('' if pos == 'plain' else f'-{pos}') + f'-s{seed}'))
                 if pos == 'randomized' and positional.REGISTRY[s].max_len_of is not \
                         positional.PositionalEncoding.max_len_of:  # a finite table must hold pos_max positions
                     args['pos_options'] = repr({'max_len': 4 * tasks.max_len(t, 4 * tasks.DEFAULT_N[t])})
                 jobs.append(args)
-    print(f"sweep: task suite, {len(jobs)} runs ({len(names)} tasks x {len(schemes)} schemes, randomized positions "
-          f"for {', '.join(randomized) or 'none'}), {sweep['workers']} at a time -> {out}/", flush=True)
+    print(f"sweep: task suite, {len(names)} tasks x {len(schemes)} schemes, randomized positions for "
+          f"{', '.join(randomized) or 'none'}", flush=True)
+    print(plan_line('task suite', jobs, seeds, 'task', sweep['workers'], out), flush=True)
     t_start, failed, running, pending = time.time(), [], {}, list(jobs)
     pct = lambda v: 'unaddressable' if v is None else f"{v:.2f}"  # noqa: E731 (None: a finite position table)
     for sig in (signal.SIGTERM, signal.SIGINT):  # from here on a signal stops the runs, which save first

@@ -72,7 +72,7 @@ def test_crafted_checkpoint_in_a_sweep_folder_runs_no_code(trained, tmp_path):
     """A sweep re-run resumes a half-trained run from its ckpt.pt: a crafted one is refused, the
     sweep reports that run as failed, and nothing runs."""
     marker = str(tmp_path / 'PWNED')
-    d = tmp_path / 'sw' / 'rope'
+    d = tmp_path / 'sw' / 'rope-s1337'
     d.mkdir(parents=True)
     crafted_checkpoint(os.path.join(trained, 'ckpt.pt'), str(d / 'ckpt.pt'), marker)
     data_dir = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)['config']['data_dir']

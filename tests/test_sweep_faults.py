@@ -49,7 +49,10 @@ def results(out):
     got = {}
     for p in sorted(glob.glob(os.path.join(out, '*', 'eval*.json')) + glob.glob(os.path.join(out, '*', '*', 'eval*.json'))
                     + glob.glob(os.path.join(out, 'report', 'tasks.json'))):
-        got[os.path.relpath(p, out)] = json.loads(open(p).read().replace(out, 'OUT'))
+        res = json.loads(open(p).read().replace(out, 'OUT'))
+        for r in res if isinstance(res, list) else [res]:
+            r.pop('timing', None)  # (wall-clock seconds: the one thing a re-run does not repeat)
+        got[os.path.relpath(p, out)] = res
     return got
 
 
@@ -60,7 +63,7 @@ def tables(out):
         if line.startswith('#'):
             timed = line.startswith('### Training')
         elif line.startswith('|'):
-            rows.append('|'.join(line.split('|')[:3]) if timed else line)
+            rows.append('|'.join(line.split('|')[:4]) if timed else line)  # run, n, train loss
     return rows
 
 
@@ -164,10 +167,10 @@ def test_lm_sweep_killed_then_rerun_ends_with_the_uninterrupted_report(lm_ref, d
              (signal.SIGTERM, 'rope', rng.choice(['final eval:', '$ ' + sys.executable + ' eval.py']), rng.uniform(0, .05)),
              (signal.SIGINT, 'alibi', rng.choice(['iter 100:', 'iter 150:']), rng.uniform(0, .05))]
     for sig, run, text, delay in stops:
-        rc, said, running = probe(args, tmp_path, sig, os.path.join(out, run, 'sweep.log'), text, delay, out)
+        rc, said, running = probe(args, tmp_path, sig, os.path.join(out, run + '-s1337', 'sweep.log'), text, delay, out)
         if sig == signal.SIGKILL:
             assert running and running[0][1] == 'train.py', running  # it landed in training...
-            assert 'stopped by SIGTERM at iter' in open(os.path.join(out, run, 'sweep.log')).read()  # ...which saved
+            assert 'stopped by SIGTERM at iter' in open(os.path.join(out, run + '-s1337', 'sweep.log')).read()  # ...which saved
     r = sweep(args)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert tables(out) == lm_ref['tables']
@@ -181,7 +184,7 @@ def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_re
     rng = random.Random(1)
     out = str(tmp_path / 'out')
     args = TASKS + [f'--out={out}']
-    rope = os.path.join(out, 'copy', 'rope')
+    rope = os.path.join(out, 'copy', 'rope-s1337')
     p, log = start(args, tmp_path)
     assert wait_for(p, os.path.join(out, '.lock'), 'sweep.py')
     r = sweep(args)
@@ -200,7 +203,7 @@ def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_re
     failed = [line for line in text.splitlines() if line.startswith('sweep: FAILED')]
     assert failed == [f"sweep: FAILED {rope}: train.py stopped before the end (no eval.json); see {rope}/sweep.log; "
                       f"run the sweep again to redo it"], text[-3000:]
-    assert '| learned |' in open(os.path.join(out, 'report', 'report.md')).read()
+    assert '| learned | 1 |' in open(os.path.join(out, 'report', 'report.md')).read()
     assert '| rope |' not in open(os.path.join(out, 'report', 'report.md')).read()
 
     _, said, running = probe(args, tmp_path, signal.SIGINT, os.path.join(rope, 'sweep.log'), 'iter 150:',
@@ -218,17 +221,17 @@ def test_damaged_results_are_named_and_redone(lm_ref, tmp_path):
     A run folder still locked (a child of a killed sweep, saving) is waited for, not reported failed."""
     import fcntl
     out = lm_ref['out']
-    scaled, alibi = os.path.join(out, 'rope', 'eval_linear_x16.json'), os.path.join(out, 'alibi', 'eval.json')
+    scaled, alibi = os.path.join(out, 'rope-s1337', 'eval_linear_x16.json'), os.path.join(out, 'alibi-s1337', 'eval.json')
     text = open(scaled).read()
     open(scaled, 'w').write(text[:len(text) // 2])
     res = json.load(open(alibi))
     json.dump(dict(res, complete=False, sliding=res['sliding'][:1]), open(alibi, 'w'))
-    lock = open(os.path.join(out, 'alibi', '.lock'), 'w')
+    lock = open(os.path.join(out, 'alibi-s1337', '.lock'), 'w')
     fcntl.flock(lock, fcntl.LOCK_EX)
     lock.write('PID 4242 (train.py, stopped by its sweep)\n')
     lock.flush()
     p, log = start(lm_ref['args'], tmp_path)
-    waited = wait_for(p, log.name, f"waiting for PID 4242 (train.py, stopped by its sweep) to let go of {out}/alibi")
+    waited = wait_for(p, log.name, f"waiting for PID 4242 (train.py, stopped by its sweep) to let go of {out}/alibi-s1337")
     lock.close()
     said = output(p, log)
     assert waited and p.returncode == 0, said[-3000:]
@@ -241,7 +244,7 @@ def test_damaged_results_are_named_and_redone(lm_ref, tmp_path):
 
 def test_compare_names_a_damaged_file_and_reports_the_rest(lm_ref, tmp_path):
     for run in ('rope', 'alibi'):
-        shutil.copytree(os.path.join(lm_ref['out'], run), tmp_path / run)
+        shutil.copytree(os.path.join(lm_ref['out'], run + '-s1337'), tmp_path / run)
     bad = str(tmp_path / 'alibi' / 'eval.json')
     text = open(bad).read()
     open(bad, 'w').write(text[:100])
@@ -260,7 +263,7 @@ def test_sweep_logs_one_line_per_stage(lm_ref, task_ref):
         assert '\r' not in ref['stdout'] and 'iter 50:' not in ref['stdout']
         assert all(line.startswith(('sweep: ', '$ ')) for line in ref['stdout'].splitlines()), ref['stdout']
     assert len([line for line in lm_ref['stdout'].splitlines() if line.startswith('$ ')]) == 3  # 2 trainings, 1 eval
-    assert 'iter 300:' in open(os.path.join(lm_ref['out'], 'rope', 'sweep.log')).read()
+    assert 'iter 300:' in open(os.path.join(lm_ref['out'], 'rope-s1337', 'sweep.log')).read()
 
 
 def test_read_result_tells_missing_from_damaged(tmp_path):

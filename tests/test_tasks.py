@@ -273,7 +273,7 @@ def test_task_suite_end_to_end_resumes(tmp_path):
     assert 'task suite, 6 runs' in r.stdout
     md = open(os.path.join(out, 'report', 'report.md')).read()
     assert '| learned +randomized |' in md and '| learned |' in md and 'copy (N=12)' in md and os.path.exists(os.path.join(out, 'report', 'tasks.png'))
-    rnd = json.load(open(os.path.join(out, 'copy', 'learned-randomized', 'eval.json')))
+    rnd = json.load(open(os.path.join(out, 'copy', 'learned-randomized-s1337', 'eval.json')))
     assert rnd['train_positions'] == 'randomized' and rnd['positions'] == 'plain' and 'bins_randomized' in rnd
     r = _run(args)  # resumed: nothing trained again
     assert r.returncode == 0 and 'exact match' not in r.stdout, r.stdout[-2000:]

@@ -116,8 +116,8 @@ def test_sweep_end_to_end_resumes_without_retraining(char_data, tmp_path):
     started = [line.split()[2] for line in r.stdout.splitlines() if line.startswith('$ ')]
     assert sorted(started) == ['eval.py', 'train.py', 'train.py'] and 'passkey off' in r.stdout
     for s in ('rope', 'alibi'):
-        assert json.load(open(os.path.join(out, s, 'eval.json')))['iter'] == 4
-    assert os.path.exists(os.path.join(out, 'rope', 'eval_linear_x16.json'))
+        assert json.load(open(os.path.join(out, s + '-s1337', 'eval.json')))['iter'] == 4
+    assert os.path.exists(os.path.join(out, 'rope-s1337', 'eval_linear_x16.json'))
     md = open(os.path.join(out, 'report', 'report.md')).read()
     rows = sorted(line for line in md.splitlines() if line.startswith(('| rope', '| alibi')))
     assert any(line.startswith('| rope +linear_x16 |') for line in rows)
