@@ -22,12 +22,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
-from checkpoint import (atomic_json, atomic_save, check_writable, load_weights, lock_out_dir, read_checkpoint, read_meta,
-                        restore_rng, rng_states)
+from checkpoint import (atomic_json, atomic_save, check_writable, init_model, load_weights, lock_out_dir, read_meta,
+                        resolve_init, restore_rng, rng_states, trim_metrics)
 from configurator import configure
-from files import LinkRefused, atomic_write, link_or_copy, open_append, open_no_follow
+from files import link_or_copy, open_append
 from eval import Interrupted, eval_lengths, evaluate, flat_metrics, log_wandb
-from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # defaults: the small CPU model; config/*.py files only change the scheme
@@ -104,56 +103,15 @@ config = {k: globals()[k] for k in config_keys}
 if dry_run:
     print(json.dumps({k: v for k, v in config.items() if k != 'dry_run'}))
     sys.exit(0)
+master = int(os.environ.get('RANK', 0)) == 0  # rank 0 (torchrun sets RANK) writes, saves and prints
 # one writer per out_dir (rank 0 holds the lock; a killed run releases it), and a place we can write to
-if int(os.environ.get('RANK', 0)) == 0:
+if master:
     check_writable(out_dir)
     lock_out_dir(out_dir, 'train.py')
-# -----------------------------------------------------------------------------
-# init_from: 'resume' continues the run in out_dir; a path to a .pt fine-tunes its weights
-ckpt = None
-hf_init = init_from in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl') or os.path.isdir(init_from)
-if init_from not in ('scratch', 'resume') and not init_from.endswith('.pt') and not hf_init:
-    sys.exit(f"init_from={init_from!r}: use 'scratch', 'resume' (continue the run in out_dir), a path to a .pt, "
-             f"or 'gpt2' / 'gpt2-medium' / 'gpt2-large' / 'gpt2-xl' / a Hugging Face GPT-2 folder")
-if init_from != 'resume' and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
-    # never overwrite a run by accident: its checkpoint would be replaced at the first eval
-    sys.exit(f"{out_dir}/ckpt.pt exists: --init_from=resume continues that run; to start a new one use "
-             f"another --out_dir or delete {out_dir}/")
-if init_from != 'scratch' and not hf_init:
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from
-    if not os.path.exists(ckpt_path):
-        sys.exit(f"init_from={init_from!r}: no checkpoint at {ckpt_path}")
-    ckpt = read_checkpoint(ckpt_path, 'cpu')
-if init_from == 'resume':
-    lacking = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss') if ckpt.get(k) is None]
-    if lacking:  # e.g. a checkpoint shared as weights only: it can seed a fine-tune, not continue a run
-        sys.exit(f"cannot resume {ckpt_path}: it has no {', '.join(lacking)} (a checkpoint shared as weights only?), so "
-                 f"the run cannot continue exactly; fine-tune from it instead: --init_from={ckpt_path} "
-                 f"--out_dir=ANOTHER_DIR")
-    # The rule: a resumed run continues as it was. Every key not set explicitly (config file
-    # or --key=value) comes from the checkpoint; explicit keys change the run (listed below),
-    # except model keys, which must match the checkpoint: we refuse rather than silently
-    # train something else (dropout and attn_backend may change).
-    ck, free = ckpt['model_args'], ('dropout', 'attn_backend')
-    differ = [k for k in ck if k in config and k in explicit_keys and k not in free and config[k] != ck[k]]
-    if differ:
-        sys.exit(f"cannot resume {ckpt_path}: it was trained with " + ', '.join(f"{k}={ck[k]!r}" for k in differ)
-                 + " but this run asks for " + ', '.join(f"{k}={config[k]!r}" for k in differ) + ". Drop those "
-                 "settings to resume it, or start a new run in another out_dir (init_from=PATH.pt fine-tunes it).")
-    inherit = {k: v for k, v in {**ckpt['config'], **ck}.items()
-               if k in config and k not in explicit_keys and k not in ('init_from', 'out_dir', 'eval_only')}
-    old_iters = ckpt['config'].get('max_iters')
-    if 'max_iters' in explicit_keys and config['max_iters'] != old_iters and not ckpt['config'].get('lr_decay_iters') \
-            and 'lr_decay_iters' not in explicit_keys and int(os.environ.get('RANK', 0)) == 0:
-        print(f"resuming with max_iters {old_iters} -> {config['max_iters']}: lr_decay_iters=0 follows max_iters, so "
-              f"the cosine now reaches min_lr at iter {config['max_iters']} instead of {old_iters} (the learning rate "
-              f"goes back up); pass --lr_decay_iters={old_iters} to keep the old schedule")
-    globals().update(inherit)
-    config.update(inherit)
-    changed = [k for k in config if k not in ('init_from', 'out_dir') and config[k] != ckpt['config'].get(k, config[k])]
-    if changed and int(os.environ.get('RANK', 0)) == 0:
-        print("resuming with changed settings: " + ', '.join(f"{k} {ckpt['config'][k]!r} -> {config[k]!r}"
-                                                             for k in changed))
+# init_from: 'resume' continues the run in out_dir (every key not set explicitly comes from its
+# checkpoint); a path to a .pt fine-tunes its weights; 'gpt2'... starts from Hugging Face GPT-2
+ckpt, ckpt_path = resolve_init(config, explicit_keys, master)
+globals().update(config)
 if task:  # an algorithmic task instead of a corpus: the model's L is its longest training sequence
     import tasks
     if task not in tasks.TASKS:
@@ -221,11 +179,7 @@ if ddp:
     sys.excepthook = lost_rank
 else:
     rank, world_size = 0, 1
-master = rank == 0
 config['world_size'] = world_size  # saved in each checkpoint's config, so a resume can tell a changed world size
-if init_from == 'resume' and master and ckpt['config'].get('world_size', world_size) != world_size:
-    print(f"resuming with world size {ckpt['config']['world_size']} -> {world_size}: the run continues with the same "
-          f"global batches (a pure function of seed and iteration), so its losses differ only in float rounding")
 # The global batch (rows of block_size tokens) is split over the ranks as evenly as the sizes allow,
 # and each rank's share into micro-steps of at most batch_size rows. Each micro-step's mean loss is
 # weighted by its share of the global batch's targets (x world_size, since DDP averages gradients
@@ -359,54 +313,12 @@ model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=bloc
                   dropout=dropout, pos_encoding=pos_encoding, pos_options=pos_options, rope_scaling=rope_scaling,
                   nope_layers=nope_layers, layer_options=layer_options, attn_scaling=attn_scaling,
                   attn_backend=attn_backend)
-iter_num, best_val_loss, resume_state = 0, 1e9, {}
-if ckpt is not None:
-    if init_from == 'resume':
-        if vocab_size and vocab_size != ckpt['model_args']['vocab_size']:
-            sys.exit(f"cannot resume {ckpt_path}: it was trained with vocab_size={ckpt['model_args']['vocab_size']}, "
-                     f"but {data_dir} has {vocab_size}; resume on the run's own data (drop --data_dir/--dataset)")
-        model_args['vocab_size'] = ckpt['model_args']['vocab_size']
-        model_args['vocab_multiple'] = ckpt['model_args'].get('vocab_multiple', 1)  # (older checkpoints: unpadded)
-        iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
-        resume_state = {k: ckpt.get(k) for k in ('rng', 'scaler', 'wandb_id')}
-    else:                       # fine-tune: same weights, this config's length/scaling
-        if vocab_size and vocab_size != ckpt['model_args']['vocab_size']:
-            sys.exit(f"cannot fine-tune {ckpt_path}: it has vocab_size={ckpt['model_args']['vocab_size']}, but "
-                     f"{data_dir or task} has {vocab_size}; fine-tune it on a corpus with its vocabulary (--data_dir)")
-        keep = ('block_size', 'rope_scaling', 'attn_scaling', 'attn_backend', 'dropout')
-        model_args.update({k: v for k, v in ckpt['model_args'].items() if k not in keep})
-        model_args['vocab_multiple'] = ckpt['model_args'].get('vocab_multiple', 1)  # (older checkpoints: unpadded)
-        if master:
-            print(f"fine-tuning from {ckpt_path} (trained with block_size={ckpt['model_args']['block_size']}, "
-                  f"rope_scaling={ckpt['model_args'].get('rope_scaling')}) at block_size={block_size}, "
-                  f"rope_scaling={rope_scaling}")
-try:
-    if hf_init:  # GPT-2's own shape, learned positions (its 1024-row table), tanh GELU, biases
-        model = GPT.from_pretrained(init_from, block_size=block_size, dropout=dropout, attn_backend=attn_backend)
-        model_args = {k: getattr(model.config, k) for k in GPTConfig.__dataclass_fields__}
-        if vocab_size != model_args['vocab_size']:
-            sys.exit(f"init_from={init_from!r} has {model_args['vocab_size']} tokens but {data_dir} has {vocab_size}: "
-                     f"train it on a GPT-2 BPE corpus (e.g. --dataset=shakespeare)")
-    else:
-        model = GPT(GPTConfig(**model_args))
-except (ValueError, ImportError) as e:  # bad scheme, options, n_embd/n_head, rotary dim, no transformers: say how
-    sys.exit(f"bad model config: {e}")
-# the saved config must describe the saved model: a model key set explicitly but taken from the
-# checkpoint (fine-tuning keeps its shape) is refused rather than silently ignored
-ignored = [k for k in model_args if k in explicit_keys and config.get(k) != model_args[k] and init_from != 'resume']
-if ignored:
-    sys.exit(f"init_from={init_from!r} fixes the model, so " + ', '.join(f"{k}={config[k]!r}" for k in ignored)
-             + " cannot apply (it has " + ', '.join(f"{k}={model_args[k]!r}" for k in ignored) + "); drop "
-             + ('it' if len(ignored) == 1 else 'them') + ", or train from scratch (init_from='scratch')")
+# resume: the checkpoint's vocabulary; fine-tune: its shape at this run's length; gpt2: GPT-2's shape;
+# refused if it cannot address block_size (or a task's pos_max)
+model, model_args = init_model(ckpt, ckpt_path, model_args, vocab_size, config, explicit_keys, master)
 for k in [k for k in model_args if k in config]:
     config[k] = globals()[k] = model_args[k]
 max_len = model.pe.max_len
-if max_len is not None and positions != 'plain' and max_len < pos_max:
-    sys.exit(f"positions={positions!r} draws positions up to pos_max={pos_max}, but {pos_encoding} addresses {max_len}: "
-             f"give it a table that long (pos_options={{'max_len': {pos_max}}}) or a smaller pos_max")
-if max_len is not None and max_len < block_size:
-    sys.exit(f"{pos_encoding} addresses {max_len} positions, fewer than block_size={block_size}: lower "
-             f"block_size or enlarge its table in pos_options (see its docstring in positional.py)")
 eval_T = max([m * block_size for m in eval_mults if max_len is None or m * block_size <= max_len] or [block_size])
 for name, data, need in [] if task else (('train', train_data, block_size + 2), ('val', val_data, eval_T + 1)):
     if len(data) < need:  # too short to draw one window (train) or to evaluate at the longest length (val)
@@ -422,10 +334,13 @@ if master:
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 # float16 needs loss scaling against gradient underflow; a no-op for float32/bfloat16
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
+iter_num, best_val_loss, resume_state = 0, 1e9, {}
 if init_from == 'resume':
     optimizer.load_state_dict(ckpt['optimizer'])
-    if resume_state['scaler']:
-        scaler.load_state_dict(resume_state['scaler'])
+    if ckpt.get('scaler'):
+        scaler.load_state_dict(ckpt['scaler'])
+    iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
+    resume_state = {k: ckpt.get(k) for k in ('rng', 'wandb_id')}
 ckpt = None
 raw_model = model
 if compile:
@@ -474,31 +389,8 @@ def log_metrics(d):
         wandb_run.log(d, step=d['iter'])
 
 
-metrics_path = os.path.join(out_dir, 'metrics.jsonl')
-if master and os.path.lexists(metrics_path):
-    # a new run starts a fresh file; a resumed one drops what was logged after its checkpoint
-    # (a hard kill loses those iterations, and the resumed run logs them again). A damaged line
-    # (cut by a kill, or edited) is not a reason to refuse the resume: it moves to metrics.jsonl.damaged
-    keep, damaged = [], []
-    try:
-        with os.fdopen(open_no_follow(metrics_path, os.O_RDONLY)) as f:
-            for line in f:
-                try:
-                    row = json.loads(line) if line.endswith('\n') else None
-                except ValueError:
-                    row = None
-                if not isinstance(row, dict):
-                    damaged.append(line if line.endswith('\n') else line + '\n')
-                elif init_from == 'resume' and row.get('iter', 0) <= iter_num:
-                    keep.append(line)
-        atomic_write(metrics_path, lambda f: f.writelines(keep), binary=False)
-        if damaged:
-            with open_append(metrics_path + '.damaged') as f:
-                f.writelines(damaged)
-            print(f"{metrics_path}: {len(damaged)} damaged line(s) moved to {metrics_path}.damaged")
-    except OSError as e:  # disk full, or a link: leave metrics.jsonl as it was
-        sys.exit(str(e) if isinstance(e, LinkRefused) else
-                 f"cannot rewrite {metrics_path}: {e.strerror}; free some space and run again")
+if master:  # a new run starts a fresh metrics.jsonl; a resumed one drops what was logged after its checkpoint
+    trim_metrics(os.path.join(out_dir, 'metrics.jsonl'), iter_num if init_from == 'resume' else None)
 wandb_run = runtime.wandb_init(wandb_project, wandb_run_name or pos_encoding, config, out_dir,
                                resume_state.get('wandb_id')) if (wandb_log and master) else None
 peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
