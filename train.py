@@ -6,12 +6,10 @@ DDP (gloo on CPU, nccl on CUDA):
 Any global below can be set by a config file or `--key=value` (nanoGPT style, see
 configurator.py); unknown keys, values of the wrong type and values out of range are errors.
 """
-import datetime
 import gc
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -137,48 +135,9 @@ except ValueError as e:
     sys.exit(f"bad device/dtype: {e}")
 device, device_type, dtype, autocast = rt.device, rt.device_type, rt.dtype, rt.autocast
 ptdtype = rt.ptdtype
-if ddp:
-    # an explicit timeout: a frozen rank (SIGSTOP, a dead node) otherwise holds the others for gloo's 30 min
-    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
-                            timeout=datetime.timedelta(seconds=ddp_timeout))
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    heartbeat = runtime.Heartbeat(rank, world_size)
-
-    def lost_rank(kind, e, tb):
-        """sys.excepthook under DDP: a collective that failed because a rank died or froze (or
-        outlasted ddp_timeout) ends this rank with one line naming the lost rank(s) and how to
-        resume, instead of a traceback. Any other exception gets the usual traceback."""
-        if not (isinstance(e, dist.DistError) or isinstance(e, RuntimeError) and 'gloo' in str(e)):
-            return sys.__excepthook__(kind, e, tb)
-        # torchrun SIGTERMs the survivors of a dead worker: let this line finish first (3-8 s)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        sys.stdout.flush()
-        lost, others = heartbeat.lost(), [r for r in range(world_size) if r != rank]
-        ck = os.path.join(out_dir, 'ckpt.pt')
-        saved = globals().get('last_saved') if master else None  # (only rank 0 saves, so only it knows)
-        resume = (f"resume from {ck}" + (f" (iter {saved})" if saved is not None else '')
-                  + " by running the same command with --init_from=resume" if os.path.exists(ck) else
-                  f"nothing was saved yet ({ck} does not exist): run the same command again")
-        names = lambda rs: ('rank ' if len(rs) == 1 else 'ranks ') + ', '.join(map(str, rs))  # noqa: E731
-        if lost and any(lost.values()):  # a rank that gave up first said why
-            why = f"lost {names(lost)}, which gave up first: " + '; '.join(w for w in lost.values() if w)
-        elif lost:
-            why = f"lost {names(lost)} (no heartbeat for 3 s: killed, crashed or frozen)"
-        elif lost is None:
-            why = (f"lost contact with {names(others)} and with the launcher's store (the node or the launcher "
-                   f"is gone?)")
-        else:  # everyone is alive: a rank was busy for longer than the timeout
-            cause = str(e).split('] ', 1)[-1].split('. ')[0][:120]
-            why = (f"a collective failed ({cause}) while every rank was alive: a rank-0-only phase (evaluation, "
-                   f"save, data preparation) may outlast ddp_timeout={ddp_timeout:g}s; raise --ddp_timeout")
-            heartbeat.last_word(why)
-        print(f"[rank {rank}] {why}; the run cannot go on: {resume}", file=sys.stderr, flush=True)
-        os._exit(1)  # not a normal exit: gloo's teardown with a peer gone can abort with a C++ message
-
-    sys.excepthook = lost_rank
-else:
-    rank, world_size = 0, 1
+# under DDP: the process group (ddp_timeout per collective), and a lost rank ends the others with one line
+control = runtime.RunControl(ddp, device_type, ddp_timeout, out_dir, saved=lambda: globals().get('last_saved'))
+rank, world_size = control.rank, control.world_size
 config['world_size'] = world_size  # saved in each checkpoint's config, so a resume can tell a changed world size
 # The global batch (rows of block_size tokens) is split over the ranks as evenly as the sizes allow,
 # and each rank's share into micro-steps of at most batch_size rows. Each micro-step's mean loss is
@@ -299,8 +258,8 @@ def run_eval(final=False):
     match in and out of distribution) -> {'val/loss@1L': ..., ...}."""
     if not task:
         return eval_lengths(raw_model, val_data, block_size, tuple(eval_mults), tokens=eval_tokens,
-                            device=device, ctx=autocast, stop=stopping)
-    r = tasks.evaluate(raw_model, task, task_n, device, autocast, stop=stopping, reps=8)
+                            device=device, ctx=autocast, stop=control.stopping)
+    r = tasks.evaluate(raw_model, task, task_n, device, autocast, stop=control.stopping, reps=8)
     if not r['complete']:
         raise Interrupted
     return {'val/loss@1L': r['loss_id'], 'val/exact@id': r['exact_id'], 'val/exact@ood': r['exact_ood']}
@@ -396,62 +355,9 @@ wandb_run = runtime.wandb_init(wandb_project, wandb_run_name or pos_encoding, co
 peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
 
 # -----------------------------------------------------------------------------
-# Runs that survive. SIGTERM/SIGINT only set a flag: the loop finishes its iteration (an
-# evaluation stops at its next batch), saves ckpt.pt and exits 0. Under DDP every rank must
-# stop at the same iteration (else the next collective hangs), so the ranks OR their flags
-# each iteration with a tiny all-reduce on a CPU (gloo) group of its own: no GPU sync, and it
-# runs in the background (see stop_agreed). A second signal exits at once.
-stop_signal, stop_time = None, 0.0
-
-
-def request_stop(signum, frame):
-    global stop_signal, stop_time
-    name = signal.Signals(signum).name
-    if stop_signal is not None and time.time() - stop_time > 1.0:  # (torchrun forwards a terminal's Ctrl-C on
-        print(f"[rank {rank}] second {name}: exiting now; {out_dir}/ckpt.pt is what the last save wrote",  # top of
-              flush=True)                                                        # the workers' own: 1 s = one)
-        os._exit(128 + signum)
-    if stop_signal is None:
-        print(f"[rank {rank}] got {name}: stopping at the end of this step or evaluation batch, then saving a "
-              f"checkpoint and exiting; {name} again to exit at once", flush=True)
-        stop_signal, stop_time = signum, time.time()
-
-
-def stopping():
-    return stop_signal is not None
-
-
-signal.signal(signal.SIGTERM, request_stop)
-signal.signal(signal.SIGINT, request_stop)
-ctrl_group = dist.new_group(backend='gloo', timeout=datetime.timedelta(seconds=ddp_timeout)) if ddp else None
-stop_flag, stop_work = torch.zeros(1, dtype=torch.int32), None
-
-
-def stop_agreed():
-    """Whether to stop now; the same answer on every rank. The all-reduce started by one
-    call is read by the next, so it overlaps a training step instead of adding a round
-    trip to it; the price is that a signal stops the run one iteration later."""
-    global stop_work
-    if not ddp:
-        return stop_signal is not None
-    stop = False
-    if stop_work is not None:
-        stop_work.wait()
-        stop = bool(stop_flag.item())
-    stop_flag.fill_(int(stop_signal is not None))
-    stop_work = None if stop else dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX, group=ctrl_group, async_op=True)
-    return stop
-
-
-def any_rank(flag):
-    """flag, OR-ed over the ranks (blocking; used at eval steps only)."""
-    if not ddp:
-        return flag
-    t = torch.tensor([int(flag)], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl_group)
-    return bool(t.item())
-
-
+# Runs that survive: SIGTERM/SIGINT only set a flag, so the loop finishes its iteration (an evaluation
+# stops at its next batch), saves ckpt.pt and exits 0; under DDP every rank stops at the same iteration.
+control.catch_signals()
 pending = []  # (iter, loss tensor) since the last check: read with one sync at log steps and before saves
 
 
@@ -509,20 +415,20 @@ while True:
                 if bad is None:
                     last_saved = iter_num
                     print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and ckpt_best.pt" if improved else ''))
-        if any_rank(bad is not None):
+        if control.any_rank(bad is not None):
             failure = bad or "non-finite loss or weights on rank 0"
             break
         t0 = time.time()
     if eval_only:
         break
-    if stop_agreed():
+    if control.stop_agreed():
         stopped = True
         _, failure = check_losses()
         if failure is None and master:
             if last_saved != iter_num:  # (else ckpt.pt already holds this state)
                 failure = save_checkpoint()
             if failure is None:
-                why = signal.Signals(stop_signal).name if stop_signal else 'a signal to another rank'
+                why = control.stopping() or 'a signal to another rank'
                 print(f"stopped by {why} at iter {iter_num}: saved {out_dir}/ckpt.pt; continue the run with "
                       f"--init_from=resume" + (" (it runs the final evaluation)" if iter_num >= max_iters else ''),
                       flush=True)
@@ -568,15 +474,14 @@ while True:
             log_metrics({'iter': iter_num, 'train/loss': vals[-1], 'lr': lr, 'ms_per_iter': dt * 1000,
                          'tokens_per_s': tps, **({'mfu': mfu} if mfu else {})})
 
-if stop_work is not None:  # every rank started the same all-reduces: let the last one finish
-    stop_work.wait()
+control.finish()
 if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
     te = time.time()
     if task:  # exact match per length bin, 1..4N, with plain positions (and, as Ruoss et al. evaluate,
         print(f"final eval: {task}, sizes 1..{4 * task_n}, exact match per length bin", flush=True)  # random ones)
-        res = dict(tasks.evaluate(raw_model, task, task_n, device, autocast, stop=stopping), train_positions=positions)
+        res = dict(tasks.evaluate(raw_model, task, task_n, device, autocast, stop=control.stopping), train_positions=positions)
         if positions == 'randomized':
-            r = tasks.evaluate(raw_model, task, task_n, device, autocast, 'randomized', pos_max, stop=stopping)
+            r = tasks.evaluate(raw_model, task, task_n, device, autocast, 'randomized', pos_max, stop=control.stopping)
             res.update(bins_randomized=r['bins'], exact_id_randomized=r['exact_id'],
                        exact_ood_randomized=r['exact_ood'], complete=res['complete'] and r['complete'])
     else:
@@ -584,7 +489,7 @@ if master and final_eval and iter_num >= max_iters and not stopped and not failu
         print(f"final eval: {', '.join(f'{m}L' for m in final_eval_mults)} x (non-overlapping, sliding, last-k) on "
               f"{tokens} tokens per length (Ctrl-C stops it and keeps what it has)", flush=True)
         res = evaluate(raw_model, val_data, block_size, tuple(final_eval_mults), tokens=tokens, device=device,
-                       ctx=autocast, progress=True, stop=stopping)  # a signal stops it at its next batch
+                       ctx=autocast, progress=True, stop=control.stopping)  # a signal stops it at its next batch
     res = {'scheme': pos_encoding, 'name': wandb_run_name or pos_encoding, 'rope_scaling': rope_scaling,
            'iter': iter_num, 'out_dir': out_dir, **res}
     try:
@@ -592,7 +497,7 @@ if master and final_eval and iter_num >= max_iters and not stopped and not failu
     except OSError as e:
         failure = f"writing {out_dir}/eval.json failed: {e.strerror}"
     if not res['complete']:
-        print(f"final eval interrupted by {signal.Signals(stop_signal).name} ({time.time() - te:.0f}s): what it had "
+        print(f"final eval interrupted by {control.stopping()} ({time.time() - te:.0f}s): what it had "
               f"computed is in {out_dir}/eval.json (complete: false); python train.py --out_dir={out_dir} "
               f"--init_from=resume runs it again", flush=True)
     elif not failure and task:
