@@ -259,6 +259,22 @@ class RunControl:
         os._exit(1)  # not a normal exit: gloo's teardown with a peer gone can abort with a C++ message
 
 
+def process_start():
+    """When this process started, on time.time()'s clock: from /proc (Linux, to 10 ms), else
+    when this module was imported."""
+    try:
+        with open('/proc/self/stat') as f:
+            ticks = int(f.read().rsplit(')', 1)[1].split()[19])  # field 22, starttime: ticks after boot
+        with open('/proc/uptime') as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf('SC_CLK_TCK'))
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+
+
 def wandb_init(project, name, config, out_dir, resume_id=None):
     """A wandb run: online when wandb finds credentials (its own login lookup: env, settings,
     netrc), else offline; online init failing (no network) falls back to offline too."""

@@ -20,11 +20,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
-from checkpoint import (atomic_json, atomic_save, check_writable, init_model, load_weights, lock_out_dir, read_meta,
-                        resolve_init, restore_rng, rng_states, trim_metrics)
+from checkpoint import (atomic_save, check_writable, init_model, load_weights, lock_out_dir, read_meta, resolve_init,
+                        restore_rng, rng_states, trim_metrics)
 from configurator import configure
 from files import link_or_copy, open_append
-from eval import Interrupted, eval_lengths, evaluate, flat_metrics, log_wandb
+from eval import Interrupted, eval_lengths, final_suite
 
 # -----------------------------------------------------------------------------
 # defaults: the small CPU model; config/*.py files only change the scheme
@@ -253,7 +253,7 @@ def train_positions(it):
     return pos.to(device)
 
 
-def run_eval(final=False):
+def run_eval():
     """The periodic evaluation (a corpus: loss at eval_mults x L; a task: answer loss and exact
     match in and out of distribution) -> {'val/loss@1L': ..., ...}."""
     if not task:
@@ -379,9 +379,8 @@ def check_losses():
 if resume_state.get('rng'):  # restored last: building the model above drew from the RNG
     restore_rng(resume_state['rng'], device_type)
 last_saved = resumed_at = iter_num if init_from == 'resume' else None
-failure, stopped, res = None, False, None
+failure, stopped, res, t_train = None, False, None, None
 t0 = time.time()
-running_tps = -1.0
 while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for group in optimizer.param_groups:
@@ -436,6 +435,7 @@ while True:
     if iter_num >= max_iters:
         break
 
+    t_train = t_train or time.time()  # startup ends where the first training step starts
     # dropout's randomness: a seed per (run, iteration, rank), so ranks draw different masks (as
     # nanoGPT's per-rank seed offset) and a resumed run draws exactly what it would have
     torch.manual_seed(seed * 1_000_003 + iter_num * 1009 + rank)
@@ -475,43 +475,14 @@ while True:
                          'tokens_per_s': tps, **({'mfu': mfu} if mfu else {})})
 
 control.finish()
+t_end = time.time()
+t_train = t_train or t_end
+timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': round(t_end - t_train, 3)}
 if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
-    te = time.time()
-    if task:  # exact match per length bin, 1..4N, with plain positions (and, as Ruoss et al. evaluate,
-        print(f"final eval: {task}, sizes 1..{4 * task_n}, exact match per length bin", flush=True)  # random ones)
-        res = dict(tasks.evaluate(raw_model, task, task_n, device, autocast, stop=control.stopping), train_positions=positions)
-        if positions == 'randomized':
-            r = tasks.evaluate(raw_model, task, task_n, device, autocast, 'randomized', pos_max, stop=control.stopping)
-            res.update(bins_randomized=r['bins'], exact_id_randomized=r['exact_id'],
-                       exact_ood_randomized=r['exact_ood'], complete=res['complete'] and r['complete'])
-    else:
-        tokens = final_eval_tokens or eval_tokens
-        print(f"final eval: {', '.join(f'{m}L' for m in final_eval_mults)} x (non-overlapping, sliding, last-k) on "
-              f"{tokens} tokens per length (Ctrl-C stops it and keeps what it has)", flush=True)
-        res = evaluate(raw_model, val_data, block_size, tuple(final_eval_mults), tokens=tokens, device=device,
-                       ctx=autocast, progress=True, stop=control.stopping)  # a signal stops it at its next batch
-    res = {'scheme': pos_encoding, 'name': wandb_run_name or pos_encoding, 'rope_scaling': rope_scaling,
-           'iter': iter_num, 'out_dir': out_dir, **res}
-    try:
-        atomic_json(res, os.path.join(out_dir, 'eval.json'))
-    except OSError as e:
-        failure = f"writing {out_dir}/eval.json failed: {e.strerror}"
-    if not res['complete']:
-        print(f"final eval interrupted by {control.stopping()} ({time.time() - te:.0f}s): what it had "
-              f"computed is in {out_dir}/eval.json (complete: false); python train.py --out_dir={out_dir} "
-              f"--init_from=resume runs it again", flush=True)
-    elif not failure and task:
-        summary = {k: res[k] for k in ('exact_id', 'exact_ood', 'exact_id_randomized', 'exact_ood_randomized')
-                   if res.get(k) is not None}
-        print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
-              + ', '.join(f"{k} {v:.3f}" for k, v in summary.items()))
-        if wandb_run is not None:
-            wandb_run.log({f'val/{k}': v for k, v in summary.items()}, step=iter_num)
-    elif not failure:
-        print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
-              + ', '.join(f"{k[4:]} {v:.4f}" for k, v in flat_metrics(res).items()))
-        if wandb_run is not None:
-            log_wandb(wandb_run, res, step=iter_num)
+    head = dict(scheme=pos_encoding, name=wandb_run_name or pos_encoding, rope_scaling=rope_scaling, iter=iter_num,
+                out_dir=out_dir)  # eval.json's first keys
+    failure = final_suite(raw_model, out_dir, head, val_data, block_size, final_eval_mults, final_eval_tokens or eval_tokens,
+                          task, task_n, positions, pos_max, device, autocast, control.stopping, wandb_run, timing)
 elif master and final_eval and stopped and iter_num >= max_iters:
     print(f"final eval not run (stopped): python train.py --out_dir={out_dir} --init_from=resume runs it")
 if wandb_run is not None:
