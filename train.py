@@ -157,20 +157,18 @@ if master:
           + (f"{world_size} ranks of {rows // world_size}-{-(-rows // world_size)} rows, rank 0 in "
              f"{accum} micro-step(s) of {micro[0]})" if ddp else f"{accum} micro-step(s) of {micro[0]} rows)")
           + f"; {device}, {dtype}")
-# A smoke run (max_iters < eval_interval: evaluated only at the start and the end) checks that things
-# run; its barely trained model needs no precise numbers, so its evaluations score 2048 tokens per length.
-if not task and max_iters < eval_interval and 'eval_tokens' not in explicit_keys and eval_tokens > 2048:
+# A smoke run (max_iters < eval_interval: evaluated only at the start and the end) checks that things run:
+# its barely trained model needs no precise numbers, nor do its few steps repay torch.compile (12-60 s per
+# scheme on a cold CPU cache, for a step 0.5-1.3x the eager one: docs/speed.md). It says what it changes.
+smoke = []
+if max_iters < eval_interval and not task and 'eval_tokens' not in explicit_keys and eval_tokens > 2048:
+    smoke.append(f"evaluations on 2048 tokens per length instead of {eval_tokens} (--eval_tokens=N to choose)")
     eval_tokens = 2048
-    if master:
-        print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): evaluations on {eval_tokens} "
-              f"tokens per length instead of {config['eval_tokens']} (--eval_tokens=N to choose)")
-# Nor do its few steps repay torch.compile (on a cold CPU cache 12-60 s per scheme, for a step that
-# takes 0.5-1.3x the eager one: docs/speed.md), so it trains uncompiled and says so.
 if max_iters < eval_interval and 'compile' not in explicit_keys and compile:
+    smoke.append("not compiled (--compile=True to compile)")
     compile = False
-    if master:
-        print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): not compiled (--compile=True "
-              f"to compile)")
+if smoke and master:
+    print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): " + '; '.join(smoke))
 
 # data: the default corpus is prepared on first use
 default_data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
