@@ -17,7 +17,8 @@ import sys
 
 import torch
 
-from files import LinkRefused, atomic_json, atomic_write, open_no_follow  # noqa: F401 (atomic_json: re-exported)
+from files import (LinkRefused, atomic_json, atomic_write, open_append,  # noqa: F401 (atomic_json: re-exported)
+                   open_no_follow)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -151,6 +152,149 @@ def load(init_from, out_dir, device='cpu', **overrides):
                 'config': {'init_from': init_from}, 'meta': {'vocab_size': model.config.vocab_size, 'encoding': 'gpt2'}}
         return model.to(device).eval(), ckpt
     return load_model(os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from, device, **overrides)
+
+
+def resolve_init(config, explicit, master=True):
+    """train.py's init_from -> (checkpoint, its path), or (None, None) for 'scratch' and GPT-2
+    weights; refuses, in one line each, an unknown init_from, a new run over an existing run, a
+    missing checkpoint, and a resume from one that lacks the parts an exact continuation needs.
+    A resume continues the run as it was: every key not set explicitly (`explicit`: by a config
+    file or --key=value) comes from the checkpoint, updated in `config`; explicit keys change the
+    run, except model keys, which must match the checkpoint (dropout and attn_backend may change):
+    we refuse rather than silently train something else."""
+    init_from, out_dir = config['init_from'], config['out_dir']
+    hf = init_from in HF_GPT2 or os.path.isdir(init_from)
+    if init_from not in ('scratch', 'resume') and not init_from.endswith('.pt') and not hf:
+        sys.exit(f"init_from={init_from!r}: use 'scratch', 'resume' (continue the run in out_dir), a path to a .pt, "
+                 f"or 'gpt2' / 'gpt2-medium' / 'gpt2-large' / 'gpt2-xl' / a Hugging Face GPT-2 folder")
+    if init_from != 'resume' and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
+        # never overwrite a run by accident: its checkpoint would be replaced at the first eval
+        sys.exit(f"{out_dir}/ckpt.pt exists: --init_from=resume continues that run; to start a new one use "
+                 f"another --out_dir or delete {out_dir}/")
+    if init_from == 'scratch' or hf:
+        return None, None
+    path = os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from
+    if not os.path.exists(path):
+        sys.exit(f"init_from={init_from!r}: no checkpoint at {path}")
+    ckpt = read_checkpoint(path, 'cpu')
+    if init_from != 'resume':
+        return ckpt, path
+    lacking = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss') if ckpt.get(k) is None]
+    if lacking:  # e.g. a checkpoint shared as weights only: it can seed a fine-tune, not continue a run
+        sys.exit(f"cannot resume {path}: it has no {', '.join(lacking)} (a checkpoint shared as weights only?), so "
+                 f"the run cannot continue exactly; fine-tune from it instead: --init_from={path} "
+                 f"--out_dir=ANOTHER_DIR")
+    ck, free = ckpt['model_args'], ('dropout', 'attn_backend')
+    differ = [k for k in ck if k in config and k in explicit and k not in free and config[k] != ck[k]]
+    if differ:
+        sys.exit(f"cannot resume {path}: it was trained with " + ', '.join(f"{k}={ck[k]!r}" for k in differ)
+                 + " but this run asks for " + ', '.join(f"{k}={config[k]!r}" for k in differ) + ". Drop those "
+                 "settings to resume it, or start a new run in another out_dir (init_from=PATH.pt fine-tunes it).")
+    inherit = {k: v for k, v in {**ckpt['config'], **ck}.items()
+               if k in config and k not in explicit and k not in ('init_from', 'out_dir', 'eval_only')}
+    old_iters = ckpt['config'].get('max_iters')
+    if 'max_iters' in explicit and config['max_iters'] != old_iters and not ckpt['config'].get('lr_decay_iters') \
+            and 'lr_decay_iters' not in explicit and master:
+        print(f"resuming with max_iters {old_iters} -> {config['max_iters']}: lr_decay_iters=0 follows max_iters, so "
+              f"the cosine now reaches min_lr at iter {config['max_iters']} instead of {old_iters} (the learning rate "
+              f"goes back up); pass --lr_decay_iters={old_iters} to keep the old schedule")
+    config.update(inherit)
+    changed = [k for k in config if k not in ('init_from', 'out_dir') and config[k] != ckpt['config'].get(k, config[k])]
+    if changed and master:
+        print("resuming with changed settings: " + ', '.join(f"{k} {ckpt['config'][k]!r} -> {config[k]!r}"
+                                                             for k in changed))
+    return ckpt, path
+
+
+def init_model(ckpt, path, model_args, vocab_size, config, explicit, master=True):
+    """The model train.py starts from -> (model, model_args), weights not loaded yet. From scratch:
+    `model_args`. A resume: the checkpoint's vocabulary, which must be the data's. A fine-tune
+    (init_from a .pt): the checkpoint's shape and vocabulary, with this run's block_size,
+    rope_scaling, attn_scaling, attn_backend and dropout. GPT-2 weights: GPT-2's shape (learned
+    positions, tanh GELU, biases) and BPE vocabulary. A model key set explicitly that the
+    checkpoint overrides is refused: the saved config must describe the saved model, and so is a
+    model whose position table is shorter than block_size (or a task's pos_max)."""
+    from model import GPT, GPTConfig
+    init_from, data, model_args = config['init_from'], config['data_dir'], dict(model_args)
+    ck = ckpt['model_args'] if ckpt is not None else None
+    if init_from == 'resume':
+        if vocab_size and vocab_size != ck['vocab_size']:
+            sys.exit(f"cannot resume {path}: it was trained with vocab_size={ck['vocab_size']}, "
+                     f"but {data} has {vocab_size}; resume on the run's own data (drop --data_dir/--dataset)")
+        model_args['vocab_size'] = ck['vocab_size']
+        model_args['vocab_multiple'] = ck.get('vocab_multiple', 1)  # (older checkpoints: unpadded)
+        world_size = config['world_size']
+        if master and ckpt['config'].get('world_size', world_size) != world_size:
+            print(f"resuming with world size {ckpt['config']['world_size']} -> {world_size}: the run continues with "
+                  f"the same global batches (a pure function of seed and iteration), so its losses differ only in "
+                  f"float rounding")
+    elif ckpt is not None:
+        if vocab_size and vocab_size != ck['vocab_size']:
+            sys.exit(f"cannot fine-tune {path}: it has vocab_size={ck['vocab_size']}, but "
+                     f"{data or config['task']} has {vocab_size}; fine-tune it on a corpus with its vocabulary "
+                     f"(--data_dir)")
+        keep = ('block_size', 'rope_scaling', 'attn_scaling', 'attn_backend', 'dropout')
+        model_args.update({k: v for k, v in ck.items() if k not in keep})
+        model_args['vocab_multiple'] = ck.get('vocab_multiple', 1)  # (older checkpoints: unpadded)
+        if master:
+            print(f"fine-tuning from {path} (trained with block_size={ck['block_size']}, "
+                  f"rope_scaling={ck.get('rope_scaling')}) at block_size={config['block_size']}, "
+                  f"rope_scaling={config['rope_scaling']}")
+    try:
+        if init_from in HF_GPT2 or os.path.isdir(init_from):
+            model = GPT.from_pretrained(init_from, block_size=config['block_size'], dropout=config['dropout'],
+                                        attn_backend=config['attn_backend'])
+            model_args = {k: getattr(model.config, k) for k in GPTConfig.__dataclass_fields__}
+            if vocab_size != model_args['vocab_size']:
+                sys.exit(f"init_from={init_from!r} has {model_args['vocab_size']} tokens but {data} has {vocab_size}: "
+                         f"train it on a GPT-2 BPE corpus (e.g. --dataset=shakespeare)")
+        else:
+            model = GPT(GPTConfig(**model_args))
+    except (ValueError, ImportError) as e:  # bad scheme, options, n_embd/n_head, rotary dim, no transformers: say how
+        sys.exit(f"bad model config: {e}")
+    ignored = [k for k in model_args if k in explicit and config.get(k) != model_args[k] and init_from != 'resume']
+    if ignored:
+        sys.exit(f"init_from={init_from!r} fixes the model, so " + ', '.join(f"{k}={config[k]!r}" for k in ignored)
+                 + " cannot apply (it has " + ', '.join(f"{k}={model_args[k]!r}" for k in ignored) + "); drop "
+                 + ('it' if len(ignored) == 1 else 'them') + ", or train from scratch (init_from='scratch')")
+    max_len, pos_max, scheme, block_size = model.pe.max_len, config['pos_max'], model_args['pos_encoding'], \
+        model_args['block_size']
+    if max_len is not None and config['positions'] != 'plain' and max_len < pos_max:
+        sys.exit(f"positions={config['positions']!r} draws positions up to pos_max={pos_max}, but {scheme} addresses "
+                 f"{max_len}: give it a table that long (pos_options={{'max_len': {pos_max}}}) or a smaller pos_max")
+    if max_len is not None and max_len < block_size:
+        sys.exit(f"{scheme} addresses {max_len} positions, fewer than block_size={block_size}: lower "
+                 f"block_size or enlarge its table in pos_options (see its docstring in positional.py)")
+    return model, model_args
+
+
+def trim_metrics(path, upto=None):
+    """Before a run logs to metrics.jsonl: a new run (upto=None) starts a fresh file; a resumed one
+    keeps the rows up to its checkpoint's iteration `upto` (a hard kill loses the iterations after
+    it, and the resumed run logs them again). A damaged line (cut by a kill, or edited) is not a
+    reason to refuse the resume: it moves to metrics.jsonl.damaged."""
+    if not os.path.lexists(path):
+        return
+    keep, damaged = [], []
+    try:
+        with os.fdopen(open_no_follow(path, os.O_RDONLY)) as f:
+            for line in f:
+                try:
+                    row = json.loads(line) if line.endswith('\n') else None
+                except ValueError:
+                    row = None
+                if not isinstance(row, dict):
+                    damaged.append(line if line.endswith('\n') else line + '\n')
+                elif upto is not None and row.get('iter', 0) <= upto:
+                    keep.append(line)
+        atomic_write(path, lambda f: f.writelines(keep), binary=False)
+        if damaged:
+            with open_append(path + '.damaged') as f:
+                f.writelines(damaged)
+            print(f"{path}: {len(damaged)} damaged line(s) moved to {path}.damaged")
+    except OSError as e:  # disk full, or a link: leave metrics.jsonl as it was
+        sys.exit(str(e) if isinstance(e, LinkRefused) else
+                 f"cannot rewrite {path}: {e.strerror}; free some space and run again")
 
 
 def data_dir(ckpt, override=''):

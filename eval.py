@@ -29,10 +29,13 @@ positions a protocol scores, a chunk at a time (model.forward(last=, reduction='
 import math
 import os
 import sys
+import time
 from contextlib import nullcontext
 
 import numpy as np
 import torch
+
+from files import atomic_json
 
 
 # --- windows --------------------------------------------------------------------
@@ -307,6 +310,54 @@ def eval_lengths(model, data, L, mults=(1, 2, 4, 8), **kw):
     """{'val/loss@1L': .., 'val/loss@2L': ..}; lengths a scheme cannot address are skipped."""
     return {f'val/loss@{m}L': eval_loss(model, data, length_of(m, L), **kw) for m in mults
             if model.pe.addresses(length_of(m, L))}
+
+
+def final_suite(model, out_dir, head, data=None, L=0, mults=(), tokens=0, task='', task_n=0, positions='plain',
+                pos_max=0, device='cpu', ctx=None, stop=None, wandb_run=None, timing=None):
+    """train.py's last step: the full suite (evaluate) on a corpus, or for a task exact match per
+    length bin, 1..4 task_n, with plain positions (and, as Ruoss et al. evaluate, random ones for
+    a run trained on them) -> out_dir/eval.json, written whole, with `head` (scheme, name, ...)
+    first, 'complete' (false if stop() ended it early: it keeps what it had) and `timing` plus
+    final_eval_s. stop(): the name of the signal that asks to stop, or None. Prints one summary
+    line and logs to wandb_run if given. Returns None, or why eval.json could not be written."""
+    te = time.time()
+    if task:
+        import tasks
+        print(f"final eval: {task}, sizes 1..{4 * task_n}, exact match per length bin", flush=True)
+        res = dict(tasks.evaluate(model, task, task_n, device, ctx, stop=stop), train_positions=positions)
+        if positions == 'randomized':
+            r = tasks.evaluate(model, task, task_n, device, ctx, 'randomized', pos_max, stop=stop)
+            res.update(bins_randomized=r['bins'], exact_id_randomized=r['exact_id'],
+                       exact_ood_randomized=r['exact_ood'], complete=res['complete'] and r['complete'])
+    else:
+        print(f"final eval: {', '.join(f'{m}L' for m in mults)} x (non-overlapping, sliding, last-k) on "
+              f"{tokens} tokens per length (Ctrl-C stops it and keeps what it has)", flush=True)
+        res = evaluate(model, data, L, tuple(mults), tokens=tokens, device=device, ctx=ctx, progress=True, stop=stop)
+    res = {**head, **res}
+    if timing is not None:
+        res['timing'] = {**timing, 'final_eval_s': round(time.time() - te, 3)}
+    failure = None
+    try:
+        atomic_json(res, os.path.join(out_dir, 'eval.json'))
+    except OSError as e:
+        failure = f"writing {out_dir}/eval.json failed: {e.strerror}"
+    if not res['complete']:
+        print(f"final eval interrupted by {stop()} ({time.time() - te:.0f}s): what it had computed is in "
+              f"{out_dir}/eval.json (complete: false); python train.py --out_dir={out_dir} --init_from=resume runs it "
+              f"again", flush=True)
+    elif not failure and task:
+        summary = {k: res[k] for k in ('exact_id', 'exact_ood', 'exact_id_randomized', 'exact_ood_randomized')
+                   if res.get(k) is not None}
+        print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
+              + ', '.join(f"{k} {v:.3f}" for k, v in summary.items()))
+        if wandb_run is not None:
+            wandb_run.log({f'val/{k}': v for k, v in summary.items()}, step=head['iter'])
+    elif not failure:
+        print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
+              + ', '.join(f"{k[4:]} {v:.4f}" for k, v in flat_metrics(res).items()))
+        if wandb_run is not None:
+            log_wandb(wandb_run, res, step=head['iter'])
+    return failure
 
 
 def scaling_tag(rope_scaling):

@@ -8,6 +8,8 @@ bf16 autocast and TF32 settings and the tables they write are comparable.
 """
 import atexit
 import os
+import signal
+import sys
 import threading
 import time
 from contextlib import nullcontext
@@ -151,6 +153,136 @@ class Heartbeat:
             self._store().set(self.prefix + f'why/{self.rank}', text)
         except Exception:  # noqa: BLE001 - no store: the others will say "killed, crashed or frozen"
             pass
+
+
+class RunControl:
+    """How a training run stops, and how its DDP ranks agree to. SIGTERM/SIGINT only set a flag
+    (catch_signals): the loop finishes its step (an evaluation stops at its next batch), saves and
+    exits 0; a second signal more than 1 s after the first exits at once. Under torchrun (`ddp`)
+    it joins the process group (nccl on CUDA, gloo on CPU) with `timeout` seconds per collective,
+    and a collective that fails because a rank died, froze or outlasted the timeout ends this rank
+    with one line instead of a traceback (lost_rank). saved(): the iteration of rank 0's last
+    save, or None, for those messages."""
+
+    def __init__(self, ddp, device_type, timeout, out_dir, saved=lambda: None):
+        import torch.distributed as dist
+        self.ddp, self.timeout, self.out_dir, self.saved = ddp, timeout, out_dir, saved
+        self.signum, self.signal_time = None, 0.0
+        self.group, self.flag, self.work = None, torch.zeros(1, dtype=torch.int32), None
+        self.rank, self.world_size = 0, 1
+        if ddp:
+            # an explicit timeout: a frozen rank (SIGSTOP, a dead node) otherwise holds the others for gloo's 30 min
+            dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
+                                    timeout=timedelta(seconds=timeout))
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            self.heartbeat = Heartbeat(self.rank, self.world_size)
+            sys.excepthook = self.lost_rank
+
+    def catch_signals(self):
+        """From here on SIGTERM/SIGINT ask for a stop (before, they end the process as usual).
+        Under DDP the ranks OR their flags on a CPU (gloo) group of their own: no GPU sync."""
+        import torch.distributed as dist
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        if self.ddp:
+            self.group = dist.new_group(backend='gloo', timeout=timedelta(seconds=self.timeout))
+
+    def request_stop(self, signum, frame):
+        name = signal.Signals(signum).name
+        # (torchrun forwards a terminal's Ctrl-C on top of the workers' own: within 1 s it is one signal)
+        if self.signum is not None and time.time() - self.signal_time > 1.0:
+            print(f"[rank {self.rank}] second {name}: exiting now; {self.out_dir}/ckpt.pt is what the last save "
+                  f"wrote", flush=True)
+            os._exit(128 + signum)
+        if self.signum is None:
+            print(f"[rank {self.rank}] got {name}: stopping at the end of this step or evaluation batch, then saving "
+                  f"a checkpoint and exiting; {name} again to exit at once", flush=True)
+            self.signum, self.signal_time = signum, time.time()
+
+    def stopping(self):
+        """The name of the signal that asked this rank to stop ('SIGINT'), or None: an
+        evaluation's stop() (checked before each batch)."""
+        return signal.Signals(self.signum).name if self.signum is not None else None
+
+    def stop_agreed(self):
+        """Whether to stop now; the same answer on every rank. The all-reduce started by one
+        call is read by the next, so it overlaps a training step instead of adding a round
+        trip to it; the price is that a signal stops the run one iteration later."""
+        import torch.distributed as dist
+        if not self.ddp:
+            return self.signum is not None
+        stop = False
+        if self.work is not None:
+            self.work.wait()
+            stop = bool(self.flag.item())
+        self.flag.fill_(int(self.signum is not None))
+        self.work = None if stop else dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.group,
+                                                      async_op=True)
+        return stop
+
+    def any_rank(self, flag):
+        """flag, OR-ed over the ranks (blocking; used at eval steps only)."""
+        import torch.distributed as dist
+        if not self.ddp:
+            return flag
+        t = torch.tensor([int(flag)], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(t.item())
+
+    def finish(self):
+        """Every rank started the same all-reduces: let the last one finish."""
+        if self.work is not None:
+            self.work.wait()
+
+    def lost_rank(self, kind, e, tb):
+        """sys.excepthook under DDP: a collective that failed because a rank died or froze (or
+        outlasted the timeout) ends this rank with one line naming the lost rank(s) and how to
+        resume, instead of a traceback. Any other exception gets the usual traceback."""
+        import torch.distributed as dist
+        if not (isinstance(e, dist.DistError) or isinstance(e, RuntimeError) and 'gloo' in str(e)):
+            return sys.__excepthook__(kind, e, tb)
+        # torchrun SIGTERMs the survivors of a dead worker: let this line finish first (3-8 s)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sys.stdout.flush()
+        rank, lost = self.rank, self.heartbeat.lost()
+        others = [r for r in range(self.world_size) if r != rank]
+        ck = os.path.join(self.out_dir, 'ckpt.pt')
+        saved = self.saved() if rank == 0 else None  # (only rank 0 saves, so only it knows)
+        resume = (f"resume from {ck}" + (f" (iter {saved})" if saved is not None else '')
+                  + " by running the same command with --init_from=resume" if os.path.exists(ck) else
+                  f"nothing was saved yet ({ck} does not exist): run the same command again")
+        names = lambda rs: ('rank ' if len(rs) == 1 else 'ranks ') + ', '.join(map(str, rs))  # noqa: E731
+        if lost and any(lost.values()):  # a rank that gave up first said why
+            why = f"lost {names(lost)}, which gave up first: " + '; '.join(w for w in lost.values() if w)
+        elif lost:
+            why = f"lost {names(lost)} (no heartbeat for 3 s: killed, crashed or frozen)"
+        elif lost is None:
+            why = (f"lost contact with {names(others)} and with the launcher's store (the node or the launcher "
+                   f"is gone?)")
+        else:  # everyone is alive: a rank was busy for longer than the timeout
+            cause = str(e).split('] ', 1)[-1].split('. ')[0][:120]
+            why = (f"a collective failed ({cause}) while every rank was alive: a rank-0-only phase (evaluation, "
+                   f"save, data preparation) may outlast ddp_timeout={self.timeout:g}s; raise --ddp_timeout")
+            self.heartbeat.last_word(why)
+        print(f"[rank {rank}] {why}; the run cannot go on: {resume}", file=sys.stderr, flush=True)
+        os._exit(1)  # not a normal exit: gloo's teardown with a peer gone can abort with a C++ message
+
+
+def process_start():
+    """When this process started, on time.time()'s clock: from /proc (Linux, to 10 ms), else
+    when this module was imported."""
+    try:
+        with open('/proc/self/stat') as f:
+            ticks = int(f.read().rsplit(')', 1)[1].split()[19])  # field 22, starttime: ticks after boot
+        with open('/proc/uptime') as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf('SC_CLK_TCK'))
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
 
 
 def wandb_init(project, name, config, out_dir, resume_id=None):

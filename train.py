@@ -6,12 +6,10 @@ DDP (gloo on CPU, nccl on CUDA):
 Any global below can be set by a config file or `--key=value` (nanoGPT style, see
 configurator.py); unknown keys, values of the wrong type and values out of range are errors.
 """
-import datetime
 import gc
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,12 +20,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
-from checkpoint import (atomic_json, atomic_save, check_writable, load_weights, lock_out_dir, read_checkpoint, read_meta,
-                        restore_rng, rng_states)
+from checkpoint import (atomic_save, check_writable, init_model, load_weights, lock_out_dir, read_meta, resolve_init,
+                        restore_rng, rng_states, trim_metrics)
 from configurator import configure
-from files import LinkRefused, atomic_write, link_or_copy, open_append, open_no_follow
-from eval import Interrupted, eval_lengths, evaluate, flat_metrics, log_wandb
-from model import GPT, GPTConfig
+from files import link_or_copy, open_append
+from eval import Interrupted, eval_lengths, final_suite
 
 # -----------------------------------------------------------------------------
 # defaults: the small CPU model; config/*.py files only change the scheme
@@ -104,56 +101,15 @@ config = {k: globals()[k] for k in config_keys}
 if dry_run:
     print(json.dumps({k: v for k, v in config.items() if k != 'dry_run'}))
     sys.exit(0)
+master = int(os.environ.get('RANK', 0)) == 0  # rank 0 (torchrun sets RANK) writes, saves and prints
 # one writer per out_dir (rank 0 holds the lock; a killed run releases it), and a place we can write to
-if int(os.environ.get('RANK', 0)) == 0:
+if master:
     check_writable(out_dir)
     lock_out_dir(out_dir, 'train.py')
-# -----------------------------------------------------------------------------
-# init_from: 'resume' continues the run in out_dir; a path to a .pt fine-tunes its weights
-ckpt = None
-hf_init = init_from in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl') or os.path.isdir(init_from)
-if init_from not in ('scratch', 'resume') and not init_from.endswith('.pt') and not hf_init:
-    sys.exit(f"init_from={init_from!r}: use 'scratch', 'resume' (continue the run in out_dir), a path to a .pt, "
-             f"or 'gpt2' / 'gpt2-medium' / 'gpt2-large' / 'gpt2-xl' / a Hugging Face GPT-2 folder")
-if init_from != 'resume' and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
-    # never overwrite a run by accident: its checkpoint would be replaced at the first eval
-    sys.exit(f"{out_dir}/ckpt.pt exists: --init_from=resume continues that run; to start a new one use "
-             f"another --out_dir or delete {out_dir}/")
-if init_from != 'scratch' and not hf_init:
-    ckpt_path = os.path.join(out_dir, 'ckpt.pt') if init_from == 'resume' else init_from
-    if not os.path.exists(ckpt_path):
-        sys.exit(f"init_from={init_from!r}: no checkpoint at {ckpt_path}")
-    ckpt = read_checkpoint(ckpt_path, 'cpu')
-if init_from == 'resume':
-    lacking = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss') if ckpt.get(k) is None]
-    if lacking:  # e.g. a checkpoint shared as weights only: it can seed a fine-tune, not continue a run
-        sys.exit(f"cannot resume {ckpt_path}: it has no {', '.join(lacking)} (a checkpoint shared as weights only?), so "
-                 f"the run cannot continue exactly; fine-tune from it instead: --init_from={ckpt_path} "
-                 f"--out_dir=ANOTHER_DIR")
-    # The rule: a resumed run continues as it was. Every key not set explicitly (config file
-    # or --key=value) comes from the checkpoint; explicit keys change the run (listed below),
-    # except model keys, which must match the checkpoint: we refuse rather than silently
-    # train something else (dropout and attn_backend may change).
-    ck, free = ckpt['model_args'], ('dropout', 'attn_backend')
-    differ = [k for k in ck if k in config and k in explicit_keys and k not in free and config[k] != ck[k]]
-    if differ:
-        sys.exit(f"cannot resume {ckpt_path}: it was trained with " + ', '.join(f"{k}={ck[k]!r}" for k in differ)
-                 + " but this run asks for " + ', '.join(f"{k}={config[k]!r}" for k in differ) + ". Drop those "
-                 "settings to resume it, or start a new run in another out_dir (init_from=PATH.pt fine-tunes it).")
-    inherit = {k: v for k, v in {**ckpt['config'], **ck}.items()
-               if k in config and k not in explicit_keys and k not in ('init_from', 'out_dir', 'eval_only')}
-    old_iters = ckpt['config'].get('max_iters')
-    if 'max_iters' in explicit_keys and config['max_iters'] != old_iters and not ckpt['config'].get('lr_decay_iters') \
-            and 'lr_decay_iters' not in explicit_keys and int(os.environ.get('RANK', 0)) == 0:
-        print(f"resuming with max_iters {old_iters} -> {config['max_iters']}: lr_decay_iters=0 follows max_iters, so "
-              f"the cosine now reaches min_lr at iter {config['max_iters']} instead of {old_iters} (the learning rate "
-              f"goes back up); pass --lr_decay_iters={old_iters} to keep the old schedule")
-    globals().update(inherit)
-    config.update(inherit)
-    changed = [k for k in config if k not in ('init_from', 'out_dir') and config[k] != ckpt['config'].get(k, config[k])]
-    if changed and int(os.environ.get('RANK', 0)) == 0:
-        print("resuming with changed settings: " + ', '.join(f"{k} {ckpt['config'][k]!r} -> {config[k]!r}"
-                                                             for k in changed))
+# init_from: 'resume' continues the run in out_dir (every key not set explicitly comes from its
+# checkpoint); a path to a .pt fine-tunes its weights; 'gpt2'... starts from Hugging Face GPT-2
+ckpt, ckpt_path = resolve_init(config, explicit_keys, master)
+globals().update(config)
 if task:  # an algorithmic task instead of a corpus: the model's L is its longest training sequence
     import tasks
     if task not in tasks.TASKS:
@@ -179,53 +135,10 @@ except ValueError as e:
     sys.exit(f"bad device/dtype: {e}")
 device, device_type, dtype, autocast = rt.device, rt.device_type, rt.dtype, rt.autocast
 ptdtype = rt.ptdtype
-if ddp:
-    # an explicit timeout: a frozen rank (SIGSTOP, a dead node) otherwise holds the others for gloo's 30 min
-    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
-                            timeout=datetime.timedelta(seconds=ddp_timeout))
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    heartbeat = runtime.Heartbeat(rank, world_size)
-
-    def lost_rank(kind, e, tb):
-        """sys.excepthook under DDP: a collective that failed because a rank died or froze (or
-        outlasted ddp_timeout) ends this rank with one line naming the lost rank(s) and how to
-        resume, instead of a traceback. Any other exception gets the usual traceback."""
-        if not (isinstance(e, dist.DistError) or isinstance(e, RuntimeError) and 'gloo' in str(e)):
-            return sys.__excepthook__(kind, e, tb)
-        # torchrun SIGTERMs the survivors of a dead worker: let this line finish first (3-8 s)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        sys.stdout.flush()
-        lost, others = heartbeat.lost(), [r for r in range(world_size) if r != rank]
-        ck = os.path.join(out_dir, 'ckpt.pt')
-        saved = globals().get('last_saved') if master else None  # (only rank 0 saves, so only it knows)
-        resume = (f"resume from {ck}" + (f" (iter {saved})" if saved is not None else '')
-                  + " by running the same command with --init_from=resume" if os.path.exists(ck) else
-                  f"nothing was saved yet ({ck} does not exist): run the same command again")
-        names = lambda rs: ('rank ' if len(rs) == 1 else 'ranks ') + ', '.join(map(str, rs))  # noqa: E731
-        if lost and any(lost.values()):  # a rank that gave up first said why
-            why = f"lost {names(lost)}, which gave up first: " + '; '.join(w for w in lost.values() if w)
-        elif lost:
-            why = f"lost {names(lost)} (no heartbeat for 3 s: killed, crashed or frozen)"
-        elif lost is None:
-            why = (f"lost contact with {names(others)} and with the launcher's store (the node or the launcher "
-                   f"is gone?)")
-        else:  # everyone is alive: a rank was busy for longer than the timeout
-            cause = str(e).split('] ', 1)[-1].split('. ')[0][:120]
-            why = (f"a collective failed ({cause}) while every rank was alive: a rank-0-only phase (evaluation, "
-                   f"save, data preparation) may outlast ddp_timeout={ddp_timeout:g}s; raise --ddp_timeout")
-            heartbeat.last_word(why)
-        print(f"[rank {rank}] {why}; the run cannot go on: {resume}", file=sys.stderr, flush=True)
-        os._exit(1)  # not a normal exit: gloo's teardown with a peer gone can abort with a C++ message
-
-    sys.excepthook = lost_rank
-else:
-    rank, world_size = 0, 1
-master = rank == 0
+# under DDP: the process group (ddp_timeout per collective), and a lost rank ends the others with one line
+control = runtime.RunControl(ddp, device_type, ddp_timeout, out_dir, saved=lambda: globals().get('last_saved'))
+rank, world_size = control.rank, control.world_size
 config['world_size'] = world_size  # saved in each checkpoint's config, so a resume can tell a changed world size
-if init_from == 'resume' and master and ckpt['config'].get('world_size', world_size) != world_size:
-    print(f"resuming with world size {ckpt['config']['world_size']} -> {world_size}: the run continues with the same "
-          f"global batches (a pure function of seed and iteration), so its losses differ only in float rounding")
 # The global batch (rows of block_size tokens) is split over the ranks as evenly as the sizes allow,
 # and each rank's share into micro-steps of at most batch_size rows. Each micro-step's mean loss is
 # weighted by its share of the global batch's targets (x world_size, since DDP averages gradients
@@ -244,20 +157,18 @@ if master:
           + (f"{world_size} ranks of {rows // world_size}-{-(-rows // world_size)} rows, rank 0 in "
              f"{accum} micro-step(s) of {micro[0]})" if ddp else f"{accum} micro-step(s) of {micro[0]} rows)")
           + f"; {device}, {dtype}")
-# A smoke run (max_iters < eval_interval: evaluated only at the start and the end) checks that things
-# run; its barely trained model needs no precise numbers, so its evaluations score 2048 tokens per length.
-if not task and max_iters < eval_interval and 'eval_tokens' not in explicit_keys and eval_tokens > 2048:
+# A smoke run (max_iters < eval_interval: evaluated only at the start and the end) checks that things run:
+# its barely trained model needs no precise numbers, nor do its few steps repay torch.compile (12-60 s per
+# scheme on a cold CPU cache, for a step 0.5-1.3x the eager one: docs/speed.md). It says what it changes.
+smoke = []
+if max_iters < eval_interval and not task and 'eval_tokens' not in explicit_keys and eval_tokens > 2048:
+    smoke.append(f"evaluations on 2048 tokens per length instead of {eval_tokens} (--eval_tokens=N to choose)")
     eval_tokens = 2048
-    if master:
-        print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): evaluations on {eval_tokens} "
-              f"tokens per length instead of {config['eval_tokens']} (--eval_tokens=N to choose)")
-# Nor do its few steps repay torch.compile (on a cold CPU cache 12-60 s per scheme, for a step that
-# takes 0.5-1.3x the eager one: docs/speed.md), so it trains uncompiled and says so.
 if max_iters < eval_interval and 'compile' not in explicit_keys and compile:
+    smoke.append("not compiled (--compile=True to compile)")
     compile = False
-    if master:
-        print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): not compiled (--compile=True "
-              f"to compile)")
+if smoke and master:
+    print(f"smoke run (max_iters={max_iters} < eval_interval={eval_interval}): " + '; '.join(smoke))
 
 # data: the default corpus is prepared on first use
 default_data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', dataset)
@@ -340,13 +251,13 @@ def train_positions(it):
     return pos.to(device)
 
 
-def run_eval(final=False):
+def run_eval():
     """The periodic evaluation (a corpus: loss at eval_mults x L; a task: answer loss and exact
     match in and out of distribution) -> {'val/loss@1L': ..., ...}."""
     if not task:
         return eval_lengths(raw_model, val_data, block_size, tuple(eval_mults), tokens=eval_tokens,
-                            device=device, ctx=autocast, stop=stopping)
-    r = tasks.evaluate(raw_model, task, task_n, device, autocast, stop=stopping, reps=8)
+                            device=device, ctx=autocast, stop=control.stopping)
+    r = tasks.evaluate(raw_model, task, task_n, device, autocast, stop=control.stopping, reps=8)
     if not r['complete']:
         raise Interrupted
     return {'val/loss@1L': r['loss_id'], 'val/exact@id': r['exact_id'], 'val/exact@ood': r['exact_ood']}
@@ -359,54 +270,12 @@ model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=bloc
                   dropout=dropout, pos_encoding=pos_encoding, pos_options=pos_options, rope_scaling=rope_scaling,
                   nope_layers=nope_layers, layer_options=layer_options, attn_scaling=attn_scaling,
                   attn_backend=attn_backend)
-iter_num, best_val_loss, resume_state = 0, 1e9, {}
-if ckpt is not None:
-    if init_from == 'resume':
-        if vocab_size and vocab_size != ckpt['model_args']['vocab_size']:
-            sys.exit(f"cannot resume {ckpt_path}: it was trained with vocab_size={ckpt['model_args']['vocab_size']}, "
-                     f"but {data_dir} has {vocab_size}; resume on the run's own data (drop --data_dir/--dataset)")
-        model_args['vocab_size'] = ckpt['model_args']['vocab_size']
-        model_args['vocab_multiple'] = ckpt['model_args'].get('vocab_multiple', 1)  # (older checkpoints: unpadded)
-        iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
-        resume_state = {k: ckpt.get(k) for k in ('rng', 'scaler', 'wandb_id')}
-    else:                       # fine-tune: same weights, this config's length/scaling
-        if vocab_size and vocab_size != ckpt['model_args']['vocab_size']:
-            sys.exit(f"cannot fine-tune {ckpt_path}: it has vocab_size={ckpt['model_args']['vocab_size']}, but "
-                     f"{data_dir or task} has {vocab_size}; fine-tune it on a corpus with its vocabulary (--data_dir)")
-        keep = ('block_size', 'rope_scaling', 'attn_scaling', 'attn_backend', 'dropout')
-        model_args.update({k: v for k, v in ckpt['model_args'].items() if k not in keep})
-        model_args['vocab_multiple'] = ckpt['model_args'].get('vocab_multiple', 1)  # (older checkpoints: unpadded)
-        if master:
-            print(f"fine-tuning from {ckpt_path} (trained with block_size={ckpt['model_args']['block_size']}, "
-                  f"rope_scaling={ckpt['model_args'].get('rope_scaling')}) at block_size={block_size}, "
-                  f"rope_scaling={rope_scaling}")
-try:
-    if hf_init:  # GPT-2's own shape, learned positions (its 1024-row table), tanh GELU, biases
-        model = GPT.from_pretrained(init_from, block_size=block_size, dropout=dropout, attn_backend=attn_backend)
-        model_args = {k: getattr(model.config, k) for k in GPTConfig.__dataclass_fields__}
-        if vocab_size != model_args['vocab_size']:
-            sys.exit(f"init_from={init_from!r} has {model_args['vocab_size']} tokens but {data_dir} has {vocab_size}: "
-                     f"train it on a GPT-2 BPE corpus (e.g. --dataset=shakespeare)")
-    else:
-        model = GPT(GPTConfig(**model_args))
-except (ValueError, ImportError) as e:  # bad scheme, options, n_embd/n_head, rotary dim, no transformers: say how
-    sys.exit(f"bad model config: {e}")
-# the saved config must describe the saved model: a model key set explicitly but taken from the
-# checkpoint (fine-tuning keeps its shape) is refused rather than silently ignored
-ignored = [k for k in model_args if k in explicit_keys and config.get(k) != model_args[k] and init_from != 'resume']
-if ignored:
-    sys.exit(f"init_from={init_from!r} fixes the model, so " + ', '.join(f"{k}={config[k]!r}" for k in ignored)
-             + " cannot apply (it has " + ', '.join(f"{k}={model_args[k]!r}" for k in ignored) + "); drop "
-             + ('it' if len(ignored) == 1 else 'them') + ", or train from scratch (init_from='scratch')")
+# resume: the checkpoint's vocabulary; fine-tune: its shape at this run's length; gpt2: GPT-2's shape;
+# refused if it cannot address block_size (or a task's pos_max)
+model, model_args = init_model(ckpt, ckpt_path, model_args, vocab_size, config, explicit_keys, master)
 for k in [k for k in model_args if k in config]:
     config[k] = globals()[k] = model_args[k]
 max_len = model.pe.max_len
-if max_len is not None and positions != 'plain' and max_len < pos_max:
-    sys.exit(f"positions={positions!r} draws positions up to pos_max={pos_max}, but {pos_encoding} addresses {max_len}: "
-             f"give it a table that long (pos_options={{'max_len': {pos_max}}}) or a smaller pos_max")
-if max_len is not None and max_len < block_size:
-    sys.exit(f"{pos_encoding} addresses {max_len} positions, fewer than block_size={block_size}: lower "
-             f"block_size or enlarge its table in pos_options (see its docstring in positional.py)")
 eval_T = max([m * block_size for m in eval_mults if max_len is None or m * block_size <= max_len] or [block_size])
 for name, data, need in [] if task else (('train', train_data, block_size + 2), ('val', val_data, eval_T + 1)):
     if len(data) < need:  # too short to draw one window (train) or to evaluate at the longest length (val)
@@ -422,10 +291,13 @@ if master:
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 # float16 needs loss scaling against gradient underflow; a no-op for float32/bfloat16
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
+iter_num, best_val_loss, resume_state = 0, 1e9, {}
 if init_from == 'resume':
     optimizer.load_state_dict(ckpt['optimizer'])
-    if resume_state['scaler']:
-        scaler.load_state_dict(resume_state['scaler'])
+    if ckpt.get('scaler'):
+        scaler.load_state_dict(ckpt['scaler'])
+    iter_num, best_val_loss = ckpt['iter_num'], ckpt['best_val_loss']
+    resume_state = {k: ckpt.get(k) for k in ('rng', 'wandb_id')}
 ckpt = None
 raw_model = model
 if compile:
@@ -474,92 +346,16 @@ def log_metrics(d):
         wandb_run.log(d, step=d['iter'])
 
 
-metrics_path = os.path.join(out_dir, 'metrics.jsonl')
-if master and os.path.lexists(metrics_path):
-    # a new run starts a fresh file; a resumed one drops what was logged after its checkpoint
-    # (a hard kill loses those iterations, and the resumed run logs them again). A damaged line
-    # (cut by a kill, or edited) is not a reason to refuse the resume: it moves to metrics.jsonl.damaged
-    keep, damaged = [], []
-    try:
-        with os.fdopen(open_no_follow(metrics_path, os.O_RDONLY)) as f:
-            for line in f:
-                try:
-                    row = json.loads(line) if line.endswith('\n') else None
-                except ValueError:
-                    row = None
-                if not isinstance(row, dict):
-                    damaged.append(line if line.endswith('\n') else line + '\n')
-                elif init_from == 'resume' and row.get('iter', 0) <= iter_num:
-                    keep.append(line)
-        atomic_write(metrics_path, lambda f: f.writelines(keep), binary=False)
-        if damaged:
-            with open_append(metrics_path + '.damaged') as f:
-                f.writelines(damaged)
-            print(f"{metrics_path}: {len(damaged)} damaged line(s) moved to {metrics_path}.damaged")
-    except OSError as e:  # disk full, or a link: leave metrics.jsonl as it was
-        sys.exit(str(e) if isinstance(e, LinkRefused) else
-                 f"cannot rewrite {metrics_path}: {e.strerror}; free some space and run again")
+if master:  # a new run starts a fresh metrics.jsonl; a resumed one drops what was logged after its checkpoint
+    trim_metrics(os.path.join(out_dir, 'metrics.jsonl'), iter_num if init_from == 'resume' else None)
 wandb_run = runtime.wandb_init(wandb_project, wandb_run_name or pos_encoding, config, out_dir,
                                resume_state.get('wandb_id')) if (wandb_log and master) else None
 peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
 
 # -----------------------------------------------------------------------------
-# Runs that survive. SIGTERM/SIGINT only set a flag: the loop finishes its iteration (an
-# evaluation stops at its next batch), saves ckpt.pt and exits 0. Under DDP every rank must
-# stop at the same iteration (else the next collective hangs), so the ranks OR their flags
-# each iteration with a tiny all-reduce on a CPU (gloo) group of its own: no GPU sync, and it
-# runs in the background (see stop_agreed). A second signal exits at once.
-stop_signal, stop_time = None, 0.0
-
-
-def request_stop(signum, frame):
-    global stop_signal, stop_time
-    name = signal.Signals(signum).name
-    if stop_signal is not None and time.time() - stop_time > 1.0:  # (torchrun forwards a terminal's Ctrl-C on
-        print(f"[rank {rank}] second {name}: exiting now; {out_dir}/ckpt.pt is what the last save wrote",  # top of
-              flush=True)                                                        # the workers' own: 1 s = one)
-        os._exit(128 + signum)
-    if stop_signal is None:
-        print(f"[rank {rank}] got {name}: stopping at the end of this step or evaluation batch, then saving a "
-              f"checkpoint and exiting; {name} again to exit at once", flush=True)
-        stop_signal, stop_time = signum, time.time()
-
-
-def stopping():
-    return stop_signal is not None
-
-
-signal.signal(signal.SIGTERM, request_stop)
-signal.signal(signal.SIGINT, request_stop)
-ctrl_group = dist.new_group(backend='gloo', timeout=datetime.timedelta(seconds=ddp_timeout)) if ddp else None
-stop_flag, stop_work = torch.zeros(1, dtype=torch.int32), None
-
-
-def stop_agreed():
-    """Whether to stop now; the same answer on every rank. The all-reduce started by one
-    call is read by the next, so it overlaps a training step instead of adding a round
-    trip to it; the price is that a signal stops the run one iteration later."""
-    global stop_work
-    if not ddp:
-        return stop_signal is not None
-    stop = False
-    if stop_work is not None:
-        stop_work.wait()
-        stop = bool(stop_flag.item())
-    stop_flag.fill_(int(stop_signal is not None))
-    stop_work = None if stop else dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX, group=ctrl_group, async_op=True)
-    return stop
-
-
-def any_rank(flag):
-    """flag, OR-ed over the ranks (blocking; used at eval steps only)."""
-    if not ddp:
-        return flag
-    t = torch.tensor([int(flag)], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl_group)
-    return bool(t.item())
-
-
+# Runs that survive: SIGTERM/SIGINT only set a flag, so the loop finishes its iteration (an evaluation
+# stops at its next batch), saves ckpt.pt and exits 0; under DDP every rank stops at the same iteration.
+control.catch_signals()
 pending = []  # (iter, loss tensor) since the last check: read with one sync at log steps and before saves
 
 
@@ -581,9 +377,8 @@ def check_losses():
 if resume_state.get('rng'):  # restored last: building the model above drew from the RNG
     restore_rng(resume_state['rng'], device_type)
 last_saved = resumed_at = iter_num if init_from == 'resume' else None
-failure, stopped, res = None, False, None
+failure, stopped, res, t_train = None, False, None, None
 t0 = time.time()
-running_tps = -1.0
 while True:
     lr = get_lr(iter_num) if decay_lr else learning_rate
     for group in optimizer.param_groups:
@@ -617,20 +412,20 @@ while True:
                 if bad is None:
                     last_saved = iter_num
                     print(f"saved checkpoint to {out_dir}/ckpt.pt" + (" and ckpt_best.pt" if improved else ''))
-        if any_rank(bad is not None):
+        if control.any_rank(bad is not None):
             failure = bad or "non-finite loss or weights on rank 0"
             break
         t0 = time.time()
     if eval_only:
         break
-    if stop_agreed():
+    if control.stop_agreed():
         stopped = True
         _, failure = check_losses()
         if failure is None and master:
             if last_saved != iter_num:  # (else ckpt.pt already holds this state)
                 failure = save_checkpoint()
             if failure is None:
-                why = signal.Signals(stop_signal).name if stop_signal else 'a signal to another rank'
+                why = control.stopping() or 'a signal to another rank'
                 print(f"stopped by {why} at iter {iter_num}: saved {out_dir}/ckpt.pt; continue the run with "
                       f"--init_from=resume" + (" (it runs the final evaluation)" if iter_num >= max_iters else ''),
                       flush=True)
@@ -638,6 +433,7 @@ while True:
     if iter_num >= max_iters:
         break
 
+    t_train = t_train or time.time()  # startup ends where the first training step starts
     # dropout's randomness: a seed per (run, iteration, rank), so ranks draw different masks (as
     # nanoGPT's per-rank seed offset) and a resumed run draws exactly what it would have
     torch.manual_seed(seed * 1_000_003 + iter_num * 1009 + rank)
@@ -676,45 +472,15 @@ while True:
             log_metrics({'iter': iter_num, 'train/loss': vals[-1], 'lr': lr, 'ms_per_iter': dt * 1000,
                          'tokens_per_s': tps, **({'mfu': mfu} if mfu else {})})
 
-if stop_work is not None:  # every rank started the same all-reduces: let the last one finish
-    stop_work.wait()
+control.finish()
+t_end = time.time()
+t_train = t_train or t_end
+timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': round(t_end - t_train, 3)}
 if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
-    te = time.time()
-    if task:  # exact match per length bin, 1..4N, with plain positions (and, as Ruoss et al. evaluate,
-        print(f"final eval: {task}, sizes 1..{4 * task_n}, exact match per length bin", flush=True)  # random ones)
-        res = dict(tasks.evaluate(raw_model, task, task_n, device, autocast, stop=stopping), train_positions=positions)
-        if positions == 'randomized':
-            r = tasks.evaluate(raw_model, task, task_n, device, autocast, 'randomized', pos_max, stop=stopping)
-            res.update(bins_randomized=r['bins'], exact_id_randomized=r['exact_id'],
-                       exact_ood_randomized=r['exact_ood'], complete=res['complete'] and r['complete'])
-    else:
-        tokens = final_eval_tokens or eval_tokens
-        print(f"final eval: {', '.join(f'{m}L' for m in final_eval_mults)} x (non-overlapping, sliding, last-k) on "
-              f"{tokens} tokens per length (Ctrl-C stops it and keeps what it has)", flush=True)
-        res = evaluate(raw_model, val_data, block_size, tuple(final_eval_mults), tokens=tokens, device=device,
-                       ctx=autocast, progress=True, stop=stopping)  # a signal stops it at its next batch
-    res = {'scheme': pos_encoding, 'name': wandb_run_name or pos_encoding, 'rope_scaling': rope_scaling,
-           'iter': iter_num, 'out_dir': out_dir, **res}
-    try:
-        atomic_json(res, os.path.join(out_dir, 'eval.json'))
-    except OSError as e:
-        failure = f"writing {out_dir}/eval.json failed: {e.strerror}"
-    if not res['complete']:
-        print(f"final eval interrupted by {signal.Signals(stop_signal).name} ({time.time() - te:.0f}s): what it had "
-              f"computed is in {out_dir}/eval.json (complete: false); python train.py --out_dir={out_dir} "
-              f"--init_from=resume runs it again", flush=True)
-    elif not failure and task:
-        summary = {k: res[k] for k in ('exact_id', 'exact_ood', 'exact_id_randomized', 'exact_ood_randomized')
-                   if res.get(k) is not None}
-        print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
-              + ', '.join(f"{k} {v:.3f}" for k, v in summary.items()))
-        if wandb_run is not None:
-            wandb_run.log({f'val/{k}': v for k, v in summary.items()}, step=iter_num)
-    elif not failure:
-        print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
-              + ', '.join(f"{k[4:]} {v:.4f}" for k, v in flat_metrics(res).items()))
-        if wandb_run is not None:
-            log_wandb(wandb_run, res, step=iter_num)
+    head = dict(scheme=pos_encoding, name=wandb_run_name or pos_encoding, rope_scaling=rope_scaling, iter=iter_num,
+                out_dir=out_dir)  # eval.json's first keys
+    failure = final_suite(raw_model, out_dir, head, val_data, block_size, final_eval_mults, final_eval_tokens or eval_tokens,
+                          task, task_n, positions, pos_max, device, autocast, control.stopping, wandb_run, timing)
 elif master and final_eval and stopped and iter_num >= max_iters:
     print(f"final eval not run (stopped): python train.py --out_dir={out_dir} --init_from=resume runs it")
 if wandb_run is not None:

@@ -45,14 +45,16 @@ def sweep(args):
 
 def results(out):
     """Every result JSON of a sweep folder (the runs' eval*.json, the task report's tasks.json), by
-    path relative to it, without the folder's own name in them."""
+    path relative to it, without the folder's own name in them and without train.py's 'timing'
+    (wall-clock seconds, which differ from run to run)."""
+    def untimed(v):
+        if isinstance(v, dict):
+            return {k: untimed(x) for k, x in v.items() if k != 'timing'}
+        return [untimed(x) for x in v] if isinstance(v, list) else v
     got = {}
     for p in sorted(glob.glob(os.path.join(out, '*', 'eval*.json')) + glob.glob(os.path.join(out, '*', '*', 'eval*.json'))
                     + glob.glob(os.path.join(out, 'report', 'tasks.json'))):
-        res = json.loads(open(p).read().replace(out, 'OUT'))
-        for r in res if isinstance(res, list) else [res]:
-            r.pop('timing', None)  # (wall-clock seconds: the one thing a re-run does not repeat)
-        got[os.path.relpath(p, out)] = res
+        got[os.path.relpath(p, out)] = untimed(json.loads(open(p).read().replace(out, 'OUT')))
     return got
 
 

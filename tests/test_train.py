@@ -144,7 +144,11 @@ def test_smoke_run_evaluates_on_fewer_tokens_unless_told(char_data, tmp_path):
     r = run(base + [f'--out_dir={tmp_path / "a"}'])
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'evaluations on 2048 tokens per length instead of 32768' in r.stdout
-    assert json.load(open(tmp_path / 'a' / 'eval.json'))['tokens'] == 2048
+    res = json.load(open(tmp_path / 'a' / 'eval.json'))
+    assert res['tokens'] == 2048
+    # seconds per phase, for a benchmark to read instead of parsing the log
+    assert set(res['timing']) == {'startup_s', 'train_s', 'final_eval_s'}
+    assert all(isinstance(v, float) and v >= 0 for v in res['timing'].values())
     r = run(base + [f'--out_dir={tmp_path / "b"}', '--eval_tokens=3000'])
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'smoke run' not in r.stdout and json.load(open(tmp_path / 'b' / 'eval.json'))['tokens'] == 3000
