@@ -285,9 +285,11 @@ def process_start():
 _IMPORTED = time.time()
 
 
-def wandb_init(project, name, config, out_dir, resume_id=None):
+def wandb_init(project, name, config, out_dir, resume_id=None, group=None, job_type=None):
     """A wandb run: online when wandb finds credentials (its own login lookup: env, settings,
-    netrc), else offline; online init failing (no network) falls back to offline too."""
+    netrc), else offline; online init failing (no network) falls back to offline too. group and
+    job_type place it in a sweep (one group per sweep, job type 'lm' or the task's name), so that
+    wandb's grouping shows each scheme's mean and spread over its seeds."""
     import wandb
     mode = os.environ.get('WANDB_MODE')
     if mode is None:
@@ -297,11 +299,13 @@ def wandb_init(project, name, config, out_dir, resume_id=None):
             mode = 'offline'
     resume = dict(id=resume_id, resume='allow') if resume_id else {}  # a resumed run continues its wandb run
     try:
-        run = wandb.init(project=project, name=name, config=config, mode=mode, dir=out_dir, **resume)
+        run = wandb.init(project=project, name=name, config=config, mode=mode, dir=out_dir, group=group or None,
+                         job_type=job_type or None, **resume)
     except Exception as e:  # noqa: BLE001 - no network: keep the run, log offline
         print(f"wandb online init failed ({e}); logging offline")
         mode = 'offline'
-        run = wandb.init(project=project, name=name, config=config, mode=mode, dir=out_dir, **resume)
+        run = wandb.init(project=project, name=name, config=config, mode=mode, dir=out_dir, group=group or None,
+                         job_type=job_type or None, **resume)
     print(f"wandb: {mode} mode" + (f" (sync later with `wandb sync {out_dir}/wandb/latest-run`)"
                                    if mode == 'offline' else ''))
     return run

@@ -61,7 +61,7 @@ import positional  # noqa: E402
 import rope_scaling  # noqa: E402
 from checkpoint import lock_out_dir  # noqa: E402
 from compare import read_result  # noqa: E402
-from files import atomic_json, open_no_follow  # noqa: E402
+from files import atomic_json, open_no_follow, read_json  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALINGS = ['linear', 'ntk', 'dynamic', 'yarn', 'llama3', 'yarn_nomscale', 'longrope', 'self_extend', 'rerope',
@@ -330,7 +330,8 @@ def main(argv):
     if bad:
         sys.exit(f"unknown scheme(s) {bad}; registered: {', '.join(sorted(positional.REGISTRY))}")
     base = config_args(GPU_CONFIG) if sweep['gpu'] else {}
-    base.update({'wandb_log': 'False', 'seed': '1337'})
+    # runs log to wandb as single runs do (offline without a login; --wandb_log=False turns it off), in one group
+    base.update({'seed': '1337', 'wandb_group': os.path.basename(out), 'wandb_job_type': 'lm'})
     base.update(train_args)  # the user's keys win
     seeds = seed_list(sweep['seeds'], int(base['seed']))
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
@@ -405,6 +406,7 @@ def main(argv):
                  f"variants at eval time with factor {factor:g} and original_max_len {L}.\n")
         print(f"sweep: report -> {make_report(done, os.path.join(out, 'report'), notes=notes)} "
               f"({time.time() - t_start:.0f}s in all)")
+        log_aggregate(os.path.join(out, 'report'), base)
     for s, why in failed:
         print(f"sweep: FAILED {s}: {why}")
     stop_if_asked()
@@ -426,7 +428,7 @@ def task_suite(sweep, train_args, argv):
     randomized = [s for s in sweep['randomized'].split(',') if s in schemes]
     out = os.path.abspath(sweep['out'] or 'out-tasks')
     base = config_args(TASK_CONFIG)
-    base.update({'wandb_log': 'False', 'seed': '1337'})
+    base.update({'seed': '1337', 'wandb_group': os.path.basename(out)})  # job type: the task's name (train.py)
     base.update(train_args)
     seeds = seed_list(sweep['seeds'], int(base['seed']))
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
@@ -483,10 +485,40 @@ def task_suite(sweep, train_args, argv):
     if done:
         print(f"sweep: report -> {make_task_report(done, os.path.join(out, 'report'), notes=notes)} "
               f"({time.time() - t_start:.0f}s in all)")
+        log_aggregate(os.path.join(out, 'report'), base)
     for d, why in failed:
         print(f"sweep: FAILED {d}: {why}")
     stop_if_asked()
     return 1 if failed else 0
+
+
+AGGREGATE_COLUMNS = ['metric', 'column', 'run', 'n', 'mean', 'sd', 'min', 'max', 'diff_vs_baseline', 'lo', 'hi',
+                     'excludes_zero', 'place']
+
+
+def log_aggregate(report_dir, base):
+    """The report's aggregate (means, spreads, paired intervals, places) once, as a wandb Table in
+    the sweep's group, beside the runs it summarises."""
+    if str(base.get('wandb_log', True)) in ('False', '0'):
+        return
+    agg = read_json(os.path.join(report_dir, 'aggregate.json'))[0]
+    if not isinstance(agg, dict):
+        return
+    rows = []
+    for metric, cols in agg.items():
+        for col, c in cols.items() if isinstance(cols, dict) else ():
+            paired = c.get('paired_vs_' + str(agg['baseline']), {})
+            places = {lab: place for place, lab, _ in c['ranking']}
+            for lab, r in c['runs'].items():
+                p = paired.get(lab, {})
+                rows.append([metric, col, lab, r['n'], r['mean'], r['sd'], r['min'], r['max'], p.get('diff'), p.get('lo'),
+                             p.get('hi'), p.get('excludes_zero'), places.get(lab)])
+    import runtime
+    import wandb
+    run = runtime.wandb_init(base.get('wandb_project', 'nanoPE'), 'aggregate', {k: agg[k] for k in ('baseline', 'interval')},
+                             report_dir, group=base['wandb_group'], job_type='aggregate')
+    run.log({'aggregate': wandb.Table(columns=AGGREGATE_COLUMNS, data=rows)})
+    run.finish()
 
 
 def provenance():

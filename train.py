@@ -40,6 +40,8 @@ init_from = 'scratch'     # 'scratch' | 'resume' (from out_dir) | path to a ckpt
 wandb_log = True          # offline mode automatically when there is no login
 wandb_project = 'nanoPE'
 wandb_run_name = ''       # default: the scheme name
+wandb_group = ''          # a sweep's wandb group (sweep.py sets it; runs in a group are named NAME-sSEED)
+wandb_job_type = ''       # default in a group: 'lm', or the task's name
 # data
 dataset = 'shakespeare_char'
 data_dir = ''             # default: data/<dataset>
@@ -348,8 +350,9 @@ def log_metrics(d):
 
 if master:  # a new run starts a fresh metrics.jsonl; a resumed one drops what was logged after its checkpoint
     trim_metrics(os.path.join(out_dir, 'metrics.jsonl'), iter_num if init_from == 'resume' else None)
-wandb_run = runtime.wandb_init(wandb_project, wandb_run_name or pos_encoding, config, out_dir,
-                               resume_state.get('wandb_id')) if (wandb_log and master) else None
+wandb_run = runtime.wandb_init(wandb_project, (wandb_run_name or pos_encoding) + (f'-s{seed}' if wandb_group else ''),
+                               config, out_dir, resume_state.get('wandb_id'), wandb_group,
+                               wandb_job_type or (task or 'lm')) if (wandb_log and master) else None
 peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
 
 # -----------------------------------------------------------------------------
@@ -477,8 +480,8 @@ t_end = time.time()
 t_train = t_train or t_end
 timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': round(t_end - t_train, 3)}
 if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
-    head = dict(scheme=pos_encoding, name=wandb_run_name or pos_encoding, rope_scaling=rope_scaling, iter=iter_num,
-                out_dir=out_dir)  # eval.json's first keys
+    head = dict(scheme=pos_encoding, name=wandb_run_name or pos_encoding, seed=seed, rope_scaling=rope_scaling,
+                iter=iter_num, out_dir=out_dir)  # eval.json's first keys
     failure = final_suite(raw_model, out_dir, head, val_data, block_size, final_eval_mults, final_eval_tokens or eval_tokens,
                           task, task_n, positions, pos_max, device, autocast, control.stopping, wandb_run, timing)
 elif master and final_eval and stopped and iter_num >= max_iters:

@@ -55,3 +55,91 @@ def test_two_seed_sweep_reports_spread_and_resumes_per_seed(data, tmp_path):
     assert '3 to do' in said and 'rope-s1337' not in ''.join(l for l in said.splitlines() if l.startswith('$ '))
     assert tables(out) == tables(ref)
     assert aggregate(out) == aggregate(ref)
+
+
+def wandb_records(run_dir):
+    """The records of the one offline wandb run under run_dir, read with wandb's own CLI
+    (`wandb leet inspect --json`): {'run': ..., 'summary': merged summary updates}."""
+    import glob
+    [path] = glob.glob(os.path.join(run_dir, 'wandb', 'offline-run-*', 'run-*.wandb'))
+    out = subprocess.run(['wandb', 'leet', 'inspect', '--json', path], capture_output=True, text=True, timeout=120).stdout
+    recs = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
+    summary = {}
+    for r in recs:
+        summary.update(r.get('summary', {}).get('update', {}))
+    return {'run': next(r['run'] for r in recs if 'run' in r), 'summary': summary}
+
+
+def test_sweep_logs_one_wandb_run_per_scheme_and_seed_in_one_group(data, tmp_path):
+    out = str(tmp_path / 'wb-sweep')
+    args = [a for a in TWO if not a.startswith(('--max_iters', '--eval_interval', '--wandb_log'))]
+    p = subprocess.run([sys.executable, 'sweep.py'] + args + ['--max_iters=4', '--eval_interval=100',
+                                                              f'--data_dir={data}', f'--out={out}'],
+                       cwd=ROOT, capture_output=True, text=True, env=dict(ENV, WANDB_MODE='offline'), timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for scheme in ('rope', 'alibi'):
+        for seed in (1337, 1338):
+            d = os.path.join(out, f'{scheme}-s{seed}')
+            rec = wandb_records(d)
+            run, cfg = rec['run'], rec['run']['config']['update']
+            assert (run['display_name'], run['run_group'], run['job_type']) == (f'{scheme}-s{seed}', 'wb-sweep', 'lm')
+            assert cfg['pos_encoding'] == scheme and cfg['seed'] == seed
+            res = json.load(open(os.path.join(d, 'eval.json')))
+            for m, v in zip(res['mults'], res['nonoverlap']):
+                assert rec['summary'][f'val/loss@{m}L'] == pytest.approx(v, abs=1e-9)
+    agg = wandb_records(os.path.join(out, 'report'))
+    assert (agg['run']['display_name'], agg['run']['run_group'], agg['run']['job_type']) == \
+        ('aggregate', 'wb-sweep', 'aggregate')
+    assert agg['summary']['aggregate._type'] == 'table-file'
+    import glob
+    [table] = glob.glob(os.path.join(out, 'report', 'wandb', 'offline-run-*', 'files', 'media', 'table', 'aggregate_*.json'))
+    table = json.load(open(table))
+    rows = {(r[0], r[1], r[2]): dict(zip(table['columns'], r)) for r in table['data']}
+    want = json.load(open(os.path.join(out, 'report', 'aggregate.json')))['nonoverlap']['1']
+    row = rows[('nonoverlap', '1', 'alibi')]
+    assert row['n'] == 2 and row['mean'] == pytest.approx(want['runs']['alibi']['mean'])
+    assert row['diff_vs_baseline'] == pytest.approx(want['paired_vs_rope']['alibi']['diff'])
+
+
+def batches_seen(data_dir, tmp_path, scheme, seed, iters=6):
+    """The training inputs train.py feeds the model, one digest per forward, for a run of `scheme`
+    at `seed`: train.py runs in a forked child whose GPT.forward records what it is given."""
+    import hashlib
+    import runpy
+    path = tmp_path / f'{scheme}-{seed}.json'
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import torch
+            import model
+            torch.set_num_threads(1)
+            seen, real = [], model.GPT.forward
+
+            def spy(self, idx, *a, **kw):
+                if self.training:
+                    seen.append(hashlib.sha1(idx.cpu().numpy().tobytes()).hexdigest())
+                return real(self, idx, *a, **kw)
+            model.GPT.forward = spy
+            os.chdir(ROOT)
+            sys.argv = ['train.py', f'--pos_encoding={scheme}', f'--seed={seed}', f'--data_dir={data_dir}',
+                        f'--out_dir={tmp_path}/{scheme}-{seed}', f'--max_iters={iters}', '--eval_interval=100',
+                        '--final_eval=False', '--gradient_accumulation_steps=2'] + MODEL + \
+                ['--block_size=16', '--batch_size=4', '--eval_tokens=64', '--eval_mults=[1]']
+            sys.stdout = open(os.devnull, 'w')
+            runpy.run_path('train.py', run_name='__main__')
+            json.dump(seen, open(path, 'w'))
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    return json.load(open(path))
+
+
+def test_seed_s_gives_every_scheme_the_same_batches(data, tmp_path):
+    """The paired design: at one seed, two schemes train on identical batches (2 micro-steps per
+    iteration); another seed draws other batches."""
+    rope, alibi = batches_seen(data, tmp_path, 'rope', 7), batches_seen(data, tmp_path, 'alibi', 7)
+    assert len(rope) == 12 and rope == alibi
+    other = batches_seen(data, tmp_path, 'rope', 8)
+    assert len(other) == 12 and not set(other) & set(rope)

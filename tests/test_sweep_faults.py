@@ -19,7 +19,7 @@ from compare import read_result
 from conftest import ROOT
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
-MODEL = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--compile=False', '--log_interval=50']
+MODEL = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--compile=False', '--log_interval=50', '--wandb_log=False']
 # 300 tiny steps: a second or so of training, long enough to land a signal inside it
 LM = ['--schemes=rope,alibi', '--scalings=linear', '--max_iters=300', '--eval_interval=100', '--final_eval_mults=[1, 2]',
       '--block_size=16', '--batch_size=4', '--eval_tokens=256', '--warmup_iters=5'] + MODEL

@@ -267,7 +267,7 @@ def test_task_run_ddp_equals_one_process_and_writes_bins(tmp_path):
 def test_task_suite_end_to_end_resumes(tmp_path):
     out = str(tmp_path / 'suite')
     args = ['sweep.py', '--tasks=copy,parity', '--schemes=rope,learned', '--randomized=learned', f'--out={out}',
-            '--max_iters=4', '--eval_interval=4', '--n_layer=1', '--n_embd=32', '--batch_size=8']
+            '--max_iters=4', '--eval_interval=4', '--n_layer=1', '--n_embd=32', '--batch_size=8', '--wandb_log=False']
     r = _run(args)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert 'task suite, 6 runs' in r.stdout
