@@ -124,6 +124,11 @@ class PositionalEncoding(nn.Module):
         return None
 
     def value_mod(self, q, k, ctx, layer, score_mod):
+        """g(lse) added to the attention output, built from the q and score_mod that the model's
+        path uses after attention scaling (attn_scaling) has scaled them. One user (Shaw's relative
+        values); it is a hook of its own rather than part of `attention` because a scheme with its
+        own attention gets no attention scaling, and Shaw's values must be read from scaled logits
+        to train with logn/ssmax."""
         return None
 
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
