@@ -270,7 +270,7 @@ def test_task_suite_end_to_end_resumes(tmp_path):
             '--max_iters=4', '--eval_interval=4', '--n_layer=1', '--n_embd=32', '--batch_size=8', '--wandb_log=False']
     r = _run(args)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert 'task suite, 6 runs' in r.stdout
+    assert 'task suite: 6 runs (6 x 1 seed(s): 1337), 6 to do' in r.stdout
     md = open(os.path.join(out, 'report', 'report.md')).read()
     assert '| learned +randomized |' in md and '| learned |' in md and 'copy (N=12)' in md and os.path.exists(os.path.join(out, 'report', 'tasks.png'))
     rnd = json.load(open(os.path.join(out, 'copy', 'learned-randomized-s1337', 'eval.json')))
