@@ -1,6 +1,7 @@
-"""Issue 17, model side: per-layer stacks (NoPE every k-th layer, per-layer RoPE base),
-length-dependent attention scaling (log-n, SSMax, Llama 4 temperature tuning) and
-StreamingLLM attention sinks. Expected values come from formulas written here."""
+"""Per-layer stacks (NoPE every k-th layer, per-layer options such as the RoPE base) and
+length-dependent attention scaling (log-n, SSMax, Llama 4 temperature tuning; issue 17, model side),
+their refusals, and the registry-wide properties for every hook combination they add. Expected values
+come from independent references written here."""
 import dataclasses
 import math
 
@@ -10,10 +11,8 @@ import torch.nn.functional as F
 
 import checkpoint
 import attention as A
-import positional
 import stack
-from conftest import (SCHEMES, Validated, assert_same_grads, assert_trains_and_pe_params_learn, flex_and_dense_grads,
-                      tiny_model, validating_backend)
+from conftest import Validated, assert_same_grads, assert_trains_and_pe_params_learn, flex_and_dense_grads, tiny_model, validating_backend
 
 
 # --- independent references ---------------------------------------------------
@@ -267,6 +266,45 @@ def test_stack_with_scaling_compiles_without_graph_breaks():
     assert ex.graph_break_count == 0 and ex.graph_count == 1, [str(b.reason)[:200] for b in ex.break_reasons]
 
 
+@pytest.mark.parametrize('name', ['rope+nope+llama4', 'alibi+nope+logn', 'kerple_log+ssmax', 'xl+nope0'])
+def test_stack_bf16_autocast_train_step_and_kv_cache(name):
+    m = stack_model(name)
+    x = torch.randint(0, 37, (4, 17), generator=torch.Generator().manual_seed(0))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        logits, loss = m(x[:, :-1], x[:, 1:])
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+    m.eval()
+    xs = x[:, :1].repeat(1, 30)
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        full = m(xs)[0].float()
+        cache = m.new_cache()
+        steps = [m(xs[:, :5], cache=cache)[0]] + [m(xs[:, t:t + 1], cache=cache)[0] for t in range(5, 30)]
+    assert (torch.cat(steps, 1).float() - full).abs().max() < 0.1
+
+
+def test_layer_stack_delegates_the_attention_hook():
+    m = tiny_model('fox', nope_layers=2).eval()  # layer 1 runs NoPE: plain attention
+    assert m.transformer.h[0].attn.pe_layer.inner.fgate is not None and m.transformer.h[1].attn.pe_layer.inner is None
+    x = torch.randint(0, 37, (2, 30))
+    with torch.no_grad():
+        full = m(x)[0]
+        cache = m.new_cache()
+        steps = [m(x[:, :9], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(9, 30)]
+        assert cache.layers[0].state['fox_log_f'].size(2) == 30 and not cache.layers[1].state
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    scaled = tiny_model('fox', attn_scaling={'type': 'llama4'}, nope_layers=2).eval()  # scales the NoPE layer only
+    with torch.no_grad():
+        assert torch.isfinite(scaled(x)[0]).all()
+    with pytest.raises(ValueError, match='computes its attention itself'):
+        tiny_model('stick_breaking', attn_scaling={'type': 'logn'})
+    # rope takes attn_scaling, except with a run-time extension that computes its attention itself
+    assert tiny_model('rope', attn_scaling={'type': 'logn'}).pe.attn_scaling['type'] == 'logn'
+    with pytest.raises(ValueError, match='computes its attention itself'):
+        tiny_model('rope', attn_scaling={'type': 'logn'}, rope_scaling={'type': 'rerope', 'window': 8})
+
+
 # --- attention scaling --------------------------------------------------------------
 
 def scale_of(m, layer, Tq, Tk):
@@ -382,24 +420,6 @@ def test_plain_checkpoint_takes_logn_at_eval_and_is_unchanged_inside_L(scheme, t
             tiny_model(scheme, nope_layers=[1]).load_state_dict(plain.state_dict())
 
 
-@pytest.mark.parametrize('name', ['rope+nope+llama4', 'alibi+nope+logn', 'kerple_log+ssmax', 'xl+nope0'])
-def test_stack_bf16_autocast_train_step_and_kv_cache(name):
-    m = stack_model(name)
-    x = torch.randint(0, 37, (4, 17), generator=torch.Generator().manual_seed(0))
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        logits, loss = m(x[:, :-1], x[:, 1:])
-    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
-    loss.backward()
-    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
-    m.eval()
-    xs = x[:, :1].repeat(1, 30)
-    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
-        full = m(xs)[0].float()
-        cache = m.new_cache()
-        steps = [m(xs[:, :5], cache=cache)[0]] + [m(xs[:, t:t + 1], cache=cache)[0] for t in range(5, 30)]
-    assert (torch.cat(steps, 1).float() - full).abs().max() < 0.1
-
-
 def test_minus_inf_bias_stays_a_mask_under_scaling():
     s = torch.tensor([[0.0, -2.0, 3.0]])
     q = torch.ones(1, 1, 3, 4)
@@ -408,158 +428,3 @@ def test_minus_inf_bias_stays_a_mask_under_scaling():
     out = mod(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long),
               torch.arange(3), torch.arange(3))
     assert out[1] == float('-inf') and out[0] == 0 and out[2] == pytest.approx(4.5)
-
-
-# --- attention sinks (StreamingLLM) ----------------------------------------------------
-
-RELATIVE = [s for s in SCHEMES if positional.REGISTRY[s].embed is positional.PositionalEncoding.embed]
-
-
-@pytest.mark.parametrize('scheme', RELATIVE + ['stack:' + n for n in STACKS if n != 'learned+logn'])
-def test_sink0_and_a_window_past_the_sequence_equals_ordinary_decoding(scheme):
-    m = (stack_model(scheme[6:]) if scheme.startswith('stack:') else tiny_model(scheme)).eval()
-    torch.manual_seed(1)
-    a = m.generate(torch.zeros(1, 3, dtype=torch.long), 40, top_k=1)
-    b = m.generate(torch.zeros(1, 3, dtype=torch.long), 40, top_k=1, window=100, sink=0)
-    assert torch.equal(a, b)
-    with torch.no_grad():  # and the logits themselves, with a prompt longer than one chunk
-        x = torch.randint(0, 37, (2, 30))
-        full, _ = m(x)
-        cache = m.new_cache(window=100, sink=0)
-        steps = [m(x[:, :5], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(5, 30)]
-    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
-
-
-@pytest.mark.parametrize('scheme', RELATIVE)
-def test_sink_cache_keeps_first_and_last_tokens_at_places_0_to_n(scheme):
-    """One layer: its keys and values depend only on the token, so after eviction a decoding
-    step must equal a plain forward over (kept tokens + new token) at positions 0..n -- which
-    checks both the cache content and the re-indexed positions, for every relative scheme."""
-    sink, window, T = 3, 5, 30
-    m = tiny_model(scheme, n_layer=1).eval()
-    x = torch.randint(0, 37, (1, T), generator=torch.Generator().manual_seed(0))
-    cache = m.new_cache(window=window, sink=sink)
-    attn = m.transformer.h[0].attn
-    with torch.no_grad():
-        raw_k = split_heads(attn, m.transformer.h[0].ln_1(m.transformer.wte(x)))[1]  # layer-0 keys, no position
-        m(x[:, :sink + window + 1], cache=cache)
-        for t in range(sink + window + 1, T):
-            kept = list(range(sink)) + list(range(t - window, t))
-            assert cache.layers[0].n == sink + window and cache.length == t
-            assert torch.allclose(cache.layers[0][0], raw_k[:, :, kept], atol=1e-6)  # raw keys, first + last
-            logits, _ = m(x[:, t:t + 1], cache=cache)
-            assert torch.equal(cache.k_pos, torch.arange(sink + window + 1))  # places, not text positions
-            want, _ = m(x[:, kept + [t]])
-            assert torch.allclose(logits[0, -1], want[0, -1], atol=1e-5), t
-    assert cache.layers[0].n == sink + window and cache.length == T
-
-
-def test_sink_cache_memory_is_constant_over_20x_block_size():
-    m = tiny_model('rope', n_layer=2).eval()
-    L, sink, window = m.config.block_size, 4, 11
-    sizes = []
-    caches = []
-    new_cache = m.new_cache
-    m.new_cache = lambda *a, **kw: caches.append(new_cache(*a, **kw)) or caches[-1]
-
-    def measure(module, args, out):
-        c = caches[-1]
-        sizes.append((c.layers[0].n, sum(t.numel() * t.element_size() for lk in c.layers for t in (lk.k, lk.v)),
-                      [lk.k.size(2) for lk in c.layers]))
-    m.register_forward_hook(measure)
-    torch.manual_seed(0)
-    out = m.generate(torch.zeros(1, 2, dtype=torch.long), 20 * L, window=window, sink=sink)
-    assert out.shape == (1, 2 + 20 * L) and len(sizes) == 20 * L
-    full = [s for s in sizes if s[0] == sink + window]
-    assert len(full) >= 20 * L - window - sink  # full from the 15th step on
-    assert len({s[1] for s in sizes}) == 1 and len({tuple(s[2]) for s in sizes}) == 1  # bytes never change
-    assert max(s[0] for s in sizes) == sink + window
-    print(f"\nsink cache over {20 * L} new tokens: {sizes[-1][0]} tokens per layer, "
-          f"{sizes[-1][1]} bytes in buffers of {sizes[-1][2]} slots, constant from step 1")
-
-
-def test_sinks_refused_where_positions_are_absolute_or_bad():
-    for scheme in ('learned', 'sinusoidal'):
-        with pytest.raises(ValueError, match='cannot re-index'):
-            tiny_model(scheme).generate(torch.zeros(1, 2, dtype=torch.long), 3, window=8)
-    m = tiny_model('rope')
-    with pytest.raises(ValueError, match='use_cache must be True'):
-        m.generate(torch.zeros(1, 2, dtype=torch.long), 3, window=8, use_cache=False)
-    for kw in (dict(window=0), dict(window=4, sink=-1), dict(window=2.5)):
-        with pytest.raises(ValueError, match='integer'):
-            m.new_cache(**kw)
-    with pytest.raises(ValueError, match='do not pass pos'):
-        m(torch.zeros(1, 2, dtype=torch.long), cache=m.new_cache(window=4), pos=torch.arange(2))
-
-
-WORDS = ['to', 'be', 'or', 'not', 'that', 'is', 'the', 'question', 'whether', 'tis', 'nobler']
-
-
-def _word_validity(text):
-    words = text.split(' ')[1:-1]  # the ends may be cut
-    return sum(w in WORDS for w in words) / max(1, len(words))
-
-
-def test_sinks_keep_generation_in_distribution_far_past_block_size():
-    """A tiny RoPE model trained at L = 32 on a repetitive word corpus, then 20 x L tokens
-    sampled four ways. Each generated token is scored by the model itself with the L tokens
-    before it (in-distribution context); word validity checks the text against the corpus."""
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
-    text = ' '.join(WORDS[i] for i in torch.randint(0, len(WORDS), (6000,), generator=g).tolist())
-    chars = sorted(set(text))
-    data = torch.tensor([chars.index(c) for c in text])
-    L = 32
-    m = tiny_model('rope', vocab_size=len(chars), block_size=L, n_layer=2, n_head=4, n_embd=48)
-    opt = m.configure_optimizers(0.0, 3e-3, (0.9, 0.99), 'cpu')
-    for step in range(300):
-        ix = torch.randint(0, len(data) - L - 1, (16,), generator=g)
-        xb = torch.stack([data[i:i + L] for i in ix])
-        yb = torch.stack([data[i + 1:i + L + 1] for i in ix])
-        _, loss = m(xb, yb)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    m.eval()
-    with torch.no_grad():
-        val = torch.stack([data[i:i + L + 1] for i in range(0, 64 * L, L)])
-        val_loss = m(val[:, :-1], val[:, 1:])[1].item()
-
-    def judge(seq, start):
-        """Mean NLL of seq[p] for p >= start given seq[p - L:p] (the model at its training length)."""
-        ctxs = torch.stack([seq[p - L:p] for p in range(start, len(seq))])
-        with torch.no_grad():
-            logits = m(ctxs)[0][:, -1]
-        return F.cross_entropy(logits, seq[start:]).item()
-
-    prompt = data[:L][None]
-    n_new = 20 * L
-    results = {}
-    for name, kw in (('sinks 4 + window 27', dict(window=L - 5, sink=4)),
-                     ('window only (sink 0, window 31)', dict(window=L - 1, sink=0)),
-                     ('recompute last L (no cache)', None),
-                     ('full context, no cache (extrapolating)', 'full')):
-        torch.manual_seed(1)
-        if kw is None:
-            idx = prompt
-            for _ in range(n_new):
-                with torch.no_grad():
-                    logits = m(idx[:, -L:])[0][:, -1]
-                idx = torch.cat((idx, torch.multinomial(F.softmax(logits, -1), 1)), 1)
-            out = idx
-        elif kw == 'full':
-            out = m.generate(prompt, n_new, use_cache=False)
-        else:
-            out = m.generate(prompt, n_new, **kw)
-        seq = out[0]
-        gen_text = ''.join(chars[i] for i in seq[L:].tolist())
-        results[name] = (judge(seq, 2 * L), _word_validity(gen_text))
-    print(f"\nL={L}, {n_new} new tokens; model val loss {val_loss:.3f}; loss of the generated tokens "
-          f"(judged with L tokens of context) and the fraction of valid words:")
-    for name, (loss, valid) in results.items():
-        print(f"  {name:42s} loss {loss:.3f}  valid words {valid:.3f}")
-    sink_loss, sink_valid = results['sinks 4 + window 27']
-    ref_loss, ref_valid = results['recompute last L (no cache)']
-    assert val_loss < 1.6  # the model learned the corpus (uniform over its 17 chars: 2.83)
-    assert sink_loss < val_loss + 0.3 and sink_valid > 0.9  # in distribution after 20 x L tokens
-    assert sink_loss < ref_loss + 0.2 and sink_valid > ref_valid - 0.05  # as good as recomputing every step

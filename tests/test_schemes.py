@@ -1,0 +1,815 @@
+"""Every scheme's maths against independent formulas written here or published values (not calls
+into the code under test; for the content-dependent schemes of issue 16, scalar loops over (query,
+key) pairs that share no code with positional.py), in the order positional.py lists the zoo:
+embeddings (learned, sinusoidal), q/k transforms (RoPE, xPos, M-RoPE, 2D RoPE, Transformer-XL, PoPE),
+score biases (ALiBi, T5, Shaw, KERPLE, FIRE, Sandwich, causal DeBERTa), schemes with their own
+attention (FoX, CoPE, stick-breaking); then FlexAttention == dense for the bias schemes, option
+errors, configs and docstrings, and the gradients of learned position parameters. Causality,
+KV-cache parity, long forwards, training, the backward graph, graph breaks and bf16 are parametrized
+over the registry in test_model.py."""
+import functools
+import math
+import os
+
+import pytest
+import torch
+
+import attention as A
+import model as M
+import positional
+import positional as P
+import rope_scaling
+from conftest import ROOT, tiny_config, tiny_model
+
+
+def dense_bias(pe, layer, q, q_pos, k_pos):
+    """The scheme's score bias as a dense [B|1, H, Tq, Tk] tensor (future = -inf)."""
+    ctx = pe.context(q_pos, k_pos)
+    k = torch.zeros(q.size(0), q.size(1), len(k_pos), q.size(3))
+    return A.dense_bias(pe.score_mod(q, k, ctx, layer), q.size(0), q.size(1), len(q_pos), len(k_pos), q.device)
+
+
+NEW = ['fox', 'cope', 'pope', 'stick_breaking', 'deberta']
+
+
+def sig(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def softplus(x):
+    return math.log1p(math.exp(x))
+
+
+def run_hooks(pe, layer, q, k, v, x, q_pos, k_pos, cache=None, backend='dense'):
+    """What CausalSelfAttention does with a scheme: context, transform_qk, the attention hook."""
+    ctx = pe.context(q_pos, k_pos)
+    qq, kk = pe.transform_qk(q, k, ctx, layer)
+    return pe.attention(qq, kk, v, x, ctx, layer, cache, functools.partial(A.attend, backend=backend))
+
+
+def softmax_attend(logits, vs):
+    """softmax over a list of scalar logits, then the weighted sum of the value vectors."""
+    m = max(logits)
+    w = [math.exp(z - m) for z in logits]
+    s = sum(w)
+    return sum((wi / s) * vi for wi, vi in zip(w, vs))
+
+
+def qkv(B, H, Tq, Tk, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, Tq, d, generator=g, dtype=torch.float64).float(),
+            torch.randn(B, H, Tk, d, generator=g, dtype=torch.float64).float(),
+            torch.randn(B, H, Tk, d, generator=g, dtype=torch.float64).float())
+
+
+# --- learned and sinusoidal embeddings ------------------------------------------
+
+def test_sinusoidal_table_matches_paper_formula():
+    d, n = 16, 50
+    pe = positional.sinusoidal_table(n, d)
+    for p in (0, 1, 7, 49):
+        for i in range(d // 2):
+            w = 1.0 / (10000 ** (2 * i / d))
+            assert pe[p, 2 * i].item() == pytest.approx(math.sin(p * w), abs=1e-6)
+            assert pe[p, 2 * i + 1].item() == pytest.approx(math.cos(p * w), abs=1e-6)
+
+
+def test_learned_past_table_says_which_schemes_can():
+    m = tiny_model('learned').eval()
+    with pytest.raises(ValueError) as e:
+        m(torch.zeros(1, 17, dtype=torch.long))
+    msg = str(e.value)
+    assert '16 positions' in msg and 'rope' in msg and 'alibi' in msg and 'learned,' not in msg
+
+
+# --- RoPE -----------------------------------------------------------------------
+
+def test_rope_inv_freq_and_half_split_rotation():
+    d, base = 8, 10000.0
+    inv, factor = rope_scaling.rope_frequencies(d, base)
+    assert factor == 1.0 and inv.dtype == torch.float32
+    assert inv.tolist() == pytest.approx([base ** (-2 * i / d) for i in range(d // 2)], rel=1e-6)
+    # half-split: pair (i, i + d/2) is rotated by angle p * inv[i], as a 2D rotation
+    x = torch.randn(d)
+    p = 5
+    ang = torch.cat([p * inv, p * inv])
+    y = positional.apply_rotary(x[None], ang.cos()[None], ang.sin()[None])[0]
+    for i in range(d // 2):
+        a = p * inv[i].item()
+        x1, x2 = x[i].item(), x[i + d // 2].item()
+        assert y[i].item() == pytest.approx(x1 * math.cos(a) - x2 * math.sin(a), abs=1e-5)
+        assert y[i + d // 2].item() == pytest.approx(x1 * math.sin(a) + x2 * math.cos(a), abs=1e-5)
+
+
+def test_rope_scores_depend_only_on_offset_and_partial_rotary_passes_through():
+    m = tiny_model('rope', pos_options={'rotary_pct': 0.5})  # head_dim 8 -> rotate 4 dims
+    pe = m.pe
+    q = torch.randn(1, 1, 1, 8).expand(1, 1, 64, 8).contiguous()
+    k = torch.randn(1, 1, 1, 8).expand(1, 1, 64, 8).contiguous()
+    pos = torch.arange(64)
+    qr, kr = pe.transform_qk(q, k, pe.context(pos, pos), None)
+    assert torch.equal(qr[..., 4:], q[..., 4:])  # un-rotated half untouched
+    s = qr[0, 0] @ kr[0, 0].T  # [64, 64]
+    for off in (0, 3, 17):
+        diag = torch.diagonal(s, -off)
+        assert torch.allclose(diag, diag[0].expand_as(diag), atol=1e-4)
+    assert not torch.allclose(torch.diagonal(s, 0)[0], torch.diagonal(s, -3)[0])
+
+
+def test_rope_rejects_odd_rotary_dim():
+    with pytest.raises(ValueError, match='even'):
+        tiny_model('rope', pos_options={'rotary_pct': 0.375})  # 8 * 0.375 = 3
+
+
+# --- xPos -----------------------------------------------------------------------
+
+def rope_half_split(x, pos, base=10000.0):
+    d = x.size(-1)
+    th = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = pos.double()[:, None] * th
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1), torch.cat((ang.sin(), ang.sin()), -1)
+    x1, x2 = x.double().chunk(2, -1)
+    return x.double() * cos + torch.cat((-x2, x1), -1) * sin
+
+
+def test_xpos_scale_and_centring():
+    """q.k == RoPE(q_n) zeta^(n/512) . RoPE(k_m) zeta^(-m/512), zeta_i = (2i + 0.4d)/(1.4d),
+    whatever centre the forward chose: a forward over keys 250..309 centres elsewhere
+    than one over keys 0..309, which rescales q and k but not their logits."""
+    torch.manual_seed(0)
+    pe = P.REGISTRY['xpos'](tiny_config('xpos'))
+    d = 8
+    zeta = (torch.arange(0, d, 2, dtype=torch.float64) + 0.4 * d) / (1.4 * d)
+    assert zeta[0].item() == pytest.approx(2 / 7) and (zeta < 1).all()
+    zeta = torch.cat((zeta, zeta))
+    q_pos, k_pos = torch.arange(300, 310), torch.arange(0, 310)
+    q, k = torch.randn(1, 4, 10, d), torch.randn(1, 4, 310, d)
+    qa, ka = pe.transform_qk(q, k, pe.context(q_pos, k_pos), None)
+    qr = rope_half_split(q, q_pos) * zeta ** (q_pos.double()[:, None] / 512)
+    kr = rope_half_split(k, k_pos) * zeta ** (-k_pos.double()[:, None] / 512)
+    want = qr @ kr.transpose(-2, -1)
+    assert torch.allclose((qa @ ka.transpose(-2, -1)).double(), want, rtol=1e-4, atol=1e-4)
+    qb, kb = pe.transform_qk(q, k[:, :, 250:], pe.context(q_pos, k_pos[250:]), None)
+    assert not torch.allclose(qa, qb, rtol=1e-2)
+    assert torch.allclose((qb @ kb.transpose(-2, -1)).double(), want[..., 250:], rtol=1e-4, atol=1e-4)
+
+
+def test_xpos_centring_avoids_overflow():
+    """At 60k positions an uncentred zeta^(-m/512) overflows float32; the centred one does not."""
+    pe = P.REGISTRY['xpos'](tiny_config('xpos'))
+    pos = torch.arange(60000)
+    _, _, scale = pe.context(pos, pos).extra['k']
+    assert torch.isfinite(scale).all() and (scale > 0).all() and torch.isfinite(1 / scale).all()
+    uncentred = torch.tensor(2 / 7, dtype=torch.float32) ** (-pos[-1:].float() / 512)
+    assert torch.isinf(uncentred).all()
+
+
+def test_xpos_blockwise_attention():
+    """Evaluation only: each query sees its own block and the previous one. Up to
+    2 blocks nothing changes; past that, logits change, and keys two blocks back are
+    masked. KV-cache decoding agrees with a full forward."""
+    torch.manual_seed(0)
+    plain = tiny_model('xpos')
+    bca = tiny_model('xpos', pos_options={'blockwise': True, 'bca_block': 8})
+    bca.load_state_dict(plain.state_dict())
+    plain.eval(), bca.eval()
+    x = torch.randint(0, 37, (2, 40))
+    with torch.no_grad():
+        a, b = plain(x)[0], bca(x)[0]
+        assert torch.allclose(a[:, :16], b[:, :16], atol=1e-6) and not torch.allclose(a[:, 16:], b[:, 16:])
+        cache = bca.new_cache()
+        steps = [bca(x[:, :28], cache=cache)[0]] + [bca(x[:, t:t + 1], cache=cache)[0] for t in range(28, 40)]
+        assert torch.allclose(torch.cat(steps, 1), b, atol=1e-5)
+    bca.train()
+    assert bca.pe.score_mod(None, None, None, None) is None  # training uses plain causal attention
+    pe = bca.pe.eval()
+    q, pos = torch.randn(1, 4, 40, 8), torch.arange(40)
+    bias = dense_bias(pe, None, q, pos, pos)[0, 0]
+    assert torch.isinf(bias[16, :8]).all() and torch.isfinite(bias[16, 8:17]).all()
+    assert torch.isinf(bias[39, :24]).all() and torch.isfinite(bias[39, 24:]).all()
+
+
+# --- M-RoPE and 2D RoPE -----------------------------------------------------------
+
+def test_mrope_equals_rope_for_text():
+    x = torch.randint(0, 37, (2, 40))
+    rope, mrope = tiny_model('rope', seed=3), tiny_model('mrope', seed=3)
+    assert mrope.pe.sections == [1, 1, 2]  # head_dim 8: 4 pairs
+    with torch.no_grad():
+        assert torch.equal(rope(x)[0], mrope(x)[0])  # bit for bit
+    cfg = tiny_config('mrope', n_embd=128 * 4, n_head=4)
+    assert P.REGISTRY['mrope'](cfg).sections == [16, 24, 24]  # Qwen2-VL's split at head_dim 128
+
+
+def test_rope2d_rotates_rows_and_columns():
+    """Pairs 0..d/4-1 turn by row * base^(-4i/d), pairs d/4..d/2-1 by col * base^(-4i/d)."""
+    width, d = 5, 8
+    pe = P.REGISTRY['rope2d'](tiny_config('rope2d'), width=width)
+    pos = torch.arange(23)
+    x = torch.randn(1, 4, 23, d)
+    got, _ = pe.transform_qk(x, x, pe.context(pos, pos), None)
+    th = 10000.0 ** (-4 * torch.arange(d // 4, dtype=torch.float64) / d)
+    ang = torch.cat(((pos // width).double()[:, None] * th, (pos % width).double()[:, None] * th), -1)  # [T, d/2]
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1), torch.cat((ang.sin(), ang.sin()), -1)
+    x1, x2 = x.double().chunk(2, -1)
+    want = x.double() * cos + torch.cat((-x2, x1), -1) * sin
+    assert torch.allclose(got.double(), want, atol=1e-5)
+
+
+# --- Transformer-XL -------------------------------------------------------------
+
+def test_xl_matches_per_pair_formula():
+    """[(q_i + u).k_j + (q_i + v).W_R R_{i-j}] / sqrt(d), R_r = [sin(r w) | cos(r w)],
+    against the scores the rewritten q', k' give under SDPA's 1/sqrt(dim)."""
+    torch.manual_seed(0)
+    pe = P.REGISTRY['xl'](tiny_config('xl'), r_dim=12)
+    layer = pe.new_layer()
+    with torch.no_grad():
+        pe.u.normal_(), pe.v.normal_(), layer.weight.normal_()
+    H, d, rd = 4, 8, 12
+    pos = torch.arange(30, 40)  # positions far from 0: only differences may matter
+    q, k = torch.randn(2, H, 10, d), torch.randn(2, H, 10, d)
+    ctx = pe.context(pos, pos)
+    q2, k2 = pe.transform_qk(q, k, ctx, layer)
+    got = q2 @ k2.transpose(-2, -1) / math.sqrt(q2.size(-1))
+    w = 10000.0 ** (-torch.arange(0, rd, 2, dtype=torch.float64) / rd)
+    W = layer.weight.detach().double().view(H, d, rd)
+    qd, kd, u, v = q.double(), k.double(), pe.u.detach().double(), pe.v.detach().double()
+    for i in range(10):
+        for j in range(i + 1):
+            r = (pos[i] - pos[j]).item()
+            R = torch.cat(((r * w).sin(), (r * w).cos()))
+            for b in range(2):
+                for h in range(H):
+                    want = ((qd[b, h, i] + u[h]) @ kd[b, h, j] + (qd[b, h, i] + v[h]) @ (W[h] @ R)) / math.sqrt(d)
+                    assert abs(got[b, h, i, j].item() - want.item()) < 1e-4
+
+
+# --- PoPE -----------------------------------------------------------------------
+
+def test_pope_scores_match_polar_formula():
+    """q'.k'/sqrt(2d) == sum_c softplus(q_c) softplus(k_c) cos((s - t) theta_c + delta_c) / sqrt(d),
+    theta_c = 10000^(-c/d), c = 0..d-1, delta clamped to [-2 pi, 0]; positions far from 0."""
+    torch.manual_seed(0)
+    pe = P.REGISTRY['pope'](tiny_config('pope'))
+    layer = pe.new_layer()
+    assert (layer.delta == 0).all()
+    with torch.no_grad():
+        layer.delta.uniform_(-2 * math.pi, 0)
+        layer.delta[0, :3] = torch.tensor([1.0, -7.0, -0.5])  # outside the range: clamped
+    d, H = 8, 4
+    pos = torch.arange(300, 310)
+    q, k, _ = qkv(1, H, 10, 10, d, seed=2)
+    ctx = pe.context(pos, pos)
+    q2, k2 = pe.transform_qk(q, k, ctx, layer)
+    assert q2.shape[-1] == 2 * d
+    got = (q2 @ k2.transpose(-2, -1)) / math.sqrt(2 * d)  # what SDPA computes
+    delta = layer.delta.detach().double().clamp(-2 * math.pi, 0)
+    assert delta[0, 0] == 0 and delta[0, 1] == -2 * math.pi
+    for h in range(H):
+        for ti in range(10):
+            for si in range(ti + 1):
+                t, s = pos[ti].item(), pos[si].item()
+                want = sum(softplus(q[0, h, ti, c].item()) * softplus(k[0, h, si, c].item())
+                           * math.cos((s - t) * 10000 ** (-c / d) + delta[h, c].item()) for c in range(d)) / math.sqrt(d)
+                assert abs(got[0, h, ti, si].item() - want) < 1e-4
+
+
+def test_pope_options():
+    m = tiny_model('pope', pos_options={'delta_init': 'uniform'})
+    dl = m.transformer.h[1].attn.pe_layer.delta
+    assert dl.shape == (4, 8) and (dl <= 0).all() and (dl >= -2 * math.pi).all() and dl.std() > 0.5
+    with pytest.raises(ValueError, match='delta_init'):
+        tiny_model('pope', pos_options={'delta_init': 'normal'})
+
+
+# --- ALiBi ----------------------------------------------------------------------
+
+@pytest.mark.parametrize('n, expected', [
+    (8, [2.0 ** -k for k in range(1, 9)]),                  # 1/2 ... 1/256 (ALiBi paper)
+    (4, [2.0 ** -k for k in (2, 4, 6, 8)]),
+    (6, [2.0 ** -k for k in (2, 4, 6, 8, 1, 3)]),           # non power of two: not monotonic
+    (12, [2.0 ** -k for k in (1, 2, 3, 4, 5, 6, 7, 8, 0.5, 1.5, 2.5, 3.5)]),
+])
+def test_alibi_slopes_published(n, expected):
+    assert positional.alibi_slopes(n).tolist() == pytest.approx(expected, rel=1e-6)
+
+
+def test_alibi_bias_is_minus_slope_times_distance():
+    m = tiny_model('alibi')
+    pe = m.pe
+    q_pos = torch.arange(6)
+    ctx = pe.context(q_pos, q_pos)
+    bias = A.dense_bias(pe.score_mod(None, None, ctx, None), 1, 4, 6, 6, 'cpu')[0]
+    slopes = positional.alibi_slopes(4)
+    for h in range(4):
+        for i in range(6):
+            for j in range(6):
+                want = -slopes[h].item() * (i - j) if j <= i else float('-inf')
+                assert bias[h, i, j].item() == pytest.approx(want)
+
+
+# --- T5 -----------------------------------------------------------------------
+
+def t5_bucket_reference(rel, num_buckets=32, max_distance=128, bidirectional=False):
+    """Mesh TF's _relative_position_bucket, scalar Python."""
+    nb, ret = num_buckets, 0
+    n = -rel
+    if bidirectional:
+        nb //= 2
+        ret += nb if n < 0 else 0
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = nb // 2
+    if n < max_exact:
+        return ret + n
+    return ret + min(nb - 1, max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact)
+                                             * (nb - max_exact)))
+
+
+def test_t5_bucket_published_facts():
+    rel = -torch.arange(0, 1000)  # key - query for keys in the past
+    b = P.t5_bucket(rel)
+    assert b[:16].tolist() == list(range(16))                 # exact buckets below num_buckets/2
+    assert b[112].item() == 30 and b[113].item() == 31        # the top causal bucket starts at 113, not 128
+    assert (b[113:] == 31).all()                              # and holds everything beyond
+    assert (b.diff() >= 0).all() and set(b.tolist()) == set(range(32))
+    assert P.t5_bucket(torch.tensor([1, 5, 100])).tolist() == [0, 0, 0]  # causal: future keys -> bucket 0
+
+
+@pytest.mark.parametrize('nb,md,bidir', [(32, 128, False), (32, 128, True), (16, 64, False), (8, 20, True)])
+def test_t5_bucket_matches_reference(nb, md, bidir):
+    rel = torch.arange(-400, 401)
+    got = P.t5_bucket(rel, nb, md, bidir).tolist()
+    assert got == [t5_bucket_reference(r, nb, md, bidir) for r in rel.tolist()]
+
+
+def test_t5_bucket_bad_input():
+    with pytest.raises(ValueError, match='max_distance'):
+        P.t5_bucket(torch.tensor([-3]), num_buckets=32, max_distance=10)
+
+
+def test_t5_bias_is_one_shared_table():
+    m = tiny_model('t5', pos_options={'max_distance': 20})
+    assert [n for n, _ in m.named_parameters() if n.startswith('pe.') or 'pe_layer' in n] == ['pe.table']
+    pe, table = m.pe, m.pe.table
+    q = torch.randn(1, 4, 40, 8)
+    pos = torch.arange(40)
+    bias = dense_bias(pe, None, q, pos, pos)[0]
+    for i, j in [(0, 0), (5, 2), (39, 0), (30, 10), (39, 31)]:
+        want = table[t5_bucket_reference(j - i, 32, 20), :]
+        assert torch.allclose(bias[:, i, j], want)
+    assert torch.isinf(bias[:, 3, 4]).all()
+
+
+# --- Shaw -----------------------------------------------------------------------
+
+def shaw_reference(q, k, v, aK, aV, K, q_pos, k_pos):
+    """Per-pair loop: e_ij = q_i.(k_j + aK[r]) / sqrt(d), z_i = sum_j a_ij (v_j + aV[r]), r = min(i - j, K)."""
+    B, H, Tq, d = q.shape
+    out = torch.zeros(B, H, Tq, d)
+    for b in range(B):
+        for h in range(H):
+            for qi, i in enumerate(q_pos.tolist()):
+                js = [kj for kj, j in enumerate(k_pos.tolist()) if j <= i]
+                rs = [min(i - k_pos[kj].item(), K) for kj in js]
+                e = torch.stack([q[b, h, qi] @ (k[b, h, kj] + aK[r]) for kj, r in zip(js, rs)]) / math.sqrt(d)
+                a = e.softmax(0)
+                out[b, h, qi] = sum(a[n] * (v[b, h, kj] + aV[r]) for n, (kj, r) in enumerate(zip(js, rs)))
+    return out
+
+
+def shaw_attention(pe, layer, q, k, v, q_pos, k_pos, backend='dense'):
+    ctx = pe.context(q_pos, k_pos)
+    mod = pe.score_mod(q, k, ctx, layer)
+    return A.attend(q, k, v, mod, pe.value_mod(q, k, ctx, layer, mod), backend)
+
+
+@pytest.mark.parametrize('q0', [0, 6])  # 6: the last queries of a cached sequence
+@pytest.mark.parametrize('grad,chunk', [(True, False), (False, False), (False, True)])
+def test_shaw_matches_per_pair_loop(q0, grad, chunk, monkeypatch):
+    """With gradients the dense path's own softmax; without, SDPA's fused CPU kernel and its
+    logsumexp, in one pass or in query chunks of 2 rows."""
+    if chunk:
+        monkeypatch.setattr(A, 'DENSE_CHUNK_BYTES', 4 * 2 * 4 * 11 * 2)
+    torch.manual_seed(0)
+    K = 3
+    pe = P.REGISTRY['shaw'](tiny_config('shaw'), max_distance=K)
+    layer = pe.new_layer()
+    with torch.no_grad():
+        layer.rel_k.normal_(), layer.rel_v.normal_()
+    Tk = 11
+    q, k, v = (torch.randn(2, 4, Tk - q0, 8), torch.randn(2, 4, Tk, 8), torch.randn(2, 4, Tk, 8))
+    q_pos, k_pos = torch.arange(q0, Tk), torch.arange(Tk)
+    with torch.set_grad_enabled(grad):
+        got = shaw_attention(pe, layer, q, k, v, q_pos, k_pos)
+    want = shaw_reference(q, k, v, layer.rel_k.detach(), layer.rel_v.detach(), K, q_pos, k_pos)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+# --- KERPLE ---------------------------------------------------------------------
+
+@pytest.mark.parametrize('name', ['kerple_log', 'kerple_power'])
+def test_kerple_formula_and_clamping(name):
+    pe = P.REGISTRY[name](tiny_config(name))
+    layer = pe.new_layer()
+    with torch.no_grad():
+        layer.p.copy_(torch.tensor([-1.0, 0.5, 1.5, 5.0]))
+        layer.a.copy_(torch.tensor([-0.5, 0.3, 2.0, 0.0]))
+    q, pos = torch.randn(1, 4, 20, 8), torch.arange(20)
+    bias = dense_bias(pe, layer, q, pos, pos)[0]
+    p_max = 2.0 if name == 'kerple_power' else float('inf')
+    assert layer.p.tolist() == pytest.approx([0.01, 0.5, 1.5, min(5.0, p_max)])  # clamped in place, as in the paper
+    assert layer.a.tolist() == pytest.approx([0.01, 0.3, 2.0, 0.01])
+    p, a = layer.p.tolist(), layer.a.tolist()
+    for h in range(4):
+        for i, j in [(0, 0), (7, 6), (19, 0), (12, 3)]:
+            r = i - j
+            want = -p[h] * math.log(1 + a[h] * r) if name == 'kerple_log' else -a[h] * r ** p[h]
+            assert bias[h, i, j].item() == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def test_kerple_power_gradient_finite_at_zero_distance():
+    m = tiny_model('kerple_power')
+    x = torch.randint(0, 37, (2, 16))
+    m(x, x)[1].backward()
+    for blk in m.transformer.h:
+        g = blk.attn.pe_layer.p.grad
+        assert torch.isfinite(g).all() and g.abs().sum() > 0
+
+
+# --- FIRE -----------------------------------------------------------------------
+
+def fire_reference(layer, i, j):
+    """MLP(psi(i - j) / psi(max(i, L))), psi(x) = log(c x + 1), written out."""
+    c, L = layer.c.item(), abs(layer.L_mult.item() * layer.init_L.item())
+    x = math.log(abs(c * (i - j)) + 1) / (math.log(abs(c * max(i, L)) + 1) + 1e-6)
+    hidden = torch.relu(layer.fc1.weight[:, 0] * x + layer.fc1.bias)
+    return layer.fc2.weight @ hidden + layer.fc2.bias  # [H]
+
+
+def test_fire_normalisation():
+    torch.manual_seed(0)
+    pe = P.REGISTRY['fire'](tiny_config('fire'), init_L=8.0)
+    layer = pe.new_layer()
+    q, pos = torch.randn(1, 4, 40, 8), torch.arange(40)
+    with torch.no_grad():
+        bias = dense_bias(pe, layer, q, pos, pos)[0]
+        for i, j in [(0, 0), (3, 1), (7, 0), (8, 0), (20, 5), (39, 38), (39, 0)]:
+            assert torch.allclose(bias[:, i, j], fire_reference(layer, i, j), atol=1e-5)
+        # below the threshold (8) the normaliser is fixed: the bias depends on i - j only
+        assert torch.allclose(bias[:, 5, 2], bias[:, 7, 4])
+        # above it, the farthest key always sits at normalised distance 1: same bias at any length
+        for i in (8, 20, 39):
+            assert torch.allclose(bias[:, i, 0], bias[:, 8, 0], atol=1e-5)
+        # and distances shrink as the query moves on (progressive interpolation)
+        assert not torch.allclose(bias[:, 20, 10], bias[:, 39, 29])
+    # with gradients the bias is tabulated by another code path (all units broadcast at once): same values
+    trained = dense_bias(pe, layer, q, pos, pos)[0]
+    assert trained.requires_grad
+    keep = torch.isfinite(bias)
+    assert torch.equal(keep, torch.isfinite(trained))
+    assert torch.allclose(trained[keep], bias[keep], atol=1e-5)
+
+
+# --- Sandwich -------------------------------------------------------------------
+
+def test_sandwich_formula():
+    cfg = tiny_config('sandwich')
+    pe = P.REGISTRY['sandwich'](cfg)
+    q, pos = torch.randn(1, 4, 50, 8), torch.arange(50)
+    bias = dense_bias(pe, None, q, pos, pos)[0]
+    d, H = cfg.n_embd, cfg.n_head
+    for i, j in [(0, 0), (1, 0), (10, 3), (49, 0)]:
+        s = sum(math.cos((i - j) * 10000 ** (-2 * k / d)) for k in range(1, d // 2 + 1)) - d / 2
+        for h in range(1, H + 1):
+            assert bias[h - 1, i, j].item() == pytest.approx(s / (8 * h / H), abs=1e-5)
+    assert bias[:, 0, 0].abs().max() < 1e-6
+    finite = torch.isfinite(bias)
+    assert (bias[finite] <= 1e-6).all()
+
+
+# --- DeBERTa --------------------------------------------------------------------
+
+def deberta_bucket_reference(rel, bucket_size, max_position):
+    """The authors' make_log_bucket_position, one integer at a time."""
+    rel = max(-(max_position - 1), min(max_position - 1, rel))
+    mid = bucket_size // 2
+    abs_pos = mid - 1 if -mid < rel < mid else abs(rel)
+    if abs_pos <= mid:
+        return rel
+    log_pos = math.ceil(math.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return int(log_pos * (1 if rel > 0 else -1))
+
+
+@pytest.mark.parametrize('nb,mx', [(256, 512), (8, 16), (32, 128), (6, 40)])
+def test_deberta_log_bucket_matches_reference(nb, mx):
+    rel = torch.arange(-2 * mx, 2 * mx + 1)
+    got = P.deberta_log_bucket(rel, nb, mx).tolist()
+    assert got == [deberta_bucket_reference(r, nb, mx) for r in rel.tolist()]
+
+
+def test_deberta_log_bucket_published_facts():
+    b = P.deberta_log_bucket(torch.arange(0, 2000), 256, 512)  # DeBERTa-v3: 256 buckets, 512 positions
+    assert b[:129].tolist() == list(range(129))  # exact up to bucket_size / 2
+    assert b[511].item() == 255 and (b[511:] == 255).all()  # the farthest bucket, and everything beyond
+    assert (b.diff() >= 0).all() and b[129].item() > 128
+    assert torch.equal(P.deberta_log_bucket(-torch.arange(0, 2000), 256, 512), -b)  # odd
+
+
+@pytest.mark.parametrize('k,mx', [(8, 16), (64, 128), (7, 16), (5, 40)])
+def test_deberta_causal_table_rows_read(k, mx):
+    """Which rows of P a causal model reads, counted through the reference bucket (not the code
+    under test): c2p reads k + b(d), p2c reads k - b(d) for d = i - j >= 0. Row 0 is never read;
+    an odd k leaves rows 1 and 2k - 1 unread too; the farthest distance lands on 2 * (k // 2) - 1."""
+    b = [deberta_bucket_reference(d, k, mx) for d in range(4 * mx)]
+    read = {min(2 * k - 1, max(0, k + s * x)) for x in b for s in (1, -1)}
+    unread = sorted(set(range(2 * k)) - read)
+    assert unread == ([0] if k % 2 == 0 else [0, 1, 2 * k - 1])
+    assert b[mx - 1] == 2 * (k // 2) - 1 == (k - 1 if k % 2 == 0 else k - 2)
+    m = P.REGISTRY['deberta'](tiny_config('deberta', block_size=mx), position_buckets=k, max_relative_positions=mx)
+    ctx = m.context(torch.arange(4 * mx), torch.arange(4 * mx))
+    assert sorted(set(ctx.extra['c2p'].tolist()) | set(ctx.extra['p2c'].tolist())) == sorted(read)
+
+
+def test_deberta_score_matches_disentangled_formula():
+    """z_ij = (Q_i.K_j + Q_i.K^r[k + b(i - j)] + K_j.Q^r[k + b(j - i)]) / sqrt(3d), indices clamped to
+    [0, 2k), K^r = P W_kr, Q^r = P W_qr split into heads; the last queries of a cached sequence, with
+    distances past max_relative_positions."""
+    torch.manual_seed(0)
+    nb, mx = 8, 12
+    pe = P.REGISTRY['deberta'](tiny_config('deberta'), position_buckets=nb, max_relative_positions=mx)
+    layer = pe.new_layer()
+    with torch.no_grad():
+        pe.rel_emb.normal_(), layer.pos_k.weight.normal_(std=0.3), layer.pos_q.weight.normal_(std=0.3)
+    H, d, Tk, q0 = 4, 8, 30, 20
+    q, k, _ = qkv(2, H, Tk - q0, Tk, d, seed=5)
+    q_pos, k_pos = torch.arange(q0, Tk), torch.arange(Tk)
+    ctx = pe.context(q_pos, k_pos)
+    qq, kk = pe.transform_qk(q, k, ctx, layer)
+    with torch.no_grad():
+        bias = A.dense_bias(pe.score_mod(qq, kk, ctx, layer), 2, H, Tk - q0, Tk, 'cpu')
+        got = (qq @ kk.transpose(-2, -1)) / math.sqrt(d) + bias  # what the attention scores
+    Pm = pe.rel_emb.detach().double()
+    Kr = Pm @ layer.pos_k.weight.detach().double().t()  # [2k, n_embd], head h = columns h*d..h*d+d-1
+    Qr = Pm @ layer.pos_q.weight.detach().double().t()
+    for b in range(2):
+        for h in range(H):
+            for qi in range(Tk - q0):
+                i = qi + q0
+                for j in range(Tk):
+                    if j > i:
+                        assert got[b, h, qi, j].item() == float('-inf')
+                        continue
+                    c2p = min(max(nb + deberta_bucket_reference(i - j, nb, mx), 0), 2 * nb - 1)
+                    p2c = min(max(nb + deberta_bucket_reference(j - i, nb, mx), 0), 2 * nb - 1)
+                    Q, K = q[b, h, qi].double(), k[b, h, j].double()
+                    want = (Q @ K + Q @ Kr[c2p, h * d:(h + 1) * d] + K @ Qr[p2c, h * d:(h + 1) * d]) / math.sqrt(3 * d)
+                    assert abs(got[b, h, qi, j].item() - want.item()) < 1e-4
+
+
+def test_deberta_defaults_and_causal_rows():
+    m = tiny_model('deberta')  # block_size 16: 8 buckets, 16 relative positions
+    assert (m.pe.buckets, m.pe.max_rel) == (8, 16) and m.pe.rel_emb.shape == (16, 32)
+    assert [n for n, _ in m.named_parameters() if n.startswith('pe.')] == ['pe.rel_emb']  # P shared by layers
+    x = torch.randint(0, 37, (2, 16))
+    m(x, x)[1].backward()
+    g = m.pe.rel_emb.grad.abs().sum(-1)
+    assert (g[1:8] > 0).all() and (g[8:] > 0).all()  # p2c reads rows below k, c2p rows from k: both halves train
+    with pytest.raises(ValueError, match='position_buckets'):
+        tiny_model('deberta', pos_options={'position_buckets': 8, 'max_relative_positions': 5})
+
+
+# --- FoX ------------------------------------------------------------------------
+
+def fox_reference(q, k, v, log_f, off):
+    """logit_ij = q_i.k_j/sqrt(d) + sum_{l=j+1..i} log f_l over keys j <= i (query i is key i + off)."""
+    B, H, Tq, d = q.shape
+    out = torch.zeros(B, H, Tq, v.size(-1), dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for qi in range(Tq):
+                i = qi + off
+                logits = [(q[b, h, qi] @ k[b, h, j]).item() / math.sqrt(d) + sum(log_f[b][h][j + 1:i + 1])
+                          for j in range(i + 1)]
+                out[b, h, qi] = softmax_attend(logits, [v[b, h, j].double() for j in range(i + 1)])
+    return out
+
+
+def fox_log_gates(layer, x):
+    """log sigmoid(w_h . x_t + b_h), as Python lists [B][H][T]."""
+    W, bias = layer.fgate.weight.double(), layer.fgate.bias.double()
+    B, T, _ = x.shape
+    return [[[math.log(sig((W[h] @ x[b, t].double()).item() + bias[h].item())) for t in range(T)]
+             for h in range(W.size(0))] for b in range(B)]
+
+
+def test_fox_matches_per_pair_loop_with_and_without_cache():
+    torch.manual_seed(0)
+    pe = P.REGISTRY['fox'](tiny_config('fox'))
+    layer = pe.new_layer()
+    with torch.no_grad():
+        layer.fgate.weight.normal_(std=0.5), layer.fgate.bias.uniform_(-1, 3)
+    T, split = 11, 6
+    q, k, v = qkv(2, 4, T, T, 8)
+    x = torch.randn(2, T, 32)
+    log_f = fox_log_gates(layer, x)
+    want = fox_reference(q, k, v, log_f, 0)
+    pos = torch.arange(T)
+    with torch.no_grad():
+        full = run_hooks(pe, layer, q, k, v, x, pos, pos)
+        assert torch.allclose(full.double(), want, atol=1e-5)
+        # the same tokens in two forwards through a cache: the gates of cached keys come from cache.state
+        cache = M.LayerKV()
+        k1, v1 = cache.append(k[:, :, :split], v[:, :, :split])
+        a = run_hooks(pe, layer, q[:, :, :split], k1, v1, x[:, :split], pos[:split], pos[:split], cache)
+        k2, v2 = cache.append(k[:, :, split:], v[:, :, split:])
+        b = run_hooks(pe, layer, q[:, :, split:], k2, v2, x[:, split:], pos[split:], pos, cache)
+    assert cache.state['fox_log_f'].shape == (2, 4, T)  # one log gate per key, aligned with the cache
+    assert torch.allclose(torch.cat((a, b), 2).double(), want, atol=1e-5)
+
+
+def test_fox_defaults_and_no_other_position_signal():
+    m = tiny_model('fox')
+    gate = m.transformer.h[0].attn.pe_layer.fgate
+    assert gate.weight.shape == (4, 32) and (gate.bias == 0).all()  # the authors' init: N(0, 0.02), bias 0
+    assert abs(gate.weight.std().item() - 0.02) < 0.005
+    # with every gate at 1 (log f = 0) FoX is NoPE: the decay is its only position signal
+    nope = tiny_model('none')
+    with torch.no_grad():
+        for blk in m.transformer.h:
+            blk.attn.pe_layer.fgate.weight.zero_()
+            blk.attn.pe_layer.fgate.bias.fill_(60.0)  # sigmoid(60) == 1 in float32
+        nope.load_state_dict({n: p for n, p in m.state_dict().items() if 'pe_layer' not in n})
+        x = torch.randint(0, 37, (2, 16))
+        assert torch.allclose(m(x)[0], nope(x)[0], atol=1e-5)
+
+
+# --- CoPE -----------------------------------------------------------------------
+
+def cope_reference(q, k, v, e, npos_max, off):
+    """g_it = sigmoid(q_i.k_t/sqrt(d)), p_ij = min(sum_{t=j..i} g_it, npos_max - 1),
+    logit_ij = q_i.k_j/sqrt(d) + q_i.e[p_ij], e[p] = (1 - w) e[floor p] + w e[ceil p], w = p - floor p."""
+    B, H, Tq, d = q.shape
+    out = torch.zeros(B, H, Tq, v.size(-1), dtype=torch.float64)
+    e = e.double()
+    for b in range(B):
+        for h in range(H):
+            for qi in range(Tq):
+                i = qi + off
+                qv = q[b, h, qi].double()
+                z = [(qv @ k[b, h, t].double()).item() / math.sqrt(d) for t in range(i + 1)]
+                logits = []
+                for j in range(i + 1):
+                    p = min(sum(sig(z[t]) for t in range(j, i + 1)), npos_max - 1)
+                    lo, hi = math.floor(p), math.ceil(p)
+                    w = p - lo
+                    e_p = (1 - w) * e[lo] + w * e[hi]
+                    logits.append(z[j] + (qv @ e_p).item())
+                out[b, h, qi] = softmax_attend(logits, [v[b, h, j].double() for j in range(i + 1)])
+    return out
+
+
+@pytest.mark.parametrize('q0', [0, 7])  # 7: the last queries of a cached sequence
+def test_cope_matches_per_pair_loop(q0):
+    torch.manual_seed(0)
+    npos = 4  # small, so positions are clipped
+    pe = P.REGISTRY['cope'](tiny_config('cope'), npos_max=npos)
+    layer = pe.new_layer()
+    with torch.no_grad():
+        layer.pos_emb.normal_()
+    Tk = 12
+    q, k, v = qkv(2, 4, Tk - q0, Tk, 8, seed=1)
+    q = q * 2  # a spread of gates, so positions are fractional and some reach the clip
+    with torch.no_grad():
+        got = run_hooks(pe, layer, q, k, v, None, torch.arange(q0, Tk), torch.arange(Tk))
+    want = cope_reference(q, k, v, layer.pos_emb, npos, q0)
+    assert torch.allclose(got.double(), want, atol=1e-5)
+
+
+def test_cope_defaults():
+    m = tiny_model('cope')
+    e = m.transformer.h[0].attn.pe_layer.pos_emb
+    assert e.shape == (64, 8) and (e == 0).all()  # npos_max 64, one table per layer shared by heads, zero init
+    assert not [n for n, _ in m.named_parameters() if n.startswith('pe.')]  # nothing outside the layers
+    with pytest.raises(ValueError, match='npos_max'):
+        tiny_model('cope', pos_options={'npos_max': 1})
+
+
+# --- stick-breaking -------------------------------------------------------------
+
+def stick_breaking_reference(q, k, v, off, attend_current, remainder):
+    """A_ij = beta_ij prod_{j<l<i} (1 - beta_il) over keys j < i (j <= i and j<l<=i with
+    attend_current), beta = sigmoid(q.k/sqrt(d)); o_i = sum_j A_ij v_j [+ (1 - sum_j A_ij) v_i]."""
+    B, H, Tq, d = q.shape
+    out = torch.zeros(B, H, Tq, v.size(-1), dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for qi in range(Tq):
+                i = qi + off
+                keys = range(i + 1) if attend_current else range(i)
+                beta = {j: sig((q[b, h, qi].double() @ k[b, h, j].double()).item() / math.sqrt(d)) for j in keys}
+                A = {j: beta[j] * math.prod(1 - beta[l] for l in keys if l > j) for j in keys}
+                o = sum((A[j] * v[b, h, j].double() for j in keys), torch.zeros(v.size(-1), dtype=torch.float64))
+                if remainder:
+                    o = o + (1 - sum(A.values())) * v[b, h, i].double()
+                out[b, h, qi] = o
+    return out
+
+
+@pytest.mark.parametrize('attend_current,remainder', [(False, True), (True, True), (False, False)])
+@pytest.mark.parametrize('q0', [0, 6])
+def test_stick_breaking_matches_per_pair_loop(attend_current, remainder, q0):
+    pe = P.REGISTRY['stick_breaking'](tiny_config('stick_breaking'), attend_current=attend_current,
+                                      remainder=remainder)
+    Tk = 11
+    q, k, v = qkv(2, 4, Tk - q0, Tk, 8, seed=3)
+    q = q * 3  # logits of both signs and some size: breaks far from 1/2
+    with torch.no_grad():
+        got = run_hooks(pe, None, q, k, v, None, torch.arange(q0, Tk), torch.arange(Tk))
+    want = stick_breaking_reference(q, k, v, q0, attend_current, remainder)
+    assert torch.allclose(got.double(), want, atol=1e-5)
+
+
+def test_stick_breaking_weights_and_leftover_split_the_stick():
+    pe = P.REGISTRY['stick_breaking'](tiny_config('stick_breaking'))
+    q, k, _ = qkv(1, 4, 20, 20, 8, seed=4)
+    A, rest = pe.weights(q * 4, k)
+    assert (A >= 0).all() and torch.allclose(A.sum(-1) + rest, torch.ones(1, 4, 20), atol=1e-6)
+    assert (torch.triu(A[0, 0]) == 0).all()  # keys j < i only by default
+    assert rest[0, :, 0].eq(1).all()  # the first token has no key to break the stick: all of it is left over
+    # equal logits: nearer keys take their share first (recency)
+    A, _ = pe.weights(torch.zeros(1, 1, 10, 8), torch.zeros(1, 1, 10, 8))
+    assert (A[0, 0, 9, :9].diff() > 0).all() and A[0, 0, 9, 8].item() == pytest.approx(0.5)
+
+
+# --- the bias schemes through FlexAttention ---------------------------------------
+
+def test_bias_schemes_flex_equals_dense(monkeypatch):
+    """FlexAttention (eager, with uncompiled block masks: cheap on CPU) gives the dense
+    path's outputs for every new bias scheme, including Shaw's value term fed by
+    flex's logsumexp (which compiled flex cannot return on CPU, hence eager)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    monkeypatch.setitem(A._compiled, 'flex', flex_attention)
+    monkeypatch.setattr(A, 'FLEX_LSE_ON_CPU', True)
+    schemes = [('t5', {'num_buckets': 8, 'max_distance': 10}), ('shaw', {'max_distance': 4}), ('kerple_log', {}),
+               ('kerple_power', {}), ('fire', {'init_L': 6.0, 'width': 4}), ('sandwich', {}),
+               ('xpos', {'blockwise': True, 'bca_block': 4})]
+    torch.manual_seed(0)
+    for name, opts in schemes:
+        pe = P.REGISTRY[name](tiny_config(name), **opts).eval()
+        layer = pe.new_layer()
+        q, k, v = torch.randn(3, 2, 4, 14, 8).unbind(0)
+        q_pos = k_pos = torch.arange(14)
+        for qp in ((q_pos, q_pos[9:]) if name == 'shaw' else (q_pos[9:],)):  # the last queries over a cache
+            ctx = pe.context(qp, k_pos)
+            qq, kk = pe.transform_qk(q[:, :, qp], k, ctx, layer)  # xPos: all keys (transform_after_cache)
+            with torch.no_grad():
+                mod = pe.score_mod(qq, kk, ctx, layer)
+                vmod = pe.value_mod(qq, kk, ctx, layer, mod)
+                dense = A.attend(qq, kk, v, mod, vmod, 'dense')
+                flex = A.attend(qq, kk, v, mod, vmod, 'flex')
+            assert torch.allclose(flex, dense, atol=1e-5), name
+
+
+# --- options, configs, docstrings, learned parameters -----------------------------
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError, match='max_distance'):
+        M.GPT(tiny_config('shaw', pos_options={'max_distance': 0}))
+    with pytest.raises(ValueError, match='multiple of 4'):
+        M.GPT(tiny_config('rope2d', n_embd=24, n_head=4))
+    with pytest.raises(ValueError, match='sum to head_dim/2'):
+        M.GPT(tiny_config('mrope', pos_options={'sections': [1, 1, 1]}))
+    with pytest.raises(ValueError, match='bad pos_options'):
+        M.GPT(tiny_config('t5', pos_options={'buckets': 8}))
+
+
+def test_configs_select_the_schemes():
+    for name in NEW:
+        cfg = {}
+        with open(os.path.join(ROOT, 'config', f'{name}.py')) as f:
+            exec(f.read(), cfg)
+        assert cfg['pos_encoding'] == name and name in P.REGISTRY and cfg['out_dir'] == f'out-{name}'
+
+
+def test_every_new_scheme_documents_paper_formula_defaults():
+    arxiv = {'fox': '2503.02130', 'cope': '2405.18719', 'pope': '2509.10534', 'stick_breaking': '2410.17980',
+             'deberta': '2006.03654'}
+    for name, aid in arxiv.items():
+        doc = P.REGISTRY[name].__doc__
+        assert aid in doc and 'Option' in doc and ('efault' in doc), name
+    assert 'causal restriction' in P.REGISTRY['deberta'].__doc__
+
+
+@pytest.mark.parametrize('name', ['t5', 'shaw', 'xl', 'kerple_log', 'kerple_power', 'fire'])
+def test_learned_position_parameters_get_gradients(name):
+    m = tiny_model(name)
+    x = torch.randint(0, 37, (2, 16))
+    m(x, x)[1].backward()
+    pe_params = [(n, p) for n, p in m.named_parameters() if n.startswith('pe.') or '.pe_layer.' in n]
+    assert pe_params
+    for n, p in pe_params:
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, n
