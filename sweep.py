@@ -331,7 +331,7 @@ def main(argv):
         sys.exit(f"unknown scheme(s) {bad}; registered: {', '.join(sorted(positional.REGISTRY))}")
     base = config_args(GPU_CONFIG) if sweep['gpu'] else {}
     # runs log to wandb as single runs do (offline without a login; --wandb_log=False turns it off), in one group
-    base.update({'seed': '1337', 'wandb_group': os.path.basename(out), 'wandb_job_type': 'lm'})
+    base.update({'seed': '1337', 'wandb_group': os.path.basename(out)})
     base.update(train_args)  # the user's keys win
     seeds = seed_list(sweep['seeds'], int(base['seed']))
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
@@ -428,7 +428,7 @@ def task_suite(sweep, train_args, argv):
     randomized = [s for s in sweep['randomized'].split(',') if s in schemes]
     out = os.path.abspath(sweep['out'] or 'out-tasks')
     base = config_args(TASK_CONFIG)
-    base.update({'seed': '1337', 'wandb_group': os.path.basename(out)})  # job type: the task's name (train.py)
+    base.update({'seed': '1337', 'wandb_group': os.path.basename(out)})  # (job type: the task's name)
     base.update(train_args)
     seeds = seed_list(sweep['seeds'], int(base['seed']))
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other

@@ -40,8 +40,7 @@ init_from = 'scratch'     # 'scratch' | 'resume' (from out_dir) | path to a ckpt
 wandb_log = True          # offline mode automatically when there is no login
 wandb_project = 'nanoPE'
 wandb_run_name = ''       # default: the scheme name
-wandb_group = ''          # a sweep's wandb group (sweep.py sets it; runs in a group are named NAME-sSEED)
-wandb_job_type = ''       # default in a group: 'lm', or the task's name
+wandb_group = ''          # a sweep's wandb group (sweep.py sets it): runs named NAME-sSEED, job type 'lm' or the task
 # data
 dataset = 'shakespeare_char'
 data_dir = ''             # default: data/<dataset>
@@ -350,9 +349,8 @@ def log_metrics(d):
 
 if master:  # a new run starts a fresh metrics.jsonl; a resumed one drops what was logged after its checkpoint
     trim_metrics(os.path.join(out_dir, 'metrics.jsonl'), iter_num if init_from == 'resume' else None)
-wandb_run = runtime.wandb_init(wandb_project, (wandb_run_name or pos_encoding) + (f'-s{seed}' if wandb_group else ''),
-                               config, out_dir, resume_state.get('wandb_id'), wandb_group,
-                               wandb_job_type or (task or 'lm')) if (wandb_log and master) else None
+wandb_run = runtime.wandb_init(wandb_project, (wandb_run_name or pos_encoding) + (f'-s{seed}' if wandb_group else ''), config,
+                               out_dir, resume_state.get('wandb_id'), wandb_group, task or 'lm') if wandb_log and master else None
 peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
 
 # -----------------------------------------------------------------------------
