@@ -97,10 +97,18 @@ def seed_of(res):
 
 def groups(runs):
     """{label: [result per seed]}, labels in first-seen order: the runs of one scheme (or variant)
-    that differ only in their seed."""
+    that differ only in their seed. Runs that share a label but not as seeds of one setting (a
+    seed twice, or none known) are different runs: each is labelled with its folder instead."""
     out = {}
     for r in runs:
         out.setdefault(r['label'], []).append(r)
+    for lab, rs in list(out.items()):
+        seeds = [seed_of(r) for r in rs]
+        if len(rs) > 1 and (None in seeds or len(set(seeds)) < len(rs)):
+            del out[lab]
+            for r in rs:
+                r['label'] = f"{lab} ({os.path.basename(os.path.dirname(os.path.abspath(r['path'])))})"
+                out.setdefault(r['label'], []).append(r)
     return out
 
 
@@ -171,7 +179,7 @@ def seed_tables(title, grouped, cols, col_names, get, baseline, digits=3, higher
 def markdown_tables(evals, passkeys, baseline='rope'):
     """The report's tables and the aggregate (JSON-ready): every cell over seeds with its n."""
     out, agg = [], {}
-    n_seeds = max([len(rs) for rs in groups(evals + passkeys).values()] or [0])
+    n_seeds = max([len(rs) for runs in (evals, passkeys) for rs in groups(runs).values()] or [0])
     out.append(f"Seeds per run: see column n (up to {n_seeds}). Cells: mean" + (
         " ± sample sd (min–max) over seeds" if n_seeds > 1 else " (one seed: no spread, no interval)") + ".\n")
     stats_rows = [(r['label'], train_stats(os.path.dirname(r['path']))) for r in evals if not r.get('rope_scaling')]
@@ -405,8 +413,8 @@ def make_task_report(dirs, report_dir, notes='', baseline='rope'):
         raise ValueError(f"no task eval.json in {dirs}: run the suite first (python sweep.py --tasks=default)")
     os.makedirs(report_dir, exist_ok=True)
     task_names = list(dict.fromkeys(r['task'] for r in runs))
-    labels = list(dict.fromkeys(r['label'] for r in runs))
     by = {t: groups([r for r in runs if r['task'] == t]) for t in task_names}
+    labels = list(dict.fromkeys(r['label'] for r in runs))
     n_seeds = max(len(rs) for g in by.values() for rs in g.values())
     parts = [f"# nanoPE task suite\n\n{notes}", "Exact match (the whole answer right, teacher-forced argmax = greedy "
              "decoding), mean over the length bins in the training sizes (1..N) / beyond them (N+1..4N). "

@@ -313,3 +313,17 @@ def test_eval_records_the_standard_error_of_each_mean_loss():
         assert res['nonoverlap_se'][i] == pytest.approx(np.std(per, ddof=1) / math.sqrt(len(per)), rel=1e-4)
     assert len(res['sliding_se']) == 2 and all(v > 0 for v in res['sliding_se'])
     assert len(res['last_k']['se']) == len(res['last_k']['loss']) and all(v > 0 for v in res['last_k']['se'])
+
+
+def test_compare_keeps_runs_apart_that_are_not_seeds_of_one_setting(tmp_path):
+    """Two runs of one scheme at the same seed (say 1000 and 30 iterations) are two runs, not two
+    seeds: each gets a row labelled with its folder, n = 1."""
+    import compare
+    base = {'scheme': 'rope', 'rope_scaling': None, 'block_size': 8, 'mults': [1], 'lengths': [8], 'seed': 1337}
+    dirs = []
+    for name, loss in (('long', 1.5), ('short', 2.5)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / 'eval.json').write_text(json.dumps(dict(base, nonoverlap=[loss])))
+        dirs.append(str(tmp_path / name))
+    md = open(compare.make_report(dirs, str(tmp_path / 'report'))).read()
+    assert '| rope (long) | 1 | 1.500 |' in md and '| rope (short) | 1 | 2.500 |' in md
