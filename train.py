@@ -23,6 +23,7 @@ import runtime
 from checkpoint import (atomic_save, check_writable, init_model, load_weights, lock_out_dir, read_meta, resolve_init,
                         restore_rng, rng_states, trim_metrics)
 from configurator import configure
+from console import exit_on_ctrl_c
 from files import link_or_copy, open_append
 from eval import Interrupted, eval_lengths, final_suite
 
@@ -102,6 +103,7 @@ config = {k: globals()[k] for k in config_keys}
 if dry_run:
     print(json.dumps({k: v for k, v in config.items() if k != 'dry_run'}))
     sys.exit(0)
+exit_on_ctrl_c('train.py', 'it had not started training; run it again')  # until RunControl takes the signals
 master = int(os.environ.get('RANK', 0)) == 0  # rank 0 (torchrun sets RANK) writes, saves and prints
 # one writer per out_dir (rank 0 holds the lock; a killed run releases it), and a place we can write to
 if master:
@@ -124,7 +126,6 @@ if task:  # an algorithmic task instead of a corpus: the model's L is its longes
 elif positions != 'plain':
     sys.exit(f"positions={positions!r} is a training option of the algorithmic tasks (set task=...)")
 # -----------------------------------------------------------------------------
-
 # DDP setup: torchrun sets RANK/WORLD_SIZE
 ddp = int(os.environ.get('RANK', -1)) != -1
 if ddp and device in ('auto', 'cuda') and torch.cuda.is_available():
