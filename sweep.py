@@ -277,29 +277,27 @@ def seed_list(spec, base):
 COST = {'lm': (0.18, 80.0), 'task': (0.06, 5.0)}
 
 
-def estimate(jobs, kind, workers, out):
+def finished(res, iters):
+    """Whether a run's result (its eval.json's dict, or None) is whole and at max_iters = iters."""
+    return res is not None and res.get('iter') == int(iters)
+
+
+def estimate(jobs, kind, workers):
     """(runs left, expected seconds): runs whose eval.json is whole and at max_iters are done; the
     rest cost what this folder's finished runs took per iteration (their eval.json 'timing'),
     else COST[kind], `workers` at a time."""
-    left, spent = [a for a in jobs if not done(a)], []
-    for a in jobs:
-        res = read_result(os.path.join(a['out_dir'], 'eval.json'))[0] or {}
-        t = res.get('timing') or {}
-        if t.get('train_s') and res.get('iter'):
-            spent.append((t['train_s'] / res['iter'], t.get('final_eval_s', 0.0) + t.get('startup_s', 0.0)))
+    results = [read_result(os.path.join(a['out_dir'], 'eval.json'))[0] for a in jobs]
+    left = [a for a, res in zip(jobs, results) if not finished(res, a['max_iters'])]
+    spent = [(res['timing']['train_s'] / res['iter'], res['timing'].get('final_eval_s', 0.0)
+              + res['timing'].get('startup_s', 0.0)) for res in results
+             if res and res.get('iter') and (res.get('timing') or {}).get('train_s')]
     per_iter, fixed = (sorted(x[0] for x in spent)[len(spent) // 2], sorted(x[1] for x in spent)[len(spent) // 2]) \
         if spent else COST[kind]
     return len(left), sum(per_iter * int(a['max_iters']) + fixed for a in left) / workers
 
 
-def done(args):
-    """Whether the run of these sweep args has its whole result at max_iters."""
-    res = read_result(os.path.join(args['out_dir'], 'eval.json'))[0]
-    return res is not None and res.get('iter') == int(args['max_iters'])
-
-
 def plan_line(what, jobs, seeds, kind, workers, out):
-    left, secs = estimate(jobs, kind, workers, out)
+    left, secs = estimate(jobs, kind, workers)
     return (f"sweep: {what}: {len(jobs)} runs ({len(jobs) // len(seeds)} x {len(seeds)} seed(s): "
             f"{', '.join(map(str, seeds))}), {left} to do, about {secs / 60:.0f} min"
             + (f" at {workers} at a time" if workers > 1 else '') + " on 2 CPU cores -> " + out + "/")
@@ -368,8 +366,7 @@ def main(argv):
             print(f"sweep: {why}")
             continue
         t0, n = time.time(), len(failed)
-        res = result(os.path.join(d, 'eval.json'))
-        if res is None or res.get('iter') != max_iters:
+        if not finished(result(os.path.join(d, 'eval.json')), max_iters):
             resume = ['--init_from=resume'] if os.path.exists(os.path.join(d, 'ckpt.pt')) else []
             rc = run([sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()] + resume, log)
             why = outcome(rc, os.path.join(d, 'eval.json'), log, 'train.py', max_iters)
@@ -399,8 +396,8 @@ def main(argv):
         if len(failed) == n:
             print(f"sweep: {s} done in {time.time() - t0:.0f}s ({time.time() - t_start:.0f}s so far)", flush=True)
     from compare import make_report
-    done = [os.path.join(out, s) for s, _ in runs if (read_result(os.path.join(out, s, 'eval.json'))[0] or {}).get(
-        'iter') == max_iters]
+    done = [os.path.join(out, s) for s, _ in runs if finished(read_result(os.path.join(out, s, 'eval.json'))[0],
+                                                              max_iters)]
     if done:
         notes = (f"Sweep: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}; rope_scaling "
                  f"variants at eval time with factor {factor:g} and original_max_len {L}.\n")
@@ -456,8 +453,7 @@ def task_suite(sweep, train_args, argv):
             args = pending.pop(0)
             d = args['out_dir']
             why = claim(d, args)
-            res = None if why else result(os.path.join(d, 'eval.json'))
-            if why or (res is not None and res.get('iter') == int(args['max_iters'])):
+            if why or finished(result(os.path.join(d, 'eval.json')), args['max_iters']):
                 failed += [(d, why)] if why else []
                 continue
             resume = ['--init_from=resume'] if os.path.exists(os.path.join(d, 'ckpt.pt')) else []
@@ -480,8 +476,8 @@ def task_suite(sweep, train_args, argv):
     notes = (f"Task suite: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}"
              + (f" (max_iters per task: {own_iters})" if own_iters else '') + f"; {sweep['workers']} single-threaded "
              f"runs at a time; {time.time() - t_start:.0f}s for this invocation.\n")
-    done = [a['out_dir'] for a in jobs if (read_result(os.path.join(a['out_dir'], 'eval.json'))[0] or {}).get(
-        'iter') == int(a['max_iters'])]
+    done = [a['out_dir'] for a in jobs if finished(read_result(os.path.join(a['out_dir'], 'eval.json'))[0],
+                                                   a['max_iters'])]
     if done:
         print(f"sweep: report -> {make_task_report(done, os.path.join(out, 'report'), notes=notes)} "
               f"({time.time() - t_start:.0f}s in all)")
