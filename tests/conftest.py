@@ -34,6 +34,31 @@ def tiny_model(scheme, seed=0, **kw):
     return GPT(tiny_config(scheme, **kw))
 
 
+def assert_causal(m):
+    """Changing tokens 9.. leaves the logits of positions 0..8 as they were, and changes the rest."""
+    x = torch.randint(0, 37, (2, 16))
+    y = x.clone()
+    y[:, 9:] = torch.randint(0, 37, (2, 7))
+    with torch.no_grad():
+        a, b = m(x)[0], m(y)[0]
+    assert torch.allclose(a[:, :9], b[:, :9], atol=1e-6)
+    assert not torch.allclose(a[:, 9:], b[:, 9:], atol=1e-3)
+
+
+def assert_kv_cache_matches_full_forward(m):
+    """A prompt, one token at a time, then a multi-token chunk through the KV cache equal one full
+    forward; past block_size where the scheme addresses it."""
+    T = 16 if m.pe.max_len else 40
+    x = torch.randint(0, 37, (2, T))
+    with torch.no_grad():
+        full, _ = m(x)
+        cache = m.new_cache()
+        outs = [m(x[:, :7], cache=cache)[0]]
+        outs += [m(x[:, t:t + 1], cache=cache)[0] for t in range(7, T - 3)]
+        outs.append(m(x[:, T - 3:], cache=cache)[0])
+    assert torch.allclose(torch.cat(outs, 1), full, atol=1e-5)
+
+
 def attend_mods(scheme, train):
     """The (score_mod, value_mod) pairs a scheme's hooks hand attention.attend in one forward of a
     tiny model, training with gradients (train=True) or evaluating without; [] when its attention

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 import attention as A
 import positional
-from conftest import (SCHEMES, Validated, assert_same_grads, assert_trains_and_pe_params_learn, attend_mods,
-                      flex_and_dense_grads, has_attention_mod, tiny_model, validating_backend)
+from conftest import (SCHEMES, Validated, assert_causal, assert_kv_cache_matches_full_forward, assert_same_grads,
+                      assert_trains_and_pe_params_learn, attend_mods, flex_and_dense_grads, has_attention_mod, tiny_model,
+                      validating_backend)
 from test_stacks import STACKS, split_heads, stack_model
 
 
@@ -40,29 +41,12 @@ def test_unknown_scheme_lists_valid_ones():
 
 @pytest.mark.parametrize('scheme', SCHEMES)
 def test_causal(scheme):
-    m = tiny_model(scheme).eval()
-    x = torch.randint(0, 37, (2, 16))
-    y = x.clone()
-    y[:, 9:] = torch.randint(0, 37, (2, 7))
-    with torch.no_grad():
-        a, _ = m(x)
-        b, _ = m(y)
-    assert torch.allclose(a[:, :9], b[:, :9], atol=1e-6)
-    assert not torch.allclose(a[:, 9:], b[:, 9:], atol=1e-3)
+    assert_causal(tiny_model(scheme).eval())
 
 
 @pytest.mark.parametrize('scheme', SCHEMES)
 def test_kv_cache_matches_full_forward(scheme):
-    m = tiny_model(scheme).eval()
-    T = 16 if m.pe.max_len else 40  # decode past block_size where the scheme allows it
-    x = torch.randint(0, 37, (2, T))
-    with torch.no_grad():
-        full, _ = m(x)
-        cache = m.new_cache()
-        outs = [m(x[:, :7], cache=cache)[0]]
-        outs += [m(x[:, t:t + 1], cache=cache)[0] for t in range(7, T - 3)]
-        outs.append(m(x[:, T - 3:], cache=cache)[0])  # a multi-token chunk after the cache too
-    assert torch.allclose(torch.cat(outs, 1), full, atol=1e-5)
+    assert_kv_cache_matches_full_forward(tiny_model(scheme).eval())
 
 
 @pytest.mark.parametrize('scheme', SCHEMES)

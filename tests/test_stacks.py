@@ -12,7 +12,8 @@ import torch.nn.functional as F
 import checkpoint
 import attention as A
 import stack
-from conftest import Validated, assert_same_grads, assert_trains_and_pe_params_learn, flex_and_dense_grads, tiny_model, validating_backend
+from conftest import (Validated, assert_causal, assert_kv_cache_matches_full_forward, assert_same_grads,
+                      assert_trains_and_pe_params_learn, flex_and_dense_grads, tiny_model, validating_backend)
 
 
 # --- independent references ---------------------------------------------------
@@ -205,21 +206,8 @@ def stack_model(name, **kw):
 @pytest.mark.parametrize('name', list(STACKS))
 def test_stack_causal_and_kv_cache_parity(name):
     m = stack_model(name).eval()
-    x = torch.randint(0, 37, (2, 16))
-    y = x.clone()
-    y[:, 9:] = torch.randint(0, 37, (2, 7))
-    with torch.no_grad():
-        a, b = m(x)[0], m(y)[0]
-    assert torch.allclose(a[:, :9], b[:, :9], atol=1e-6)
-    assert not torch.allclose(a[:, 9:], b[:, 9:], atol=1e-3)
-    T = 16 if m.pe.max_len else 40
-    x = torch.randint(0, 37, (2, T))
-    with torch.no_grad():
-        full, _ = m(x)
-        cache = m.new_cache()
-        outs = [m(x[:, :7], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(7, T - 3)]
-        outs.append(m(x[:, T - 3:], cache=cache)[0])
-    assert torch.allclose(torch.cat(outs, 1), full, atol=1e-5)
+    assert_causal(m)
+    assert_kv_cache_matches_full_forward(m)
 
 
 @pytest.mark.parametrize('name', list(STACKS))
