@@ -59,6 +59,18 @@ def assert_kv_cache_matches_full_forward(m):
     assert torch.allclose(torch.cat(outs, 1), full, atol=1e-5)
 
 
+def assert_flex_equals_dense(m):
+    """A compiled FlexAttention forward (no grad) gives the dense path's logits on 128 tokens: two
+    flex blocks, so the block mask is exercised. m: a model on the dense backend, block_size 64."""
+    x = torch.randint(0, 37, (2, 128))
+    with torch.no_grad():
+        dense, _ = m(x)
+        for blk in m.transformer.h:
+            blk.attn.backend = 'flex'
+        flex, _ = m(x)
+    assert torch.allclose(dense, flex, atol=1e-4)
+
+
 def attend_mods(scheme, train):
     """The (score_mod, value_mod) pairs a scheme's hooks hand attention.attend in one forward of a
     tiny model, training with gradients (train=True) or evaluating without; [] when its attention

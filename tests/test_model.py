@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 import attention as A
 import positional
-from conftest import (SCHEMES, Validated, assert_causal, assert_kv_cache_matches_full_forward, assert_same_grads,
-                      assert_trains_and_pe_params_learn, attend_mods, flex_and_dense_grads, has_attention_mod, tiny_model,
-                      validating_backend)
+from conftest import (SCHEMES, Validated, assert_causal, assert_flex_equals_dense, assert_kv_cache_matches_full_forward,
+                      assert_same_grads, assert_trains_and_pe_params_learn, attend_mods, flex_and_dense_grads,
+                      has_attention_mod, tiny_model, validating_backend)
 from test_stacks import STACKS, split_heads, stack_model
 
 
@@ -109,14 +109,7 @@ def test_padded_vocab_is_never_scored_or_sampled():
 @pytest.mark.parametrize('scheme', BIAS_SCHEMES)
 def test_flex_attention_equals_dense_on_cpu(scheme):
     """Compiled FlexAttention forward (CPU, no grad) gives the dense path's logits."""
-    m = tiny_model(scheme, block_size=64).eval()
-    x = torch.randint(0, 37, (2, 128))  # 2 flex blocks: exercises the block mask
-    with torch.no_grad():
-        dense, _ = m(x)
-        for blk in m.transformer.h:
-            blk.attn.backend = 'flex'
-        flex, _ = m(x)
-    assert torch.allclose(dense, flex, atol=1e-4)
+    assert_flex_equals_dense(tiny_model(scheme, block_size=64).eval())
 
 
 @pytest.mark.parametrize('scheme', MOD_SCHEMES)

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 import checkpoint
 import attention as A
 import stack
-from conftest import (Validated, assert_causal, assert_kv_cache_matches_full_forward, assert_same_grads,
-                      assert_trains_and_pe_params_learn, flex_and_dense_grads, tiny_model, validating_backend)
+from conftest import (Validated, assert_causal, assert_flex_equals_dense, assert_kv_cache_matches_full_forward,
+                      assert_same_grads, assert_trains_and_pe_params_learn, flex_and_dense_grads, tiny_model,
+                      validating_backend)
 
 
 # --- independent references ---------------------------------------------------
@@ -219,14 +220,7 @@ def test_stack_trains_and_every_positional_parameter_learns(name):
 
 @pytest.mark.parametrize('name', ['alibi+nope+logn', 'kerple_log+ssmax', 'xpos+nope+logn'])
 def test_stack_flex_equals_dense(name):
-    m = stack_model(name, block_size=64).eval()
-    x = torch.randint(0, 37, (2, 128))
-    with torch.no_grad():
-        dense, _ = m(x)
-        for blk in m.transformer.h:
-            blk.attn.backend = 'flex'
-        flex, _ = m(x)
-    assert torch.allclose(dense, flex, atol=1e-4)
+    assert_flex_equals_dense(stack_model(name, block_size=64).eval())
 
 
 def test_scaled_bias_flex_backward_graph_validates_and_equals_dense(flex_with_grad_on_cpu, monkeypatch):
