@@ -35,6 +35,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
+from console import progress
 from files import atomic_json
 
 
@@ -64,12 +65,6 @@ class Interrupted(Exception):
     """A stop was asked for (train.py's signal handler) between two batches of an evaluation."""
 
 
-def progress_bar(total, label, unit='batch'):
-    """console.progress: a bar on a terminal, a line per finished length in a log file."""
-    from console import progress
-    return progress(total, label, unit)
-
-
 @torch.no_grad()
 def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='cpu', ctx=None, label=None,
                   stop=None, per_window=None):
@@ -81,7 +76,7 @@ def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='c
     per_window: a list to which each window's mean scored loss is appended (for standard_error)."""
     bs = max(1, batch_tokens // T)
     sums = torch.zeros(n_score, dtype=torch.float64)
-    with progress_bar(-(-len(starts) // bs), label) as bar:
+    with progress(-(-len(starts) // bs), label, 'batch') as bar:
         for i in range(0, len(starts), bs):
             if stop is not None and stop():
                 raise Interrupted

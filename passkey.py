@@ -169,7 +169,8 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
     """Grids [len(mults)][len(depths)] of accuracy, digit accuracy and answer loss (None
     where the scheme cannot address the length). The prompts depend only on (seed,
     length), so every scheme sees the same ones. Logits only for the answer positions."""
-    from eval import length_of, progress_bar
+    import console
+    from eval import length_of
     model.eval()
     grids = {'acc': [], 'digit_acc': [], 'answer_loss': []}
     for m in mults:
@@ -182,7 +183,7 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
         ids, answer_at = make_batch(encode, T, [d for d in depths for _ in range(trials)], rng)
         bs = max(1, batch_tokens // T)
         stats = {k: [] for k in grids}
-        bar = progress_bar(-(-len(ids) // bs), f"passkey @{m}L" if progress else None)
+        bar = console.progress(-(-len(ids) // bs), f"passkey @{m}L" if progress else None, 'batch')
         for i in range(0, len(ids), bs):
             chunk = ids[i:i + bs]
             n = len(chunk)
