@@ -283,17 +283,27 @@ def finished(res, iters):
 
 
 def estimate(jobs, kind, workers):
-    """(runs left, expected seconds): runs whose eval.json is whole and at max_iters are done; the
-    rest cost what this folder's finished runs took per iteration (their eval.json 'timing'),
-    else COST[kind], `workers` at a time."""
+    """(runs left, expected seconds): runs whose eval.json is whole and at max_iters are done; each
+    other run costs what this folder's finished runs of its task took per iteration trained (the
+    median of their eval.json 'timing'), else the median over all finished runs, else COST[kind];
+    `workers` at a time."""
     results = [read_result(os.path.join(a['out_dir'], 'eval.json'))[0] for a in jobs]
     left = [a for a, res in zip(jobs, results) if not finished(res, a['max_iters'])]
-    spent = [(res['timing']['train_s'] / res['iter'], res['timing'].get('final_eval_s', 0.0)
-              + res['timing'].get('startup_s', 0.0)) for res in results
-             if res and res.get('iter') and (res.get('timing') or {}).get('train_s')]
-    per_iter, fixed = (sorted(x[0] for x in spent)[len(spent) // 2], sorted(x[1] for x in spent)[len(spent) // 2]) \
-        if spent else COST[kind]
-    return len(left), sum(per_iter * int(a['max_iters']) + fixed for a in left) / workers
+    spent = {}  # task ('' for LM) -> [(seconds per iteration, seconds outside the training loop)]
+    for a, res in zip(jobs, results):
+        t = (res or {}).get('timing') or {}
+        iters = t.get('iters_trained', res.get('iter') if res else None)  # older runs: all of them
+        if iters and t.get('train_s'):
+            spent.setdefault(a.get('task', ''), []).append(
+                (t['train_s'] / iters, t.get('final_eval_s', 0.0) + t.get('startup_s', 0.0)))
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    every = [x for xs in spent.values() for x in xs]
+
+    def cost(a):
+        xs = spent.get(a.get('task', '')) or every
+        per_iter, fixed = (median([x[0] for x in xs]), median([x[1] for x in xs])) if xs else COST[kind]
+        return per_iter * int(a['max_iters']) + fixed
+    return len(left), sum(cost(a) for a in left) / workers
 
 
 def plan_line(what, jobs, seeds, kind, workers, out):

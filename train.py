@@ -476,8 +476,8 @@ while True:
 
 control.finish()
 t_end = time.time()
-t_train = t_train or t_end
-timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': round(t_end - t_train, 3)}
+t_train = t_train or t_end  # iters_trained: by this process (a resumed run trains only the rest)
+timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': round(t_end - t_train, 3), 'iters_trained': iter_num - (resumed_at or 0)}
 if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
     head = dict(scheme=pos_encoding, name=wandb_run_name or pos_encoding, seed=seed, rope_scaling=rope_scaling,
                 iter=iter_num, out_dir=out_dir)  # eval.json's first keys

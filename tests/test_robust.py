@@ -168,6 +168,9 @@ def test_sigint_saves_and_resume_is_exact(data, tmp_path):
     assert a == b  # bit-identical per-step losses
     final = lambda d: [m['val/loss@1L'] for m in metrics(d) if m['iter'] == N and 'val/loss@1L' in m]  # noqa: E731
     assert final(ref) == final(out) and len(final(out)) == 1
+    # eval.json's timing counts the iterations the resuming process trained, not the run's total
+    timing = lambda d: json.load(open(os.path.join(d, 'eval.json')))['timing']['iters_trained']  # noqa: E731
+    assert timing(ref) == N and timing(out) == N - stop
 
 
 def test_sigterm_to_one_ddp_rank_stops_every_rank_then_resumes(data, trained, tmp_path):

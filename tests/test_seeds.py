@@ -143,3 +143,33 @@ def test_seed_s_gives_every_scheme_the_same_batches(data, tmp_path):
     assert len(rope) == 12 and rope == alibi
     other = batches_seen(data, tmp_path, 'rope', 8)
     assert len(other) == 12 and not set(other) & set(rope)
+
+
+def test_plan_estimate_uses_each_tasks_own_finished_runs(tmp_path):
+    """The up-front estimate: finished runs cost nothing; a run left costs the median seconds per
+    iteration trained of its task's finished runs (a resumed run counts only what it trained)
+    times its max_iters, plus their median seconds outside training; a task with no finished run
+    takes the median over all; two at a time halves the total."""
+    sys.path.insert(0, ROOT)
+    from sweep import COST, estimate
+
+    def job(name, task, iters, timing=None):
+        d = tmp_path / name
+        d.mkdir()
+        if timing:
+            (d / 'eval.json').write_text(json.dumps({'iter': iters, 'complete': True, 'timing': timing}))
+        return {'out_dir': str(d), 'task': task, 'max_iters': iters}
+    jobs = [job('a1', 'copy', 1000, {'startup_s': 2.0, 'train_s': 20.0, 'final_eval_s': 1.0, 'iters_trained': 1000}),
+            job('a2', 'copy', 1000, {'startup_s': 2.0, 'train_s': 6.0, 'final_eval_s': 1.0, 'iters_trained': 300}),
+            job('a3', 'copy', 1000, {'startup_s': 4.0, 'train_s': 40.0, 'final_eval_s': 1.0, 'iters_trained': 1000}),
+            job('b1', 'stack', 3000, {'startup_s': 1.0, 'train_s': 150.0, 'final_eval_s': 1.0, 'iters_trained': 3000}),
+            job('a4', 'copy', 1000), job('a5', 'copy', 500), job('b2', 'stack', 3000), job('c1', 'sort', 1000)]
+    # copy: 0.02, 0.02, 0.04 s/iter -> median 0.02; fixed 3, 3, 5 -> 3.  stack: 0.05 s/iter, fixed 2.
+    # all four: s/iter 0.02, 0.02, 0.04, 0.05 -> sorted[2] = 0.04; fixed 3, 3, 5, 2 -> sorted[2] = 3
+    left, secs = estimate(jobs, 'task', workers=1)
+    assert left == 4
+    assert secs == pytest.approx((0.02 * 1000 + 3) + (0.02 * 500 + 3) + (0.05 * 3000 + 2) + (0.04 * 1000 + 3))
+    assert estimate(jobs, 'task', workers=2)[1] == pytest.approx(secs / 2)
+    # no finished run at all: the built-in per-kind cost
+    fresh = [job('x', 'copy', 100)]
+    assert estimate(fresh, 'task', 1) == (1, pytest.approx(COST['task'][0] * 100 + COST['task'][1]))

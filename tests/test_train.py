@@ -146,9 +146,10 @@ def test_smoke_run_evaluates_on_fewer_tokens_unless_told(char_data, tmp_path):
     assert 'evaluations on 2048 tokens per length instead of 32768' in r.stdout
     res = json.load(open(tmp_path / 'a' / 'eval.json'))
     assert res['tokens'] == 2048
-    # seconds per phase, for a benchmark to read instead of parsing the log
-    assert set(res['timing']) == {'startup_s', 'train_s', 'final_eval_s'}
-    assert all(isinstance(v, float) and v >= 0 for v in res['timing'].values())
+    # seconds per phase and the iterations this process trained (a sweep's estimate divides by them)
+    t = res['timing']
+    assert set(t) == {'startup_s', 'train_s', 'final_eval_s', 'iters_trained'} and t['iters_trained'] == 2
+    assert all(isinstance(t[k], float) and t[k] >= 0 for k in ('startup_s', 'train_s', 'final_eval_s'))
     r = run(base + [f'--out_dir={tmp_path / "b"}', '--eval_tokens=3000'])
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'smoke run' not in r.stdout and json.load(open(tmp_path / 'b' / 'eval.json'))['tokens'] == 3000
