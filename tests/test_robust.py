@@ -376,21 +376,25 @@ def alive(pid):
 def test_second_writer_is_refused_while_the_first_runs_on(data, tmp_path):
     """Two runs into one out_dir used to both pass the ckpt.pt check and overwrite each other;
     now the second (new or resumed, or an eval writing there) is refused naming the first's PID,
-    and the first finishes intact."""
+    and the first finishes intact. The first runs until told to stop (SIGINT, after the checks):
+    a fixed short run could end before the refused runs get to their lock check."""
     out = str(tmp_path / 'out')
-    args = ['train.py', f'--data_dir={data}', f'--out_dir={out}', '--max_iters=60', '--eval_interval=20'] + TINY
-    first = fork_start(args)
+    args = ['train.py', f'--data_dir={data}', f'--out_dir={out}', '--eval_interval=20'] + TINY
+    first = fork_start(args + ['--max_iters=1000000'])
     wait_for_iter(out, lambda: alive(first[0]))
-    for extra in ([], ['--init_from=resume']):
+    for extra in (['--max_iters=60'], ['--max_iters=60', '--init_from=resume']):
         r = fork_run(args + extra)
         assert r.returncode != 0 and 'Traceback' not in r.stderr
         assert f'out_dir {out} is in use by PID {first[0]} (train.py' in r.stderr
     r = fork_run(['eval.py', f'--out_dir={out}', '--quick=True'])
     assert r.returncode != 0 and f'PID {first[0]}' in r.stderr and '--init_from=' in r.stderr
+    assert alive(first[0])  # the checks ran while the first was still training
+    os.kill(first[0], signal.SIGINT)
     r = fork_wait(first)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert ckpt_iter(out) == 60 and sorted(losses(out)) == list(range(1, 61))  # one run's lines, once each
-    r = fork_run(args + ['--init_from=resume', '--max_iters=62'])  # the lock died with its process
+    stop = int(re.search(r'stopped by SIGINT at iter (\d+)', r.stdout).group(1))
+    assert ckpt_iter(out) == stop and sorted(losses(out)) == list(range(1, stop + 1))  # one run's lines, once each
+    r = fork_run(args + ['--init_from=resume', f'--max_iters={stop + 2}'])  # the lock died with its process
     assert r.returncode == 0, r.stderr[-2000:]
 
 
