@@ -282,11 +282,12 @@ def finished(res, iters):
     return res is not None and res.get('iter') == int(iters)
 
 
-def estimate(jobs, kind, workers):
+def estimate(jobs, kind, workers, evals=0):
     """(runs left, expected seconds): runs whose eval.json is whole and at max_iters are done; each
     other run costs what this folder's finished runs of its task took per iteration trained (the
     median of their eval.json 'timing'), else the median over all finished runs, else COST[kind];
-    `workers` at a time."""
+    `workers` at a time. `evals` more evaluations (rope_scaling on a trained run) cost a final
+    eval's median time each (Self-Extend and ReRoPE take longer: their dense logits are computed twice)."""
     results = [read_result(os.path.join(a['out_dir'], 'eval.json'))[0] for a in jobs]
     left = [a for a, res in zip(jobs, results) if not finished(res, a['max_iters'])]
     spent = {}  # task ('' for LM) -> [(seconds per iteration, seconds outside the training loop)]
@@ -295,7 +296,7 @@ def estimate(jobs, kind, workers):
         iters = t.get('iters_trained', res.get('iter') if res else None)  # older runs: all of them
         if iters and t.get('train_s'):
             spent.setdefault(a.get('task', ''), []).append(
-                (t['train_s'] / iters, t.get('final_eval_s', 0.0) + t.get('startup_s', 0.0)))
+                (t['train_s'] / iters, t.get('final_eval_s', 0.0) + t.get('startup_s', 0.0), t.get('final_eval_s')))
     median = lambda xs: sorted(xs)[len(xs) // 2]
     every = [x for xs in spent.values() for x in xs]
 
@@ -303,11 +304,12 @@ def estimate(jobs, kind, workers):
         xs = spent.get(a.get('task', '')) or every
         per_iter, fixed = (median([x[0] for x in xs]), median([x[1] for x in xs])) if xs else COST[kind]
         return per_iter * int(a['max_iters']) + fixed
-    return len(left), sum(cost(a) for a in left) / workers
+    eval_s = [x[2] for x in every if x[2] is not None]
+    return len(left), (sum(cost(a) for a in left) + evals * (median(eval_s) if eval_s else COST[kind][1])) / workers
 
 
-def plan_line(what, jobs, seeds, kind, workers, out):
-    left, secs = estimate(jobs, kind, workers)
+def plan_line(what, jobs, seeds, kind, workers, out, evals=0):
+    left, secs = estimate(jobs, kind, workers, evals)
     return (f"sweep: {what}: {len(jobs)} runs ({len(jobs) // len(seeds)} x {len(seeds)} seed(s): "
             f"{', '.join(map(str, seeds))}), {left} to do, about {secs / 60:.0f} min"
             + (f" at {workers} at a time" if workers > 1 else '') + " on 2 CPU cores -> " + out + "/")
@@ -361,8 +363,11 @@ def main(argv):
     # each scheme once per seed, in its own folder; seed s gives every scheme the same batches
     runs = [(f"{s}-s{seed}", {'pos_encoding': s, 'seed': str(seed)}) for s in schemes for seed in seeds] + \
            [(f"{v}-s{seed}", {**a, 'wandb_run_name': v, 'seed': str(seed)}) for v, a in variants.items() for seed in seeds]
+    evals = sum(not os.path.exists(os.path.join(out, s, f'eval_{scaling_tag(sc)}.json')) for s, a in runs
+                if a['pos_encoding'] in SCALED_SCHEMES and 'wandb_run_name' not in a for sc in scalings)
     print(plan_line('language modelling', [dict(base, **a, out_dir=os.path.join(out, s), max_iters=max_iters)
-                                           for s, a in runs], seeds, 'lm', 1, out), flush=True)
+                                           for s, a in runs], seeds, 'lm', 1, out, evals)
+          + (f"; with {evals} rope_scaling evaluations of rope runs" if evals else ''), flush=True)
     failed, t_start = [], time.time()
     for sig in (signal.SIGTERM, signal.SIGINT):  # from here on a signal stops the runs, which save first
         signal.signal(sig, on_signal)

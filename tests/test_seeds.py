@@ -170,6 +170,9 @@ def test_plan_estimate_uses_each_tasks_own_finished_runs(tmp_path):
     assert left == 4
     assert secs == pytest.approx((0.02 * 1000 + 3) + (0.02 * 500 + 3) + (0.05 * 3000 + 2) + (0.04 * 1000 + 3))
     assert estimate(jobs, 'task', workers=2)[1] == pytest.approx(secs / 2)
+    # three evaluations of a finished run (rope_scaling): the median final_eval_s (1.0) each
+    assert estimate(jobs, 'task', workers=1, evals=3) == (4, pytest.approx(secs + 3 * 1.0))
     # no finished run at all: the built-in per-kind cost
     fresh = [job('x', 'copy', 100)]
     assert estimate(fresh, 'task', 1) == (1, pytest.approx(COST['task'][0] * 100 + COST['task'][1]))
+    assert estimate(fresh, 'task', 1, evals=2)[1] == pytest.approx(COST['task'][0] * 100 + 3 * COST['task'][1])
