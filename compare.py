@@ -439,12 +439,16 @@ def make_task_report(dirs, report_dir, notes='', baseline='rope'):
         rows.append([lab] + cells)
     N_of = {t: next(r['N'] for r in runs if r['task'] == t) for t in task_names}
     parts.append(_table(['run'] + [f"{t} (N={N_of[t]})" for t in task_names], rows) + '\n')
-    agg = {}
+    agg, per_run_seed = {}, {lab: {} for lab in labels}  # label -> seed -> {'seed', 'path', 'ood': {task: value}}
+    for t in task_names:  # one record per (run, seed) across the tasks, so that each seed counts once
+        for lab, rs in by[t].items():
+            for i, r in enumerate(rs):
+                rec = per_run_seed[lab].setdefault(seed_of(r) or f'#{i}', {'seed': seed_of(r), 'path': r['path'], 'ood': {}})
+                rec['ood'][t] = r.get('exact_ood')
     text, agg['exact_ood'] = seed_tables(
-        "Exact match beyond the training sizes (N+1..4N), by task", {lab: [r for t in task_names for r in
-                                                                          by[t].get(lab, [])] for lab in labels},
-        task_names, task_names, lambda r, t: r.get('exact_ood') if r['task'] == t else None, baseline, digits=2,
-        higher_is_better=True)
+        "Exact match beyond the training sizes (N+1..4N), by task", {lab: list(v.values()) for lab, v in
+                                                                    per_run_seed.items()},
+        task_names, task_names, lambda r, t: r['ood'].get(t), baseline, digits=2, higher_is_better=True)
     parts.append(text)
     means = {}
     for t in task_names:

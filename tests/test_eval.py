@@ -327,3 +327,30 @@ def test_compare_keeps_runs_apart_that_are_not_seeds_of_one_setting(tmp_path):
         dirs.append(str(tmp_path / name))
     md = open(compare.make_report(dirs, str(tmp_path / 'report'))).read()
     assert '| rope (long) | 1 | 1.500 |' in md and '| rope (short) | 1 | 2.500 |' in md
+
+
+def test_task_report_over_seeds_pairs_each_task_by_seed(tmp_path):
+    """Two tasks x two schemes x three seeds: the beyond-N table has n = 3 per run (not one per
+    task and seed), and every task column gets its own paired difference from rope and ranking;
+    values by hand."""
+    import compare
+    ood = {('copy', 'rope'): [0.10, 0.20, 0.30], ('copy', 'alibi'): [0.30, 0.45, 0.50],  # alibi - rope: .2 .25 .2
+           ('sort', 'rope'): [0.50, 0.60, 0.70], ('sort', 'alibi'): [0.40, 0.70, 0.60]}  # -.1 .1 -.1: a tie
+    dirs = []
+    for (task, scheme), vals in ood.items():
+        for seed, v in zip((1, 2, 3), vals):
+            d = tmp_path / task / f'{scheme}-s{seed}'
+            d.mkdir(parents=True)
+            bins = [{'lo': 1, 'hi': 4, 'exact': 1.0, 'token_acc': 1.0, 'rows': 8},
+                    {'lo': 5, 'hi': 16, 'exact': v, 'token_acc': v, 'rows': 8}]
+            (d / 'eval.json').write_text(json.dumps({'task': task, 'scheme': scheme, 'seed': seed, 'N': 4, 'iter': 10,
+                                                     'exact_id': 1.0, 'exact_ood': v, 'bins': bins}))
+            dirs.append(str(d))
+    md = open(compare.make_task_report(dirs, str(tmp_path / 'report'))).read()
+    assert '| rope | 3 | 0.20 ± 0.10 (0.10–0.30) | 0.60 ± 0.10 (0.50–0.70) |' in md
+    half = 4.302653 * (0.028868 / math.sqrt(3))  # copy: d = .2, .25, .2, mean .21667, sd .028868
+    assert f"| alibi | +0.22 [{0.21667 - half:+.2f}, {0.21667 + half:+.2f}] * | -0.03 [" in md
+    assert '- copy: 1. alibi, 2. rope' in md and '- sort: 1. rope, 1. alibi' in md
+    agg = json.load(open(tmp_path / 'report' / 'aggregate.json'))['exact_ood']
+    assert agg['sort']['runs']['alibi']['seeds'] == {'1': 0.4, '2': 0.7, '3': 0.6}
+    assert agg['copy']['paired_vs_rope']['alibi']['diff'] == pytest.approx(0.21667, abs=1e-4)

@@ -54,5 +54,9 @@ def test_rank_prints_ties_where_the_seeds_do_not_separate():
     assert [(p, k) for p, k, _ in hi] == [(1, 'a'), (2, 'b')]
     two = stats.rank({'a': [0.9, 0.8], 'b': [0.5, 0.55]}, higher_is_better=True)  # t_{0.975,1} = 12.7: too wide
     assert [(p, k) for p, k, _ in two] == [(1, 'a'), (1, 'b')]
+    # places need not follow the means: c is confirmed below a (c - a = -0.1, -0.1, -0.11) while b,
+    # with the lower mean (0.833 < 0.897), is confirmed below nobody (b - a = -0.7, 0.2, 0): by place, then mean
+    mixed = stats.rank({'a': [1.0, 1.0, 1.0], 'b': [0.3, 1.2, 1.0], 'c': [0.9, 0.9, 0.89]}, higher_is_better=True)
+    assert [(p, k) for p, k, _ in mixed] == [(1, 'a'), (1, 'b'), (2, 'c')]
     single = stats.rank({'a': [1.0], 'b': [2.0]})  # one seed: no interval, so no order is claimed
     assert [p for p, _, _ in single] == [1, 1]
