@@ -271,10 +271,11 @@ def seed_list(spec, base):
     return None
 
 
-# Seconds one run takes on 2 CPU cores, single-threaded per run in the task suite: the default LM config
-# trains at ~0.18 s/iteration and its final suite takes ~80 s (docs/evaluation.md, 85 minutes for the
-# full sweep); a task run trains at ~0.06 s/iteration (docs/tasks.md). A resumed sweep uses its own runs.
-COST = {'lm': (0.18, 80.0), 'task': (0.06, 5.0)}
+# (seconds per iteration, seconds outside the training loop) of one run on 2 CPU cores, measured in the
+# multi-seed sweeps of docs/evaluation.md: the default LM config trains at ~0.165 s/iteration, with ~6 s of
+# start-up and ~24 s of final suite; a task run, single-threaded beside another, at 0.012 (parity) to
+# 0.057 (passkey) s/iteration, median ~0.03, plus ~3 s. A sweep with finished runs uses their own timing.
+COST = {'lm': (0.165, 30.0), 'task': (0.03, 3.0)}
 
 
 def finished(res, iters):
@@ -290,7 +291,7 @@ def estimate(jobs, kind, workers, evals=0):
     eval's median time each (Self-Extend and ReRoPE take longer: their dense logits are computed twice)."""
     results = [read_result(os.path.join(a['out_dir'], 'eval.json'))[0] for a in jobs]
     left = [a for a, res in zip(jobs, results) if not finished(res, a['max_iters'])]
-    spent = {}  # task ('' for LM) -> [(seconds per iteration, seconds outside the training loop)]
+    spent = {}  # task ('' for LM) -> [(s per iteration, s outside the training loop, s of final eval)]
     for a, res in zip(jobs, results):
         t = (res or {}).get('timing') or {}
         iters = t.get('iters_trained', res.get('iter') if res else None)  # older runs: all of them
