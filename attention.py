@@ -1,37 +1,48 @@
 """
-Causal attention for nanoPE: one entry point,
+Attention for nanoPE: what a query may see (a Mask), how logits become weights (a softmax, with optional
+sink logits and logit scaling), and one entry point that runs it on SDPA, FlexAttention or a dense path:
 
-    y = attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0)
+    y = attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sinks=None)
 
-q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv] -> y [B, H, Tq, Dv]. The queries are the
-last Tq of the Tk keys (a KV cache holds the first Tk - Tq), so key j is visible to query i
-when j <= i + Tk - Tq (`visible`, the one rule every path below uses).
+q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv] -> y [B, H, Tq, Dv]. The queries are the last Tq of the
+Tk keys (a KV cache holds the first Tk - Tq), and `mask` says which keys each query sees (Mask: causal, a
+sliding window, a chunk).
   mod(score, b, h, i, j)  an additive logit bias in FlexAttention's score_mod form
   vmod(lse)               a term [B, H, Tq, Dv] added to the output, given each row's logsumexp
+  sinks [H]               sink logits (gpt-oss): one logit per head in every row's softmax denominator, with
+                          no value: p_ij = exp(z_ij) / (exp(s_h) + sum_j' exp(z_ij')), i.e. the softmax output
+                          times sigmoid(lse - s_h); not scaled by 1/sqrt(d), never masked
 Paths (same logits on all of them):
-  - no bias, no value term    -> F.scaled_dot_product_attention (is_causal, or a boolean mask)
-  - bias, FlexAttention       -> compiled flex_attention(score_mod, causal block mask); CUDA by
-    default, CPU only without gradients (torch 2.13 has no FlexAttention backward on CPU)
+  - no bias, no value term, no sinks -> F.scaled_dot_product_attention (is_causal, or a boolean mask)
+  - bias, FlexAttention       -> compiled flex_attention(score_mod, block mask of the Mask, which skips the
+    blocks no query of a block can see); CUDA by default, CPU only without gradients (torch 2.13 has no
+    FlexAttention backward on CPU)
   - bias, dense               -> the score_mod evaluated once on broadcast index tensors into a
     float32 [B|1, H, Tq, Tk] additive mask, attention in float32 (a bf16 bias would not equal
-    the kernel's float32 one: -500.3 becomes -500); without gradients in query chunks
-  - value term (Shaw)         -> needs each row's logsumexp: FlexAttention returns it on CUDA;
-    compiled flex on CPU cannot in torch 2.13, so it runs dense on CPU
+    the kernel's float32 one: -500.3 becomes -500)
+  - value term or sinks       -> need each row's logsumexp: FlexAttention returns it on CUDA;
+    compiled flex on CPU cannot in torch 2.13, so these run dense on CPU
+Without gradients, the dense path and every windowed or chunked layer go through in query chunks
+(chunk_queries) that slice in only the keys the chunk's queries can see: a windowed layer then costs
+time and memory linear in the length.
 When v's head dim is smaller than q's, v is padded with zero columns so that SDPA's fused
 kernels run (they need equal head dims) and the output is cut back to Dv.
 Attention dropout with a bias: the dropped keys come from a hash of (seed, b, h, i, j), so
 FlexAttention and the dense path drop the same ones; FlexAttention then rescales by
 exp(lse_kept - lse_all), which turns its softmax over the kept keys into dropout's softmax
 over all of them.
+Length-dependent logit scaling (attn_scaling: log-n, SSMax, Llama 4's temperature) is computed here
+(logit_scale) and applied to q and the bias before attend (scale_logits).
 """
 
 import math
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 # Compiled FlexAttention on CPU cannot return the logsumexp (torch 2.13: "return_lse is
-# not supported yet"), so a scheme with a value term (Shaw) runs dense on CPU.
+# not supported yet"), so a value term (Shaw) or sink logits run dense on CPU.
 FLEX_LSE_ON_CPU = False
 # Without gradients, attention that builds [B, H, Tq, Tk] float32 tensors outside a kernel (the
 # dense path, CoPE, stick-breaking, RoPE's Self-Extend/ReRoPE) goes through in query chunks
@@ -44,29 +55,143 @@ FLEX_SHAPES = 256  # compiled FlexAttention kernels kept per process (one per in
 _compiled = {}
 
 
-def visible(i, j, Tq, Tk):
-    """Key j is visible to query i (ints or broadcastable tensors): the queries are the last Tq of Tk keys."""
-    return j <= i + (Tk - Tq)
+@dataclass(frozen=True)
+class Mask:
+    """Which keys a query sees, by token index (not by position: randomized positions move nothing).
+    Key token u is visible to query token t when lowest(t) <= u <= t:
+      causal      u <= t
+      window W    t - u < W: the W most recent keys, the query's own included (HF, gpt-oss and
+                  flash-linear-attention; FlashAttention's window_size=(W, 0), nanochat and
+                  x-transformers' max_attend_past mean W + 1 keys)
+      chunk C     t // C == u // C: the earlier keys of the query's own chunk of C tokens (Llama 4)
+    In a forward the queries are the last Tq of Tk keys and key 0 is token k0 (a cache that dropped the
+    keys no query can see any more starts later): query i is token k0 + Tk - Tq + i, key j token k0 + j."""
+    window: int = None
+    chunk: int = None
+    k0: int = 0
+
+    @property
+    def bounded(self):
+        """True when a query sees at most `span` keys, so a long sequence costs linear time and memory."""
+        return self.window is not None or self.chunk is not None
+
+    @property
+    def span(self):
+        return min(n for n in (self.window, self.chunk) if n is not None)
+
+    def at(self, k0):
+        return replace(self, k0=k0)
+
+    def lowest(self, t):
+        """The first key token visible to query token t (an int or a tensor; 0 when causal only)."""
+        bounds = ([t - self.window + 1] if self.window is not None else []) + \
+                 ([t // self.chunk * self.chunk] if self.chunk is not None else [])
+        if len(bounds) < 2:
+            return bounds[0] if bounds else 0
+        a, b = bounds
+        return torch.maximum(a, b) if torch.is_tensor(a) else max(a, b)
+
+    def visible(self, i, j, Tq, Tk):
+        """Key j is visible to query i (indices in this forward: ints or broadcastable tensors)."""
+        off = Tk - Tq
+        if not self.bounded:
+            return j <= i + off
+        t, u = i + (self.k0 + off), j + self.k0
+        ok = u <= t
+        if self.window is not None:
+            ok = ok & (t - u < self.window)
+        if self.chunk is not None:
+            ok = ok & (t // self.chunk == u // self.chunk)
+        return ok
+
+    def visibility(self, Tq, Tk, device, strict=False):
+        """[Tq, Tk] bool of `visible`; strict=True also hides each query's own key."""
+        i = torch.arange(Tq, device=device)[:, None]
+        j = torch.arange(Tk, device=device)[None, :]
+        vis = self.visible(i, j, Tq, Tk)
+        return vis & (j < i + (Tk - Tq)) if strict else vis
+
+    def first_key(self, i, Tq, Tk):
+        """Index of the first key query i can see (0 when every earlier key is visible)."""
+        return max(0, self.lowest(self.k0 + Tk - Tq + i) - self.k0)
+
+    def block_mask(self, Tq, Tk, device):
+        """FlexAttention BlockMask of `visible`, from block counts: a few tensor ops on (T/128)^2
+        integers, so a compiled model traces it with no graph break and no Python-side cache
+        (equals create_block_mask; tested). The visible keys of a query token t form the interval
+        [lowest(t), t], and both ends grow with t, so a block pair (queries qa..qb, keys ka..kb) has a
+        visible key iff ka <= qb and lowest(max(qa, ka)) <= kb, and is all visible iff kb <= qa and
+        lowest(qb) <= ka: blocks outside the window or chunk are skipped, not masked."""
+        from torch.nn.attention.flex_attention import BlockMask
+        off, BS = self.k0 + Tk - Tq, FLEX_BLOCK  # query row r is token off + r; key j is token k0 + j
+        m = torch.arange(-(-Tq // BS), device=device)[:, None]  # query blocks
+        n = torch.arange(-(-Tk // BS), device=device)[None, :]  # key blocks
+        qa, qb = m * BS + off, torch.clamp((m + 1) * BS, max=Tq) - 1 + off
+        ka, kb = n * BS + self.k0, torch.clamp((n + 1) * BS, max=Tk) - 1 + self.k0
+        complete = ((m + 1) * BS <= Tq) & ((n + 1) * BS <= Tk)  # a block cut by the end is always masked
+        full = (kb <= qa) & (self.lowest(qb) <= ka) & complete  # every key visible: no mask_mod needed
+        part = (ka <= qb) & (self.lowest(torch.maximum(qa, ka)) <= kb) & ~full  # some keys: mask_mod decides
+
+        def blocks(sel):  # counts, and the selected block indices first (ascending)
+            idx = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True)
+            return sel.sum(-1).to(torch.int32)[None, None], idx.to(torch.int32)[None, None]
+        return BlockMask.from_kv_blocks(*blocks(part), *blocks(full), BLOCK_SIZE=BS,
+                                        mask_mod=lambda b, h, i, j: self.visible(i, j, Tq, Tk),
+                                        seq_lengths=(Tq, Tk))
 
 
-def visibility(Tq, Tk, device, strict=False):
-    """[Tq, Tk] bool of `visible`; strict=True also hides each query's own key."""
-    i = torch.arange(Tq, device=device)[:, None] - int(strict)
-    return visible(i, torch.arange(Tk, device=device)[None, :], Tq, Tk)
+CAUSAL = Mask()
 
 
-def chunk_queries(fn, q, k, v):
-    """fn(q, k, v, s) -> a tensor, or a tuple of tensors or None, with the queries on dim 2.
-    Without gradients, when one float32 [B, H, Tq, Tk] tensor would exceed DENSE_CHUNK_BYTES, fn
-    runs on query rows s..e-1 and the keys and values they can see, [:e + Tk - Tq] (each chunk is
-    the same problem, smaller), and the results are concatenated; otherwise once, with s = 0."""
+class Attend:
+    """A layer's attention for one forward, and what a scheme's `attention` hook receives: call it as
+    attend(q, k, v, mod=None, vmod=None), with this layer's mask, sink logits, backend and dropout
+    bound; ask it which keys each query sees (visibility); or run a function over chunks of query rows
+    without gradients (rows), each chunk with the keys it can see. A chunk's Attend has `s` and `lo`:
+    its first query row and first key in the whole problem."""
+
+    def __init__(self, mask=CAUSAL, backend='auto', dropout_p=0.0, sinks=None, s=0, lo=0):
+        self.mask, self.backend, self.dropout_p, self.sinks, self.s, self.lo = mask, backend, dropout_p, sinks, s, lo
+
+    def __call__(self, q, k, v, mod=None, vmod=None):
+        return attend(q, k, v, mod, vmod, self.backend, self.dropout_p, self.mask, self.sinks)
+
+    def visibility(self, Tq, Tk, device, strict=False):
+        return self.mask.visibility(Tq, Tk, device, strict)
+
+    def rows(self, fn, q, k, v):
+        return chunk_queries(fn, q, k, v, self)
+
+    def part(self, s, lo):
+        """The Attend of query rows s.. and keys lo.. of this one's problem."""
+        return Attend(self.mask.at(self.mask.k0 + lo), self.backend, self.dropout_p, self.sinks,
+                      self.s + s, self.lo + lo)
+
+
+def chunk_queries(fn, q, k, v, att=None):
+    """fn(q, k, v, att) -> a tensor, or a tuple of tensors or None, with the queries on dim 2. Without
+    gradients, fn runs on chunks of query rows s..e-1 with the keys and values they can see,
+    [lo:e + Tk - Tq] (lo = the chunk's first visible key), and att.part(s, lo) (each chunk is the same
+    problem, smaller), and the results are concatenated: when one float32 [B, H, Tq, Tk] tensor would
+    exceed DENSE_CHUNK_BYTES, or always for a bounded mask (window or chunk), whose chunks then cost time
+    and memory linear in the length. Otherwise once, with att."""
+    att = att or Attend()
     B, H, Tq, _ = q.shape
-    Tk = k.size(2)
-    if torch.is_grad_enabled() or B * H * Tq * Tk * 4 <= DENSE_CHUNK_BYTES:
-        return fn(q, k, v, 0)
-    off, rows = Tk - Tq, max(1, DENSE_CHUNK_BYTES // (4 * B * H * Tk))
-    outs = [fn(q[:, :, s:s + rows], k[:, :, :s + rows + off], v[:, :, :s + rows + off], s)
-            for s in range(0, Tq, rows)]
+    Tk, mask = k.size(2), att.mask
+    if torch.is_grad_enabled() or (not mask.bounded and B * H * Tq * Tk * 4 <= DENSE_CHUNK_BYTES):
+        return fn(q, k, v, att)
+    off, cap = Tk - Tq, DENSE_CHUNK_BYTES // (4 * B * H)
+    if mask.bounded:  # rows r with r * (r + span) <= cap: a chunk sees at most r + span - 1 keys
+        rows = max(1, (math.isqrt(mask.span ** 2 + 4 * cap) - mask.span) // 2)
+        if rows >= Tq and mask.first_key(0, Tq, Tk) == 0:
+            return fn(q, k, v, att)
+    else:
+        rows = max(1, cap // Tk)
+    outs = []
+    for s in range(0, Tq, rows):
+        e = min(s + rows, Tq)
+        lo = mask.first_key(s, Tq, Tk) if mask.bounded else 0
+        outs.append(fn(q[:, :, s:e], k[:, :, lo:e + off], v[:, :, lo:e + off], att.part(s, lo)))
     if isinstance(outs[0], tuple):
         return tuple(None if parts[0] is None else torch.cat(parts, 2) for parts in zip(*outs))
     return torch.cat(outs, 2)
@@ -85,29 +210,15 @@ def _flex():
 
 
 def causal_block_mask(Tq, Tk, device):
-    """FlexAttention BlockMask of `visible`, from block counts: a few tensor ops on (T/128)^2
-    integers, so a compiled model traces it with no graph break and no Python-side cache
-    (equals create_block_mask; tested)."""
-    from torch.nn.attention.flex_attention import BlockMask
-    off, BS = Tk - Tq, FLEX_BLOCK
-    m = torch.arange(-(-Tq // BS), device=device)[:, None]  # query blocks
-    n = torch.arange(-(-Tk // BS), device=device)[None, :]  # key blocks
-    q_lo, q_hi = m * BS, torch.clamp((m + 1) * BS, max=Tq) - 1
-    full = ((n + 1) * BS - 1 <= q_lo + off) & ((m + 1) * BS <= Tq) & ((n + 1) * BS <= Tk)  # no mask needed
-    part = (n * BS <= q_hi + off) & ~full  # some keys visible: mask_mod decides
-
-    def blocks(sel):  # counts, and the selected block indices first (ascending)
-        idx = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True)
-        return sel.sum(-1).to(torch.int32)[None, None], idx.to(torch.int32)[None, None]
-    return BlockMask.from_kv_blocks(*blocks(part), *blocks(full), BLOCK_SIZE=BS,
-                                    mask_mod=lambda b, h, i, j: visible(i, j, Tq, Tk), seq_lengths=(Tq, Tk))
+    """The causal FlexAttention BlockMask (CAUSAL.block_mask)."""
+    return CAUSAL.block_mask(Tq, Tk, device)
 
 
-def use_flex(q, backend, vmod):
+def use_flex(q, backend, need_lse):
     """'auto': FlexAttention on CUDA; on CPU the dense path, which is as fast there (query
     chunks without gradients, SDPA's fused kernel) while compiled flex costs 9-500 s per
     new shape (docs/speed.md). A decoding step's bias is one row per head: dense too."""
-    if backend == 'dense' or (vmod is not None and q.device.type == 'cpu' and not FLEX_LSE_ON_CPU):
+    if backend == 'dense' or (need_lse and q.device.type == 'cpu' and not FLEX_LSE_ON_CPU):
         return False
     return backend == 'flex' or (q.device.type == 'cuda' and q.size(2) > 1)
 
@@ -125,28 +236,30 @@ def dropout_keep(seed, p, b, h, i, j):
     return _mix(_mix(_mix(_mix(seed + b) + h) + i) + j) >= int(p * 2**31)
 
 
-def dense_bias(mod, B, H, Tq, Tk, device):
-    """Evaluate a score_mod on broadcast indices -> float32 additive causal mask [B|1, H|1, Tq, Tk]."""
+def dense_bias(mod, B, H, Tq, Tk, device, mask=CAUSAL):
+    """Evaluate a score_mod on broadcast indices -> float32 additive mask [B|1, H|1, Tq, Tk]."""
     b = torch.arange(B, device=device).view(B, 1, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1, 1)
     i = torch.arange(Tq, device=device).view(1, 1, Tq, 1)
     j = torch.arange(Tk, device=device).view(1, 1, 1, Tk)
     bias = mod(torch.zeros((), device=device), b, h, i, j) if mod is not None else torch.zeros((), device=device)
-    return bias.float().masked_fill(~visible(i, j, Tq, Tk), float('-inf'))
+    return bias.float().masked_fill(~mask.visible(i, j, Tq, Tk), float('-inf'))
 
 
-def _dense(q, k, v, mod, dropout_p, seed, need_lse, s=0):
-    """float32 attention with a dense bias for query rows s.. -> (y in float32, lse or None).
-    Autocast is off inside: it would cast the float32 inputs (and so the bias's effect) back to bf16."""
-    if s:
-        mod = None if mod is None else (lambda score, b, h, i, j, mod=mod: mod(score, b, h, i + s, j))
+def _dense(q, k, v, mod, dropout_p, seed, need_lse, att):
+    """float32 attention with a dense bias for query rows att.s.. and keys att.lo.. -> (y in float32,
+    lse or None). Autocast is off inside: it would cast the float32 inputs (and so the bias's effect)
+    back to bf16."""
+    s, lo = att.s, att.lo
+    if s or lo:
+        mod = None if mod is None else (lambda score, b, h, i, j, mod=mod: mod(score, b, h, i + s, j + lo))
     with torch.autocast(q.device.type, enabled=False):
-        return _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, s)
+        return _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att)
 
 
-def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, s):
+def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att):
     B, H, Tq, d = q.shape
-    bias = dense_bias(mod, B, H, Tq, k.size(2), q.device)
+    bias = dense_bias(mod, B, H, Tq, k.size(2), q.device, att.mask)
     if not (dropout_p or need_lse):  # SDPA's fused softmax; float32 inputs so the bias stays float32
         return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias), None
     if not dropout_p and q.device.type == 'cpu' and not torch.is_grad_enabled():
@@ -154,21 +267,21 @@ def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, s):
         # passes below at T = 2048); without gradients only, as its lse has no backward
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q.float(), k.float(), v.float(),
                                                                          attn_mask=bias)
-    att = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(d) + bias
-    lse = att.logsumexp(-1)
-    p = (att - lse.unsqueeze(-1)).exp()
+    att_w = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(d) + bias
+    lse = att_w.logsumexp(-1)
+    p = (att_w - lse.unsqueeze(-1)).exp()
     if dropout_p:
         ix = [torch.arange(n, device=q.device).view(*[-1 if a == ax else 1 for a in range(4)])
               for ax, n in enumerate((B, H, Tq, k.size(2)))]
-        ix[2] = ix[2] + s
+        ix[2], ix[3] = ix[2] + att.s, ix[3] + att.lo
         p = p * dropout_keep(seed, dropout_p, *ix) / (1 - dropout_p)
     return p @ v.float(), lse
 
 
-def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse):
+def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask):
     """FlexAttention -> (y, lse or None); with dropout, the kept keys' softmax rescaled to all keys'."""
     from torch.nn.attention import flex_attention as fa
-    bm = causal_block_mask(q.size(2), k.size(2), q.device)
+    bm = mask.block_mask(q.size(2), k.size(2), q.device)
 
     def run(score_mod, lse):
         if not lse:
@@ -189,29 +302,105 @@ def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse):
     return y * scale.to(y.dtype), lse
 
 
-def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0):
-    """Causal attention with an optional score bias `mod(score, b, h, i, j)` and an optional
-    value term `vmod(lse) -> [B, H, Tq, Dv]` added to the output (lse = each row's logsumexp)."""
+def _sdpa(q, k, v, dropout_p, mask):
+    """Attention without a bias: SDPA, with a boolean mask where the mask is not plain causal."""
+    Tq, Tk = q.size(2), k.size(2)
+    if mask.bounded:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.visibility(Tq, Tk, q.device),
+                                              dropout_p=dropout_p)
+    if Tq == Tk:  # no cache: plain causal
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+    if Tq == 1:  # one new token after the cache sees every key: no mask to build
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.visibility(Tq, Tk, q.device), dropout_p=dropout_p)
+
+
+def masked(mod, mask, Tq, Tk):
+    """mod, with -inf for the keys `mask` hides: for a value term that rebuilds logits from the score_mod
+    (Shaw's nearest keys), so that keys outside a window or chunk get no weight there either."""
+    if mod is None or not mask.bounded:
+        return mod
+
+    def inside(score, b, h, i, j):
+        return torch.where(mask.visible(i, j, Tq, Tk), mod(score, b, h, i, j), float('-inf'))
+    return inside
+
+
+def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sinks=None):
+    """Attention of the queries over the keys `mask` lets them see, with an optional score bias
+    `mod(score, b, h, i, j)`, an optional value term `vmod(lse) -> [B, H, Tq, Dv]` added to the
+    output (lse = each row's logsumexp) and optional sink logits `sinks` [H]."""
     Dv = v.size(-1)
     if Dv < q.size(-1):  # zero columns change nothing, and let SDPA's fused kernels run
         v = F.pad(v, (0, q.size(-1) - Dv))
-    Tq, Tk = q.size(2), k.size(2)
-    if mod is None and vmod is None:
-        if Tq == Tk:  # no cache: plain causal
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-        elif Tq == 1:  # one new token after the cache sees every key: no mask to build
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    need_lse = vmod is not None or sinks is not None
+    att = Attend(mask, backend, dropout_p, sinks)
+    if mod is None and not need_lse:
+        if mask.bounded:
+            y = chunk_queries(lambda q, k, v, a: _sdpa(q, k, v, dropout_p, a.mask), q, k, v, att)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visibility(Tq, Tk, q.device), dropout_p=dropout_p)
+            y = _sdpa(q, k, v, dropout_p, mask)
         return y[..., :Dv]
     # a fresh dropout seed per call from torch's RNG: on the device, no host sync, restored on resume
     seed = torch.randint(0, 2**31 - 1, (), device=q.device) if dropout_p else None
-    need_lse = vmod is not None
-    if use_flex(q, backend, vmod):
-        y, lse = _flex_attend(q, k, v, mod, dropout_p, seed, need_lse)
+    if use_flex(q, backend, need_lse):
+        y, lse = _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask)
     else:
-        y, lse = chunk_queries(lambda q, k, v, s: _dense(q, k, v, mod, dropout_p, seed, need_lse, s), q, k, v)
+        y, lse = chunk_queries(lambda q, k, v, a: _dense(q, k, v, mod, dropout_p, seed, need_lse, a), q, k, v, att)
     y = y[..., :Dv]
     if vmod is not None:
         y = y + vmod(lse).to(y.dtype)
+    if sinks is not None:  # the sink's share of each row's softmax mass carries no value
+        y = y * torch.sigmoid(lse.float() - sinks.float()[:, None]).unsqueeze(-1).to(y.dtype)
     return y.to(q.dtype)
+
+
+# --- length-dependent logit scaling (attn_scaling), applied on the model's path before attend
+
+
+def logn_scale(n, original_max_len=None):
+    """log-n logit factor for a query that sees n keys (tensor): log n, or with the
+    training length L, max(1, log n / log L). Computed in float64, returned float32."""
+    s = torch.log(n.double())
+    if original_max_len is not None:
+        s = torch.clamp(s / math.log(original_max_len), min=1.0)
+    return s.float()
+
+
+def llama4_scale(pos, floor_scale=8192.0, attn_scale=0.1):
+    """Llama 4's attention temperature at query position pos (tensor, 0-based):
+    log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1. float32."""
+    return (torch.log1p(torch.floor((pos.double() + 1) / floor_scale)) * attn_scale + 1).float()
+
+
+def logit_scale(sc, ssmax, q_pos, Tk, mask):
+    """The factors s [H or 1, Tq] (float32) of a layer's attention scaling `sc` (a checked attn_scaling
+    dict, layers.check_attn_scaling): every logit of query i in head h is multiplied by s[h, i]. n_i, the
+    number of keys query i sees, follows the mask (i + 1 without a cache; at most W in a window).
+    ssmax: the layer's learned per-head scales [H] for SSMax."""
+    if sc['type'] == 'llama4':
+        return llama4_scale(q_pos, sc['floor_scale'], sc['attn_scale'])[None, :]
+    Tq = q_pos.numel()
+    t = torch.arange(mask.k0 + Tk - Tq, mask.k0 + Tk, device=q_pos.device)  # the queries' token indices
+    n = t - (torch.clamp(mask.lowest(t), min=0) if mask.bounded else 0) + 1
+    if sc['type'] == 'logn':
+        return logn_scale(n, sc.get('original_max_len'))[None, :]
+    if sc['type'] == 'drope':  # 1 + c ln(max(1, n / L)), in float64
+        return (1 + sc['c'] * torch.log(torch.clamp(n.double() / sc['original_max_len'], min=1.0))).float()[None, :]
+    return ssmax[:, None] * torch.log(n.float())[None, :]  # ssmax: [H, Tq]
+
+
+def scale_logits(q, mod, s):
+    """Multiply every logit of query i in head h by s[h, i] (s: [H or 1, Tq] float32):
+    through q for the content term q.k, and inside the score_mod for its bias (which
+    does not depend on the scaled q: it was built from the unscaled one). A -inf bias
+    is a mask and stays -inf. Same logits on every attention path."""
+    s = s.expand(q.size(1), q.size(2))
+    q = (q * s[None, :, :, None]).to(q.dtype)
+    if mod is None:
+        return q, None
+
+    def scaled(score, b, h, i, j):
+        bias = mod(torch.zeros_like(score), b, h, i, j)
+        return score + torch.where(bias == float('-inf'), bias, bias * s[h, i])
+    return q, scaled

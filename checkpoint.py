@@ -102,6 +102,7 @@ def read_checkpoint(path, device='cpu'):
                  + (f"use {best}, " if other else '') + "restore a backup, or retrain")
     if not isinstance(ckpt, dict) or not {'model', 'model_args'} <= ckpt.keys():
         sys.exit(f"{path} is not a nanoPE checkpoint (no 'model'/'model_args'); pass a ckpt.pt written by train.py")
+    ckpt['model'] = upgrade_keys(ckpt['model'])
     return ckpt
 
 
@@ -133,6 +134,46 @@ def load_weights(model, have, path):
                  f"{tuple(have[k].shape) if k in have else 'has no such weight'}); it was not written by this "
                  f"train.py, or was edited")
     model.load_state_dict(have)
+
+
+def load_shared(model, have, path):
+    """A fine-tune's load, which may change the scheme or the layer plan: every weight the model and the
+    checkpoint share (same name and shape) loads; the model's other weights start fresh (the new scheme's
+    own, or what the new plan adds: model.start_fresh) and the checkpoint's others are dropped. Only
+    weights a change of scheme or plan may touch (model.changeable) may differ. -> (kept, dropped, fresh)."""
+    from model import changeable
+    want = model.state_dict()
+    kept = [k for k in want if k in have and have[k].shape == want[k].shape]
+    fresh = [k for k in want if k not in kept]
+    dropped = [k for k in have if k not in kept]
+    bad = [k for k in fresh + dropped if not changeable(k)]
+    if bad:
+        k = bad[0]
+        sys.exit(f"{path}: cannot fine-tune from it: weight {k!r} differs between the model "
+                 f"{tuple(want[k].shape) if k in want else '(no such weight)'} and the checkpoint "
+                 f"{tuple(have[k].shape) if k in have else '(no such weight)'}, and only positional and per-layer "
+                 f"attention weights may change with pos_encoding, pos_options or the layer plan")
+    model.load_state_dict({k: have[k] for k in kept}, strict=False)
+    model.start_fresh(fresh)
+    return kept, dropped, fresh
+
+
+def name_groups(names):
+    """Weight names with the layer index folded: 'transformer.h.{0,1,3}.attn.sinks'."""
+    groups = {}
+    for n in names:
+        parts = n.split('.')
+        i = next((j for j in range(len(parts) - 1) if parts[j] == 'h' and parts[j + 1].isdigit()), None)
+        key = n if i is None else '.'.join(parts[:i + 1] + ['{}'] + parts[i + 2:])
+        groups.setdefault(key, []).append(parts[i + 1] if i is not None else None)
+    return [k if idx == [None] else k.replace('{}', idx[0] if len(idx) == 1 else '{' + ','.join(idx) + '}')
+            for k, idx in groups.items()]
+
+
+def upgrade_keys(sd):
+    """A checkpoint's weights under today's names: SSMax's scales moved from a layer's positional module
+    (attn.pe_layer.ssmax) to its attention (attn.ssmax)."""
+    return {k.replace('.attn.pe_layer.ssmax', '.attn.ssmax'): v for k, v in sd.items()}
 
 
 HF_GPT2 = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
@@ -206,13 +247,20 @@ def resolve_init(config, explicit, master=True):
     return ckpt, path
 
 
+# the keys that say where positions enter and how each layer attends: a fine-tune may change them
+# (another scheme, another layer plan; checkpoint.load_shared says what was kept, dropped and started fresh)
+PLAN_KEYS = ('pos_encoding', 'pos_options', 'layer_types', 'nope_layers', 'layer_options', 'sliding_window',
+             'attention_chunk_size', 'qk_norm', 'sink_logits')
+
+
 def init_model(ckpt, path, model_args, vocab_size, config, explicit, master=True):
     """The model train.py starts from -> (model, model_args), weights not loaded yet. From scratch:
     `model_args`. A resume: the checkpoint's vocabulary, which must be the data's. A fine-tune
     (init_from a .pt): the checkpoint's shape and vocabulary, with this run's block_size,
-    rope_scaling, attn_scaling, attn_backend and dropout. GPT-2 weights: GPT-2's shape (learned
-    positions, tanh GELU, biases) and BPE vocabulary. A model key set explicitly that the
-    checkpoint overrides is refused: the saved config must describe the saved model, and so is a
+    rope_scaling, attn_scaling, attn_backend and dropout, and its scheme and layer plan (PLAN_KEYS)
+    where this run sets them explicitly. GPT-2 weights: GPT-2's shape (learned positions, tanh
+    GELU, biases) and BPE vocabulary. Any other model key set explicitly that the checkpoint
+    overrides is refused: the saved config must describe the saved model, and so is a
     model whose position table is shorter than block_size (or a task's pos_max)."""
     from model import GPT, GPTConfig
     init_from, data, model_args = config['init_from'], config['data_dir'], dict(model_args)
@@ -234,12 +282,14 @@ def init_model(ckpt, path, model_args, vocab_size, config, explicit, master=True
                      f"{data or config['task']} has {vocab_size}; fine-tune it on a corpus with its vocabulary "
                      f"(--data_dir)")
         keep = ('block_size', 'rope_scaling', 'attn_scaling', 'attn_backend', 'dropout')
-        model_args.update({k: v for k, v in ck.items() if k not in keep})
+        new = [k for k in PLAN_KEYS if k in explicit and k in ck and config[k] != ck[k]]
+        model_args.update({k: v for k, v in ck.items() if k not in keep and k not in new})
         model_args['vocab_multiple'] = ck.get('vocab_multiple', 1)  # (older checkpoints: unpadded)
         if master:
             print(f"fine-tuning from {path} (trained with block_size={ck['block_size']}, "
                   f"rope_scaling={ck.get('rope_scaling')}) at block_size={config['block_size']}, "
-                  f"rope_scaling={config['rope_scaling']}")
+                  f"rope_scaling={config['rope_scaling']}"
+                  + ''.join(f"; {k} {ck[k]!r} -> {config[k]!r}" for k in new))
     try:
         if init_from in HF_GPT2 or os.path.isdir(init_from):
             model = GPT.from_pretrained(init_from, block_size=config['block_size'], dropout=config['dropout'],

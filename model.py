@@ -1,10 +1,11 @@
 """
-One-file GPT for nanoPE. Pre-LN blocks, tied embeddings, GPT-2 init, a KV cache,
-and an attention that asks positional.py for everything position-related and
-hands the result to attention.attend (SDPA, FlexAttention or a dense float32 bias).
+One-file GPT for nanoPE. Pre-LN blocks, tied embeddings, GPT-2 init, a KV cache, and
+a layer plan (layers.py) computed once from the config and handed to each layer with
+its index: each layer's attention asks its positional scheme (positional.py) for
+everything position-related, and attends over the keys its mask lets a query see,
+with its own QK-norm, sink logits and logit scaling (attention.py).
 """
 
-import functools
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
+import layers
 import stack
 
 
@@ -31,48 +33,111 @@ class GPTConfig:
     pos_encoding: str = 'rope'     # a key of positional.REGISTRY
     pos_options: dict = field(default_factory=dict)  # kwargs for that scheme
     rope_scaling: dict = None      # run-time RoPE context extension (overrides pos_options)
-    nope_layers: object = None     # int k: every k-th layer (k-1, 2k-1, ...) runs NoPE; or a list of layers
-    layer_options: dict = None     # {layer index: pos_options overrides}, e.g. Gemma 3's global base
+    # the layer plan (layers.py): each key is a value for every layer, or {layer index or type: value}
+    layer_types: object = None     # the layers' types: a list of n_layer names, or a pattern tiled ('SSSL')
+    nope_layers: object = None     # int k: every k-th layer (k-1, 2k-1, ...) runs NoPE; a list; a type
+    layer_options: dict = None     # {layer: pos_options overrides}, e.g. Gemma 3's global base
     attn_scaling: dict = None      # {'type': 'logn'|'ssmax'|'llama4', ...}: length-dependent logit scaling
+    sliding_window: object = None  # W: a query sees the W most recent keys, its own included
+    attention_chunk_size: object = None  # C: a query sees the earlier keys of its chunk of C tokens
+    qk_norm: object = None         # True / 'weight' | 'weightless': RMSNorm of q and k per head
+    sink_logits: object = False    # a learned logit per head in every row's softmax denominator
     attn_backend: str = 'auto'     # 'auto' | 'flex' | 'dense' (for schemes that bias scores)
 
 
-class CausalSelfAttention(nn.Module):
+def is_positional(name):
+    """True for a parameter, buffer or module that belongs to the positional scheme: the model-wide
+    scheme (pe.*) or a layer's positional module (*.pe_layer.*). The one definition of "positional
+    weights": GPT-2's init skips them (schemes initialise themselves), and a fine-tune into another
+    scheme starts them fresh."""
+    parts = name.split('.')
+    return parts[0] == 'pe' or 'pe_layer' in parts
 
-    def __init__(self, config, pe):
+
+def changeable(name):
+    """True for a weight that a change of scheme (pos_encoding, pos_options) or of the layer plan may
+    add or drop in a fine-tune: a positional one, or a layer's attention extras (sink logits, SSMax
+    scales, QK-norm weights)."""
+    return is_positional(name) or name.endswith(('.attn.sinks', '.attn.ssmax', '.attn.q_norm.weight',
+                                                  '.attn.k_norm.weight'))
+
+
+# sink logits added to trained weights start here: a row whose logsumexp is >= 0 gives them at most
+# e^-16 (1e-7, float32's resolution) of its mass, so the outputs stay as they were, and Adam, whose steps
+# do not shrink with the gradient, still moves them at the learning rate
+SINK_FRESH = -16.0
+
+
+class CausalSelfAttention(nn.Module):
+    """One layer's attention, as its LayerSpec says: what a query may see (mask), QK-norm, sink
+    logits and logit scaling belong to it; positions to its scheme (pe_layer: its parameters)."""
+
+    def __init__(self, config, spec, pe):
         super().__init__()
-        self.n_head = config.n_head
+        self.n_head, hd = config.n_head, config.n_embd // config.n_head
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
         self.backend = config.attn_backend
-        self.pe_layer = pe.new_layer()  # this layer's positional parameters, if any
+        scheme = pe.at(spec.index)
+        self.pe_layer = scheme.new_layer()  # this layer's positional parameters, if any
+        self.mask = attention.Mask(spec.sliding_window, spec.attention_chunk_size)
+        self.scaling = spec.attn_scaling
+        self.ssmax = None  # SSMax's learned per-head scales
+        if self.scaling is not None:
+            if scheme.owns_attention:
+                raise ValueError(f"attn_scaling multiplies the logits of model.py's attention, but {scheme.name} "
+                                 f"computes its attention itself (its `attention` hook) on layer {spec.index}; apply "
+                                 f"attn_scaling to other layers ('layers': 'nope' with nope_layers, or a list) or "
+                                 f"drop it")
+            if self.scaling['type'] == 'ssmax':
+                self.ssmax = nn.Parameter(torch.full((self.n_head,), float(self.scaling['init'])))
+        self.q_norm = self.k_norm = None
+        if spec.qk_norm:  # one norm over each head's dims, its weight (if any) shared by the heads (Qwen3)
+            self.q_norm, self.k_norm = (nn.RMSNorm(hd, eps=1e-6, elementwise_affine=spec.qk_norm == 'weight')
+                                        for _ in range(2))
+        self.sinks = None
+        if spec.sink_logits:
+            if scheme.softmax != 'attend':
+                why = 'has no softmax' if scheme.softmax is None else 'computes its softmax itself'
+                raise ValueError(f"sink_logits add a logit to attention.attend's softmax, but {scheme.name} {why} "
+                                 f"on layer {spec.index}: drop sink_logits there, or use another scheme")
+            self.sinks = nn.Parameter(torch.randn(self.n_head) * 0.02)  # HF gpt-oss's init, N(0, 0.02)
 
     def forward(self, x, pe, ctx, cache=None):
         B, T, C = x.size()
+        # 1. project
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        raw = pe.transform_after_cache or (cache is not None and cache.raw_keys)
-        if not raw:
-            q, k = pe.transform_qk(q, k, ctx, self.pe_layer)  # new keys get their positions here
-        if cache is not None:  # cached keys were transformed when they were new
-            k, v = cache.append(k, v)
-        if raw:  # the cache holds raw keys; all keys are transformed each forward
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        # 2. QK-norm, before the positions: the one well-defined place once a scheme changes q and k (xPos, xl)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        # 3. positions and the cache: keys are cached as transform_qk made them; or cached raw and all of
+        # them transformed every forward (xPos, a rolling cache); or left to the scheme (cache_keys='scheme')
+        mode = pe.cache_keys
+        if mode == 'transformed' and cache is not None and cache.raw_keys:
+            mode = 'raw'
+        if mode == 'transformed':
             q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
-        # a scheme's own attention (given this layer's input x, its cache for per-key state, and attend
-        # bound to this layer's backend and dropout), or None: the bias/scaling path below
-        run = functools.partial(attention.attend, backend=self.backend,
-                                dropout_p=self.dropout if self.training else 0.0)
-        y = pe.attention(q, k, v, x, ctx, self.pe_layer, cache, run)
+        if cache is not None and mode != 'scheme':
+            k, v = cache.append(k, v)
+        if mode == 'raw':
+            q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
+        # 4. attention over the keys the mask lets each query see (key 0 is token k0 of the text)
+        mask = self.mask.at(cache.start) if cache is not None else self.mask
+        attend = attention.Attend(mask, self.backend, self.dropout if self.training else 0.0, self.sinks)
+        y = pe.attention(q, k, v, x, ctx, self.pe_layer, cache, attend)  # a scheme's own attention, or None
         if y is None:
             mod = pe.score_mod(q, k, ctx, self.pe_layer)
-            s = stack.logit_scale(pe, q, ctx, self.pe_layer)
-            if s is not None:  # length-dependent attention scaling (attn_scaling)
-                q, mod = stack.scale_logits(q, mod, s)
-            y = run(q, k, v, mod, pe.value_mod(q, k, ctx, self.pe_layer, mod))
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+            if self.scaling is not None:  # length-dependent attention scaling (attn_scaling)
+                s = attention.logit_scale(self.scaling, self.ssmax, ctx.q_pos, k.size(2), mask)
+                q, mod = attention.scale_logits(q, mod, s)
+            vmod = pe.value_mod(q, k, ctx, self.pe_layer, attention.masked(mod, mask, q.size(2), k.size(2)))
+            y = attend(q, k, v, mod, vmod)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
 
 
 class MLP(nn.Module):
@@ -90,10 +155,10 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config, pe):
+    def __init__(self, config, spec, pe):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config, pe)
+        self.attn = CausalSelfAttention(config, spec, pe)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -112,7 +177,8 @@ class GPT(nn.Module):
                              f"gets n_embd/n_head dims. Use an n_head that divides {config.n_embd} "
                              f"({', '.join(map(str, ok))}) or an n_embd that is a multiple of {config.n_head}")
         self.config = config
-        self.pe = stack.build(config)  # shared by all layers
+        self.plan = layers.layer_specs(config, nope_scheme=config.pos_encoding == 'none')  # a LayerSpec a layer
+        self.pe = stack.Positions(config, self.plan)  # the scheme, one instance per distinct options
         # GPT-2's 50257 tokens padded to 50304 (a multiple of 64) make the lm_head matmul
         # faster on GPUs (nanoGPT); the padding ids get logit -inf, so they are never scored or sampled
         mult = max(1, config.vocab_multiple)
@@ -122,18 +188,26 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(n_rows, config.n_embd),
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config, self.pe) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, spec, self.pe) for spec in self.plan]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, n_rows, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         # GPT-2 init for the transformer; positional modules initialise themselves
         for name, m in self.named_modules():
-            if not any(p in ('pe', 'pe_layer') for p in name.split('.')):
+            if not is_positional(name):
                 self._init_weights(m)
         for pn, p in self.named_parameters():
             if pn.endswith('c_proj.weight'):  # scaled residual projections (GPT-2)
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @torch.no_grad()
+    def start_fresh(self, names):
+        """Weights a fine-tune adds to trained ones (names) keep their init, except sink logits, which
+        start at SINK_FRESH, where they change nothing yet."""
+        for name, p in self.named_parameters():
+            if name in names and name.endswith('.attn.sinks'):
+                p.fill_(SINK_FRESH)
 
     @staticmethod
     def _init_weights(m):
@@ -143,6 +217,10 @@ class GPT(nn.Module):
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def plan_lines(self):
+        """The layer plan, a line a layer (train.py prints it at start-up)."""
+        return [spec.describe(self.pe.at(spec.index).name) for spec in self.plan]
 
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
@@ -171,9 +249,15 @@ class GPT(nn.Module):
         self.pe.check_positions(n_pos)  # a Python int: a finite table refuses before any work
         x = self.pe.embed(self.transformer.wte(idx), q_pos)
         x = self.transformer.drop(x)
-        ctx = self.pe.context(q_pos, k_pos, n_pos)  # once per forward, shared by every layer
+        ctxs = {}  # one Context per scheme instance and key count, shared by the layers that have both
         for i, block in enumerate(self.transformer.h):
-            x = block(x, self.pe, ctx, cache.layers[i] if cache is not None else None)
+            layer_cache = cache.layers[i] if cache is not None else None
+            n_keys = T + (layer_cache.n if layer_cache is not None else 0)  # a windowed cache keeps fewer
+            pe = self.pe.at(i)
+            key = (self.pe.slot[i], n_keys)
+            if key not in ctxs:
+                ctxs[key] = pe.context(q_pos, k_pos if n_keys == k_pos.numel() else k_pos[-n_keys:], n_pos)
+            x = block(x, pe, ctxs[key], layer_cache)
         if cache is not None:
             cache.advance(T)
         x = self.transformer.ln_f(x if last is None else x[:, -last:])
@@ -201,12 +285,22 @@ class GPT(nn.Module):
         2309.17453): after each forward it keeps the first `sink` tokens (the paper's 4)
         and the last `window`, holds raw keys and re-indexes them 0..n-1 every forward,
         so its memory stays bounded (see KVCache)."""
+        masks = [block.attn.mask for block in self.transformer.h]
         if window is not None and self.pe.embeds_positions:
             raise ValueError(f"{self.pe.name} adds positions to the token embeddings, so every cached key carries "
                              f"its position in the text, which a rolling (sink + window) cache cannot re-index. "
                              f"Attention sinks need a relative scheme; sample {self.pe.name} with the sliding "
                              f"window (use_cache=False)")
-        return KVCache(self.config.n_layer, sink=sink, window=window)
+        bounded = [i for i, m in enumerate(masks) if m.bounded]
+        if window is not None and bounded:
+            raise ValueError(f"a rolling (sink + window) KV cache numbers its keys by place, but layers {bounded} "
+                             f"see a sliding window or chunk of the text's tokens (sliding_window, "
+                             f"attention_chunk_size), which it cannot tell apart; those layers' caches are bounded "
+                             f"already: sample without window=")
+        if window is not None and any(s.cache_keys == 'scheme' for s in self.pe.schemes):
+            raise ValueError(f"{self.pe.name} keeps its own cache of keys (rewritten as tokens arrive), which a "
+                             f"rolling (sink + window) cache cannot re-index: sample without window=")
+        return KVCache(self.config.n_layer, sink=sink, window=window, masks=masks)
 
     @classmethod
     def from_pretrained(cls, name, **overrides):
@@ -301,6 +395,10 @@ class KVCache:
     """Per-layer keys and values (keys already position-transformed), their positions
     and the length so far (tokens seen).
 
+    A layer with a sliding window or a chunk (its attention.Mask) keeps only the keys a later
+    query can still see: after every forward it drops the keys before the next token's window
+    or chunk, so its memory is bounded; the positions kept are those of the longest layer.
+
     With `window` (StreamingLLM attention sinks, arXiv 2309.17453): after every forward
     each layer keeps only the first `sink` tokens and the last `window` (as the
     authors' StartRecentKVCache, called after each step), so a forward sees at most
@@ -308,13 +406,14 @@ class KVCache:
     keys are 0..n-1 and the new tokens follow, re-indexed every forward, so the cache
     holds raw keys (raw_keys) and the scheme transforms all of them each forward."""
 
-    def __init__(self, n_layer, sink=4, window=None):
+    def __init__(self, n_layer, sink=4, window=None, masks=None):
         if window is not None:
             for name, v, lo in (('window', window, 1), ('sink', sink, 0)):
                 if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                     raise ValueError(f"attention-sink cache: {name} must be an integer >= {lo}, got {v!r}")
         self.sink, self.window = sink, window
         self.raw_keys = window is not None
+        self.masks = masks or [attention.CAUSAL] * n_layer
         self.layers = [LayerKV(self.raw_keys) for _ in range(n_layer)]
         self.length = 0
         self.k_pos, self.n_pos = None, 0
@@ -335,26 +434,34 @@ class KVCache:
         return self.k_pos, self.n_pos
 
     def advance(self, T):
-        """After a forward of T tokens: count them, and evict beyond sink + window."""
+        """After a forward of T tokens: count them, and evict what no later query sees."""
         self.length += T
         if self.window is not None:
             for layer in self.layers:
                 layer.keep(self.sink, self.window)
+        elif any(m.bounded for m in self.masks):
+            for layer, mask in zip(self.layers, self.masks):
+                if mask.bounded:
+                    layer.evict(mask.lowest(self.length))  # the first key the next token sees
+            n = max(layer.n for layer in self.layers)
+            self.k_pos = self.k_pos[self.k_pos.numel() - n:]
 
 
 class LayerKV:
-    """One layer's cache. layer[0], layer[1] are the keys and values so far, [B, H, n, hd].
+    """One layer's cache. layer[0], layer[1] are the keys and values so far, [B, H, n, hd],
+    key 0 being token `start` of the text (a windowed or chunked layer drops older ones).
     They live in buffers that grow by doubling, so appending a token copies that token
     only; torch.cat would copy the whole cache every token (O(n^2) over a generation).
     Under autograd every append gets a fresh buffer instead, since writing into one that
     an earlier step saved for backward would break that backward.
     `state` belongs to the positional scheme: per-key tensors it keeps next to the keys
     (e.g. FoX's log forget gates), one entry per key along dim 2, appended by the scheme;
-    keep() evicts them with their keys."""
+    keep() and evict() drop them with their keys."""
 
     def __init__(self, raw_keys=False):
         self.k = self.v = None
         self.n = 0
+        self.start = 0
         self.raw_keys = raw_keys  # keys not position-transformed (transformed every forward)
         self.state = {}
 
@@ -373,6 +480,15 @@ class LayerKV:
         self.n = n + T
         return self[0], self[1]
 
+    def rewrite(self, fn):
+        """Replace the cached keys by fn(keys) [B, H, n, hd]: a scheme that keeps its own cache
+        (cache_keys='scheme') rewrites past keys as tokens arrive."""
+        k = fn(self[0])
+        if torch.is_grad_enabled():  # a fresh tensor: the old one may be saved for backward
+            self.k = k
+        else:
+            self.k[:, :, :self.n] = k
+
     def keep(self, sink, window):
         """Keep the first `sink` and the last `window` entries (in place: the buffer does not grow)."""
         n = self.n
@@ -385,3 +501,17 @@ class LayerKV:
                 t[:, :, sink:sink + window] = t[:, :, n - window:n].clone()
         self.state = {name: torch.cat((t[:, :, :sink], t[:, :, n - window:n]), 2) for name, t in self.state.items()}
         self.n = sink + window
+
+    def evict(self, first):
+        """Drop the keys of the tokens before `first` (in place: the buffer does not grow)."""
+        drop = min(self.n, first - self.start)
+        if drop <= 0:
+            return
+        n, kept = self.n, self.n - drop
+        if torch.is_grad_enabled():  # never write into a tensor an earlier step saved for backward
+            self.k, self.v = (t[:, :, drop:n] for t in (self.k, self.v))
+        else:
+            for t in (self.k, self.v):
+                t[:, :, :kept] = t[:, :, drop:n].clone()
+        self.state = {name: t[:, :, drop:n] for name, t in self.state.items()}
+        self.n, self.start = kept, self.start + drop

@@ -3,13 +3,18 @@ Positional encodings for nanoPE: every scheme is a small nn.Module, registered b
 in config (`pos_encoding = 'rope'`). The attention (model.py, attention.py) never asks which
 scheme it runs; it calls these hooks, each of which defaults to "nothing":
   embed(x, pos)                  -> x         token embeddings, once before block 0
-  context(q_pos, k_pos, n_pos)   -> Context   per-forward tables shared by all layers
-  new_layer()                    -> module    this layer's parameters, handed back as `layer`
+  context(q_pos, k_pos, n_pos)   -> Context   per-forward tables, shared by the layers that have these keys
+  new_layer()                    -> module    one layer's parameters, handed back as `layer`
   transform_qk(q, k, ctx, layer) -> (q, k)    rotate, scale or extend queries and keys
   score_mod(q, k, ctx, layer)    -> f | None  additive logit bias f(score, b, h, i, j)
   value_mod(q, k, ctx, layer, f) -> g | None  g(lse) added to the output (Shaw's values)
-  attention(q, k, v, x, ctx, layer, cache, attend) -> y | None   the layer's own attention
-  transform_after_cache = True                the KV cache keeps raw keys (xPos, ExtendedRoPE)
+  attention(q, k, v, x, ctx, layer, cache, attend) -> y | None   the layer's own attention; `attend`
+                                              (attention.Attend) carries the layer's mask and sink logits
+  cache_keys = 'transformed'                  what the KV cache keeps: keys as transform_qk returned
+                                              them; 'raw' (transformed every forward: xPos, ExtendedRoPE);
+                                              'scheme' (the scheme appends and rewrites them itself)
+  softmax = 'attend'                          whose softmax makes the weights: attention.attend's (sink
+                                              logits act there); 'own' or None (stick-breaking)
 
 i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; the queries
 are the last Tq keys. A score_mod has no host syncs, indexes each tensor that needs gradients
@@ -33,9 +38,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import chunk_queries, visibility
-from rope_scaling import (EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, extended_attention, resolve_rope_scaling,
-                          rope_frequencies)
+from attention import CAUSAL
+from rope_scaling import EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, resolve_rope_scaling, rope_frequencies
 
 REGISTRY = {}
 
@@ -78,13 +82,20 @@ class PositionalEncoding(nn.Module):
     name = None                    # the registry name (set by @register)
     uses_rope_scaling = False      # config.rope_scaling applies to it (the RoPE family)
     scaling = None                 # the rope_scaling dict it applies, resolved and checked, or None
-    transform_after_cache = False  # the one flag: the KV cache keeps raw keys for this scheme
+    cache_keys = 'transformed'     # 'transformed' | 'raw' | 'scheme' (see the module docstring)
+    softmax = 'attend'             # 'attend' | 'own' | None (see the module docstring)
 
     def __init__(self, config):
         super().__init__()
         self.n_embd, self.n_head = config.n_embd, config.n_head
         self.head_dim = config.n_embd // config.n_head
         self.block_size = config.block_size
+
+    @classmethod
+    def variant(cls, config, options):
+        """The class to build for these options (the registered one; rope picks ExtendedRoPE for a
+        Self-Extend or ReRoPE rope_scaling)."""
+        return cls
 
     def max_len_of(self):
         """Largest number of positions this scheme can address; None = unbounded."""
@@ -214,6 +225,19 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def angles(pos, inv_freq):
+    """pos * inv_freq for every position and frequency, [T, n] in float32 (the paper's precision note:
+    bf16 angles break at large positions)."""
+    return pos.float()[:, None] * inv_freq[None, :]
+
+
+def cos_sin(ang, factor=1.0):
+    """Half-split rotary tables from angles [T, n]: cos and sin of [ang | ang], [T, 2n], times the
+    attention factor."""
+    emb = torch.cat((ang, ang), dim=-1)
+    return emb.cos() * factor, emb.sin() * factor
+
+
 def apply_rotary(x, cos, sin):
     """Rotate the first cos.size(-1) dims of x, pass the rest through (partial rotary).
     cos/sin: [T, rot_dim] in float32, already multiplied by the attention factor."""
@@ -227,12 +251,12 @@ def key_tables(ctx, n_keys, q_tables, compute):
     """Position tables for the n_keys keys handed to transform_qk, which are the last
     n_keys of ctx.k_pos: the queries' own q_tables when they are the new keys
     (n_keys == len(ctx.q_pos)), else compute(ctx.k_pos[-n_keys:]) -- a cache of raw
-    keys -- once per forward (kept in ctx.extra for the other layers)."""
+    keys -- once per forward and key count (kept in ctx.extra for the other layers)."""
     if n_keys == ctx.q_pos.numel():
         return q_tables
-    if 'k_tables' not in ctx.extra:
-        ctx.extra['k_tables'] = compute(ctx.k_pos[-n_keys:])
-    return ctx.extra['k_tables']
+    if ('k_tables', n_keys) not in ctx.extra:
+        ctx.extra['k_tables', n_keys] = compute(ctx.k_pos[-n_keys:])
+    return ctx.extra['k_tables', n_keys]
 
 
 @register('rope')
@@ -282,12 +306,11 @@ class RoPE(PositionalEncoding):
     keeps raw keys, rotated every step."""
     uses_rope_scaling = True
 
-    def __new__(cls, config=None, *args, **kwargs):
+    @classmethod
+    def variant(cls, config, options):
         """An extension type (self_extend, rerope, leaky_rerope) builds ExtendedRoPE."""
-        sc = getattr(config, 'rope_scaling', None) or kwargs.get('scaling', args[2] if len(args) > 2 else None)
-        if cls is RoPE and isinstance(sc, dict) and sc.get('type') in EXTENSION_TYPES:
-            cls = ExtendedRoPE
-        return super().__new__(cls)
+        sc = getattr(config, 'rope_scaling', None) or options.get('scaling')
+        return ExtendedRoPE if isinstance(sc, dict) and sc.get('type') in EXTENSION_TYPES else cls
 
     def __init__(self, config, base=10000.0, rotary_pct=1.0, scaling=None, p_rope=None):
         super().__init__(config)
@@ -318,9 +341,7 @@ class RoPE(PositionalEncoding):
         return ctx
 
     def cos_sin(self, pos, inv):
-        ang = pos.float()[:, None] * inv[None, :]  # float32 angles, as the paper's precision note asks
-        emb = torch.cat((ang, ang), dim=-1)
-        return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
+        return cos_sin(angles(pos, inv), self.attention_factor)
 
     def transform_qk(self, q, k, ctx, layer):
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
@@ -330,19 +351,43 @@ class RoPE(PositionalEncoding):
 
 class ExtendedRoPE(RoPE):
     """`rope` with an inference-time extension (rope_scaling type self_extend, rerope or
-    leaky_rerope), built by RoPE when one is asked for: near pairs are scored by plain RoPE,
-    far ones at a remapped distance, so the layer computes its own attention
-    (rope_scaling.extended_attention). Every key is rotated two ways each forward, so the
-    KV cache keeps raw keys."""
-    transform_after_cache = True
+    leaky_rerope; the distance maps are rope_scaling.self_extend_positions and rerope_positions),
+    built for `rope` when one is asked for (RoPE.variant). Near pairs (i - j < window) are scored by
+    plain RoPE, far ones at the remapped distance, by two rotations of q and k:
+      self_extend   q at i // G + window - window // G,  k at j // G
+      rerope        q at window,                         k not rotated
+      leaky_rerope  RoPE with inv_freq / k: q at i + window * (k - 1), k at j
+    and logits = where(i - j < window, exact, remapped) / sqrt(d) over the layer's mask, softmax, in
+    float32 (query chunks without gradients). The layer computes this attention itself, with a softmax of
+    its own (no sink logits). Every key is rotated two ways each forward, so the KV cache keeps raw keys."""
+    cache_keys = 'raw'
+    softmax = 'own'
 
     def transform_qk(self, q, k, ctx, layer):
-        return q, k  # extended_attention rotates them, two ways
+        return q, k  # attention rotates them, two ways
 
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
         def rot(t, pos, slow=1.0):  # t rotated at positions pos, every frequency divided by slow
             return apply_rotary(t, *self.cos_sin(pos, ctx.extra['inv'] / slow)).float()
-        return extended_attention(q, k, v, ctx.q_pos, ctx.k_pos[-k.size(2):], self.scaling, rot)
+        ext, q_pos, k_pos = self.scaling, ctx.q_pos, ctx.k_pos[-k.size(2):]
+        w = ext['window']
+        if ext['type'] == 'self_extend':
+            G = ext['group']
+            q2, k2 = rot(q, q_pos // G + (w - w // G)), rot(k, k_pos // G)
+        elif ext['type'] == 'rerope':  # every far key scored at distance w: q at w, k unrotated
+            q2, k2 = rot(q, torch.full_like(q_pos, w)), k.float()
+        else:  # leaky: distances beyond w grow k times slower
+            q2, k2 = rot(q, q_pos + w * (ext['k'] - 1), ext['k']), rot(k, k_pos, ext['k'])
+
+        def run(q1, k1, v, a):  # query rows a.s.., the keys a.lo.. they can see
+            Tq, Tk, s, lo = q1.size(2), k1.size(2), a.s, a.lo
+            near = q_pos[s:s + Tq, None] - k_pos[None, lo:lo + Tk] < w
+            with torch.autocast(q.device.type, enabled=False):
+                att = torch.where(near, q1 @ k1.transpose(-2, -1),
+                                  q2[:, :, s:s + Tq] @ k2[:, :, lo:lo + Tk].transpose(-2, -1))
+                att = (att / math.sqrt(q.size(-1))).masked_fill(~a.visibility(Tq, Tk, q.device), float('-inf'))
+                return att.softmax(-1) @ v.float()
+        return attend.rows(run, rot(q, q_pos), rot(k, k_pos), v).to(q.dtype)
 
 
 def _rope_freqs(scheme, dim, ctx):
@@ -365,7 +410,7 @@ class XPos(PositionalEncoding):
     Centring: both exponents use n - c, m - c with c the midpoint of the key
     positions of this forward; products are unchanged, and |exponent| stays below
     T/(2 gamma), so float32 holds up to ~70k positions instead of ~35k. Because c
-    moves as the cache grows, the KV cache keeps raw keys (transform_after_cache)
+    moves as the cache grows, the KV cache keeps raw keys (cache_keys = 'raw')
     and all keys are rotated and scaled each forward (as the paper's torchscale code).
     Blockwise causal attention (option blockwise=True, evaluation only, as in the
     paper): each query sees only its own block and the previous one, blocks of
@@ -373,8 +418,7 @@ class XPos(PositionalEncoding):
     training length; it changes nothing up to block_size. Options: base (10000),
     gamma (512), blockwise (False), bca_block. config.rope_scaling applies to the
     rotation through rope_frequencies()."""
-    transform_after_cache = True
-
+    cache_keys = 'raw'
     uses_rope_scaling = True  # static rope_scaling types, applied to its rotation
 
     def __init__(self, config, base=10000.0, gamma=512.0, blockwise=False, bca_block=None):
@@ -394,10 +438,8 @@ class XPos(PositionalEncoding):
         centre = (k_pos[0] + k_pos[-1]) // 2
 
         def tables(pos):
-            ang = pos.float()[:, None] * inv_freq[None, :]
             scale = self.zeta[None, :] ** ((pos - centre).float()[:, None] / self.gamma)
-            emb, scale = torch.cat((ang, ang), -1), torch.cat((scale, scale), -1)
-            return emb.cos() * factor, emb.sin() * factor, scale
+            return (*cos_sin(angles(pos, inv_freq), factor), torch.cat((scale, scale), -1))
         ctx.extra.update(q=tables(q_pos), k=tables(k_pos))
         return ctx
 
@@ -445,9 +487,7 @@ class _SectionRoPE(PositionalEncoding):
 
     def cos_sin(self, pos, inv_freq, factor):
         pos = self.axis_positions(pos).float()  # [n_axes, T]
-        ang = pos[self.axis_of_pair].t() * inv_freq[None, :]  # [T, d/2], float32
-        emb = torch.cat((ang, ang), dim=-1)
-        return emb.cos() * factor, emb.sin() * factor
+        return cos_sin(pos[self.axis_of_pair].t() * inv_freq[None, :], factor)  # angles [T, d/2], float32
 
     def transform_qk(self, q, k, ctx, layer):
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
@@ -550,7 +590,7 @@ class TransformerXL(PositionalEncoding):
         return make_context(q_pos, k_pos, n_pos, cos=cos, sin=sin)
 
     def cos_sin(self, pos):
-        ang = pos.float()[:, None] * self.inv_freq[None, :]  # [T, r_dim/2], float32
+        ang = angles(pos, self.inv_freq)  # [T, r_dim/2]
         return ang.cos(), ang.sin()
 
     def transform_qk(self, q, k, ctx, layer):
@@ -611,7 +651,7 @@ class PoPE(PositionalEncoding):
         return _PopeLayer(self.n_head, self.head_dim, self.delta_init == 'uniform')
 
     def angles(self, pos):
-        return pos.float()[:, None] * self.inv_freq[None, :]  # [T, d]: t * theta_c, float32
+        return angles(pos, self.inv_freq)  # [T, d]: t * theta_c
 
     def context(self, q_pos, k_pos, n_pos=None):
         return make_context(q_pos, k_pos, n_pos, angle=self.angles(q_pos))
@@ -1113,12 +1153,13 @@ class CoPE(PositionalEncoding):
     def new_layer(self):
         return _CopeLayer(self.npos_max, self.head_dim)
 
-    def bias(self, q, k, layer):
-        """The CoPE term q_i . e[p_ij], [B, H, Tq, Tk] float32 (queries = the last Tq keys)."""
+    def bias(self, q, k, layer, attend):
+        """The CoPE term q_i . e[p_ij], [B, H, Tq, Tk] float32 (queries = the last Tq keys; keys the
+        layer's mask hides get no gate, so they are not counted)."""
         with torch.autocast(q.device.type, enabled=False):
             qf = q.float()
             z = qf @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
-            g = torch.sigmoid(z).masked_fill(~visibility(q.size(2), k.size(2), q.device), 0.0)
+            g = torch.sigmoid(z).masked_fill(~attend.visibility(q.size(2), k.size(2), q.device), 0.0)
             p = g.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # p_ij = sum_{t>=j} g_it
             lo = p.detach().floor()
             w = p - lo  # carries the gradient to p
@@ -1126,13 +1167,13 @@ class CoPE(PositionalEncoding):
             return qe.gather(-1, p.detach().ceil().long()) * w + qe.gather(-1, lo.long()) * (1 - w)
 
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        def run(q, k, v, s):
-            bias = self.bias(q, k, layer)
+        def run(q, k, v, a):
+            bias = self.bias(q, k, layer, a)
 
             def mod(score, b, h, i, j):
                 return score + bias[b, h, i, j]
-            return attend(q, k, v, mod)
-        return chunk_queries(run, q, k, v)
+            return a(q, k, v, mod)
+        return attend.rows(run, q, k, v)
 
 
 @register('stick_breaking')
@@ -1151,18 +1192,21 @@ class StickBreaking(PositionalEncoding):
     softplus(z_il), a reversed cumulative sum), O(T^2) memory, in query chunks without
     gradients (attention.DENSE_CHUNK_BYTES). There is no FlexAttention path: `attention` computes
     the output itself, applies attention dropout to A while training (config.dropout;
-    the remainder term is not dropped), and ignores attn_backend."""
+    the remainder term is not dropped), and ignores attn_backend. A sliding window or chunk hides keys,
+    which then break nothing off. No softmax, so no sink logits."""
+    softmax = None
 
     def __init__(self, config, attend_current=False, remainder=True):
         super().__init__(config)
         self.attend_current, self.remainder = bool(attend_current), bool(remainder)
         self.dropout = config.dropout
 
-    def weights(self, q, k):
-        """(A [B, H, Tq, Tk], the stick left over [B, H, Tq]) in float32; queries = the last Tq keys."""
+    def weights(self, q, k, mask=CAUSAL):
+        """(A [B, H, Tq, Tk], the stick left over [B, H, Tq]) in float32; queries = the last Tq keys, and
+        keys the mask hides break nothing off."""
         with torch.autocast(q.device.type, enabled=False):
             z = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
-            vis = visibility(q.size(2), k.size(2), q.device, strict=not self.attend_current)
+            vis = mask.visibility(q.size(2), k.size(2), q.device, strict=not self.attend_current)
             log_keep = F.logsigmoid(-z).masked_fill(~vis, 0.0)  # log(1 - beta_il); 0 = no break
             after = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum_{l>=j}
             after = F.pad(after[..., 1:], (0, 1))  # sum_{l>j}
@@ -1172,8 +1216,8 @@ class StickBreaking(PositionalEncoding):
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
         p = self.dropout if self.training else 0.0
 
-        def run(q, k, v, s):
-            A, rest = self.weights(q, k)
+        def run(q, k, v, a):
+            A, rest = self.weights(q, k, a.mask)
             with torch.autocast(q.device.type, enabled=False):
                 if p:
                     A = F.dropout(A, p)
@@ -1181,4 +1225,4 @@ class StickBreaking(PositionalEncoding):
                 if self.remainder:
                     y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
             return y
-        return chunk_queries(run, q, k, v).to(q.dtype)
+        return attend.rows(run, q, k, v).to(q.dtype)

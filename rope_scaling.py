@@ -1,16 +1,14 @@
 """
 RoPE context extension for nanoPE: the rope_scaling schema and its checks, `rope_frequencies`
 (plain RoPE, linear / NTK / dynamic NTK / YaRN / Llama 3 / LongRoPE frequencies, p-RoPE), and
-the inference-time extensions Self-Extend and (Leaky) ReRoPE: their distance maps and the
-attention that scores near and far pairs by two RoPE logit maps (positional.ExtendedRoPE
-calls it). The RoPE-family schemes in positional.py read their frequencies from here.
+the distance maps of the inference-time extensions Self-Extend and (Leaky) ReRoPE, whose attention
+is positional.ExtendedRoPE's. The RoPE-family schemes in positional.py read their frequencies from here.
 """
 
 import math
 
 import torch
 
-from attention import chunk_queries, visibility
 
 # RoPE context extension: the keys each scaling type takes (besides 'type'),
 # with defaults (None = required, OPTIONAL = may be left out, no default).
@@ -31,7 +29,7 @@ ROPE_SCALING_KEYS = {
     'llama3': {'factor': None, 'original_max_len': None, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0},
     'longrope': {'short_factor': None, 'long_factor': None, 'original_max_len': None, 'factor': None,
                  'attention_factor': OPTIONAL},
-    # inference-time extensions: frequencies unchanged, two logit maps (RoPE.attention)
+    # inference-time extensions: frequencies unchanged, two logit maps (ExtendedRoPE.attention)
     'self_extend': {'window': None, 'group': None},
     'rerope': {'window': None},
     'leaky_rerope': {'window': None, 'k': 16.0},
@@ -210,7 +208,7 @@ def rope_frequencies(dim, base=10000.0, scaling=None, seq_len=None, p_rope=None)
 
 def _scaled_frequencies(inv, dim, base, sc, seq_len):
     """rope_frequencies' scaling types: (inv_freq float64, attention factor)."""
-    if sc['type'] in EXTENSION_TYPES:  # they change the distances scored (RoPE.attention), not the frequencies
+    if sc['type'] in EXTENSION_TYPES:  # they change the distances scored (ExtendedRoPE.attention), not the frequencies
         return inv, 1.0
     kind, s = sc['type'], float(sc['factor'])
     if kind in ('ntk', 'dynamic') and dim <= 2:
@@ -341,28 +339,3 @@ def rerope_positions(q_pos, k_pos, window, leaky_k=None):
     r = r.double()
     return torch.where(r < window, r, window + (r - window) / leaky_k)
 
-
-def extended_attention(q, k, v, q_pos, k_pos, ext, rot):
-    """Self-Extend / ReRoPE / Leaky ReRoPE attention of unrotated q [B, H, Tq, d] over unrotated
-    keys k at positions q_pos, k_pos: logits = where(i - j < window, exact map, remapped map)
-    / sqrt(d), causal, softmax, in float32 (the maps are described in self_extend_positions and
-    rerope_positions). rot(t, pos, slow=1.0) -> float32 t rotated by RoPE at positions pos with
-    every frequency divided by slow. Without gradients in query chunks."""
-    w = ext['window']
-    if ext['type'] == 'self_extend':
-        G = ext['group']
-        q2, k2 = rot(q, q_pos // G + (w - w // G)), rot(k, k_pos // G)
-    elif ext['type'] == 'rerope':  # every far key scored at distance w: q at w, k unrotated
-        q2, k2 = rot(q, torch.full_like(q_pos, w)), k.float()
-    else:  # leaky: distances beyond w grow k times slower
-        q2, k2 = rot(q, q_pos + w * (ext['k'] - 1), ext['k']), rot(k, k_pos, ext['k'])
-    q1, k1 = rot(q, q_pos), rot(k, k_pos)
-
-    def run(q1, k1, v, s):  # query rows s.., the keys they can see
-        Tq, Tk = q1.size(2), k1.size(2)
-        near = q_pos[s:s + Tq, None] - k_pos[None, :Tk] < w
-        with torch.autocast(q.device.type, enabled=False):
-            att = torch.where(near, q1 @ k1.transpose(-2, -1), q2[:, :, s:s + Tq] @ k2[:, :, :Tk].transpose(-2, -1))
-            att = (att / math.sqrt(q.size(-1))).masked_fill(~visibility(Tq, Tk, q.device), float('-inf'))
-            return att.softmax(-1) @ v.float()
-    return chunk_queries(run, q1, k1, v).to(q.dtype)

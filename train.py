@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import runtime
-from checkpoint import (atomic_save, check_writable, init_model, load_weights, lock_out_dir, read_meta, resolve_init,
-                        restore_rng, rng_states, trim_metrics)
+from checkpoint import (atomic_save, check_writable, init_model, load_shared, load_weights, lock_out_dir, name_groups,
+                        read_meta, resolve_init, restore_rng, rng_states, trim_metrics)
 from configurator import configure
 from console import exit_on_ctrl_c
 from files import link_or_copy, open_append
@@ -62,9 +62,15 @@ bias = False
 pos_encoding = 'rope'
 pos_options = {}
 rope_scaling = None       # run-time RoPE context extension (rope_scaling.py)
-nope_layers = None        # int k: every k-th layer runs without positions (RNoPE), or a list of layers
+# the layer plan (layers.py): each a value for every layer, or {layer index or layer type: value}
+layer_types = None        # the layers' types: a list of n_layer names, or a pattern tiled over them ('SSSL')
+nope_layers = None        # int k: every k-th layer runs without positions (RNoPE); a list of layers; a type
 layer_options = None      # {layer: pos_options overrides}, e.g. a different RoPE base on some layers
-attn_scaling = None       # {'type': 'logn' | 'ssmax' | 'llama4', ...}: length-dependent logit scaling
+attn_scaling = None       # {'type': 'logn' | 'ssmax' | 'llama4' | 'drope', ...}: length-dependent logit scaling
+sliding_window = None     # W: a query sees the W most recent keys, its own included (HF's convention)
+attention_chunk_size = None  # C: a query sees the earlier keys of its own chunk of C tokens (Llama 4)
+qk_norm = None            # True / 'weight' | 'weightless': RMSNorm of q and k per head, before the positions
+sink_logits = None        # True: a learned logit per head in every row's softmax denominator (gpt-oss)
 attn_backend = 'auto'
 # optimizer
 learning_rate = 2e-3
@@ -270,7 +276,9 @@ def run_eval():
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size or 50304, vocab_multiple=64 if (vocab_size or 50304) > 1024 else 1,
                   dropout=dropout, pos_encoding=pos_encoding, pos_options=pos_options, rope_scaling=rope_scaling,
-                  nope_layers=nope_layers, layer_options=layer_options, attn_scaling=attn_scaling,
+                  layer_types=layer_types, nope_layers=nope_layers, layer_options=layer_options,
+                  attn_scaling=attn_scaling, sliding_window=sliding_window, attention_chunk_size=attention_chunk_size,
+                  qk_norm=qk_norm, sink_logits=sink_logits,
                   attn_backend=attn_backend)
 # resume: the checkpoint's vocabulary; fine-tune: its shape at this run's length; gpt2: GPT-2's shape;
 # refused if it cannot address block_size (or a task's pos_max)
@@ -284,12 +292,20 @@ for name, data, need in [] if task else (('train', train_data, block_size + 2), 
         sys.exit(f"{data_dir}/{name}.bin has {len(data)} tokens, fewer than the {need} needed for block_size="
                  f"{block_size}" + (f" and evaluation at {eval_T} tokens" if name == 'val' else '')
                  + ": use a longer corpus or a smaller block_size" + (" or eval_mults" if name == 'val' else ''))
-if ckpt is not None:
+if init_from == 'resume':
     load_weights(model, ckpt['model'], ckpt_path)
+elif ckpt is not None:  # a fine-tune may change the scheme or the layer plan: say what it kept
+    kept, dropped, fresh = load_shared(model, ckpt['model'], ckpt_path)
+    if master:
+        print(f"fine-tune weights: kept {len(kept)}" + (" (all)" if not dropped and not fresh else '')
+              + (f"; dropped {', '.join(name_groups(dropped))}" if dropped else '')
+              + (f"; started fresh {', '.join(name_groups(fresh))}" if fresh else ''))
 model.to(device)
 if master:
     print(f"scheme {pos_encoding}: {model.get_num_params() / 1e6:.2f}M parameters, "
-          f"rope_scaling={model_args['rope_scaling']}")
+          f"rope_scaling={model_args['rope_scaling']}; layer plan:")
+    for line in model.plan_lines():
+        print('  ' + line)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 # float16 needs loss scaling against gradient underflow; a no-op for float32/bfloat16
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))

@@ -180,12 +180,12 @@ def test_linear_scaling_equals_positions_divided_by_s():
     ref, plain_model = tiny_model('rope'), tiny_model('rope')
     ref.load_state_dict(scaled.state_dict())
     plain_model.load_state_dict(scaled.state_dict())
-    inv = torch.tensor(plain(ref.pe.rot_dim))
+    inv = torch.tensor(plain(ref.pe.at(0).rot_dim))
 
     def context_at_fractional_positions(q_pos, k_pos, n_pos=None):
         cos, sin = half_split_cos_sin(q_pos.double() / s, inv)
         return positional.make_context(q_pos, k_pos, n_pos, cos=cos, sin=sin)
-    ref.pe.context = context_at_fractional_positions
+    ref.pe.at(0).context = context_at_fractional_positions
     x = torch.randint(0, 37, (2, T))
     with torch.no_grad():
         a, b = scaled(x)[0], ref(x)[0]
@@ -195,11 +195,11 @@ def test_linear_scaling_equals_positions_divided_by_s():
 
 def test_yarn_scales_logits_by_attention_factor_squared():
     m = tiny_model('rope', rope_scaling={'type': 'yarn', 'factor': 4})
-    inv, af = rope_frequencies(m.pe.rot_dim, 10000.0, {'type': 'yarn', 'factor': 4, 'original_max_len': 16})
+    inv, af = rope_frequencies(m.pe.at(0).rot_dim, 10000.0, {'type': 'yarn', 'factor': 4, 'original_max_len': 16})
     pos = torch.arange(40)
-    ctx = m.pe.context(pos, pos)
+    ctx = m.pe.at(0).context(pos, pos)
     q, k = torch.randn(2, 4, 40, 8), torch.randn(2, 4, 40, 8)
-    q2, k2 = m.pe.transform_qk(q, k, ctx, None)
+    q2, k2 = m.pe.at(0).transform_qk(q, k, ctx, None)
     cos, sin = half_split_cos_sin(pos, inv)                    # same frequencies, no factor
     rot = lambda x: x * cos + torch.cat((-x[..., 4:], x[..., :4]), -1) * sin  # noqa: E731
     torch.testing.assert_close(q2 @ k2.transpose(-1, -2), (rot(q) @ rot(k).transpose(-1, -2)) * af ** 2,
@@ -212,14 +212,14 @@ def test_rope_forward_is_stateless(sc):
     torch.compile recompile): results after other lengths equal a fresh model's, and a
     forward leaves the scheme's attributes as they were."""
     m = tiny_model('rope', rope_scaling=sc)
-    before = dict(vars(m.pe))
+    before = dict(vars(m.pe.at(0)))
     lengths = (8, 64, 24, 64, 16)
     x = torch.randint(0, 37, (1, 64))
     with torch.no_grad():
         for T in lengths:
             fresh = tiny_model('rope', rope_scaling=sc)
             assert torch.equal(m(x[:, :T])[0], fresh(x[:, :T])[0])
-    assert vars(m.pe).keys() == before.keys() and all(vars(m.pe)[k] is v for k, v in before.items())
+    assert vars(m.pe.at(0)).keys() == before.keys() and all(vars(m.pe.at(0))[k] is v for k, v in before.items())
 
 
 def test_dynamic_kv_cache_keeps_old_rotation_of_cached_keys():
@@ -239,7 +239,7 @@ def test_dynamic_kv_cache_keeps_old_rotation_of_cached_keys():
         attn = m.transformer.h[0].attn
         k = attn.c_attn(m.transformer.h[0].ln_1(m.transformer.wte(x))).split(32, dim=2)[1]
         k = k.view(1, T, 4, 8).transpose(1, 2).double()
-    d = m.pe.rot_dim
+    d = m.pe.at(0).rot_dim
     for p in (0, Lb - 1, Lb, 30, T - 1):
         n = max(p + 1, Lb)                                   # total length when key p was new
         b = 10000.0 * (s * n / Lb - (s - 1)) ** (d / (d - 2))
@@ -330,7 +330,7 @@ def test_mrope_with_scaling_equals_rope_with_scaling_for_text(scaling):
     b.load_state_dict(a.state_dict())
     with torch.no_grad():
         assert torch.allclose(a(x)[0], b(x)[0], atol=1e-5)
-        assert not torch.equal(b.pe.inv_freq, tiny_model('mrope').pe.inv_freq)  # the scaling is applied
+        assert not torch.equal(b.pe.at(0).inv_freq, tiny_model('mrope').pe.at(0).inv_freq)  # the scaling is applied
 
 
 # --- LongRoPE (HF 'longrope') ------------------------------------------------------
@@ -374,16 +374,16 @@ def test_longrope_through_the_rope_scheme():
                                                          'long_factor': lo, 'original_max_len': 16})
     assert m.pe.scaling['factor'] == 2.0
     af = math.sqrt(1 + math.log(2) / math.log(16))          # sqrt(1.25)
-    close(m.pe.attention_factor, math.sqrt(1.25))
+    close(m.pe.at(0).attention_factor, math.sqrt(1.25))
     for T, ext in ((8, sh), (16, sh), (17, lo), (32, lo), (16, sh)):
         pos = torch.arange(T)
-        cos = m.pe.context(pos, pos).extra['cos']
+        cos = m.pe.at(0).context(pos, pos).extra['cos']
         inv = torch.tensor([1 / (ext[i] * 10000.0 ** (2 * i / 8)) for i in range(4)], dtype=torch.float64)
         want, _ = half_split_cos_sin(pos, inv, af)
         torch.testing.assert_close(cos, want, rtol=1e-5, atol=1e-6)
     # a run-time override on a model trained at its block_size: s = 1, attention factor 1
     m = tiny_model('rope', rope_scaling={'type': 'longrope', 'short_factor': sh, 'long_factor': lo})
-    assert m.pe.scaling['factor'] == 1.0 and m.pe.attention_factor == 1.0
+    assert m.pe.scaling['factor'] == 1.0 and m.pe.at(0).attention_factor == 1.0
 
 
 # --- YaRN options (HF 'yarn': attention_factor, mscale, mscale_all_dim, truncate) ---------
@@ -471,8 +471,8 @@ def test_p_rope_frequencies_over_full_head_dim(p, n_rot):
 
 
 def test_p_rope_is_not_rotary_pct():
-    pr = tiny_model('rope', pos_options={'p_rope': 0.5}).pe          # head_dim 8: 2 of 4 pairs rotated
-    rp = tiny_model('rope', pos_options={'rotary_pct': 0.5}).pe      # rotates 4 dims as a RoPE of dim 4
+    pr = tiny_model('rope', pos_options={'p_rope': 0.5}).pe.at(0)          # head_dim 8: 2 of 4 pairs rotated
+    rp = tiny_model('rope', pos_options={'rotary_pct': 0.5}).pe.at(0)      # rotates 4 dims as a RoPE of dim 4
     close(pr.inv_freq, [1.0, 10000 ** (-2 / 8), 0.0, 0.0])           # [1, 0.1, 0, 0]
     close(rp.inv_freq, [1.0, 10000 ** (-2 / 4)])                     # [1, 0.01]
     assert pr.rot_dim == 8 and rp.rot_dim == 4
@@ -485,7 +485,7 @@ def test_p_rope_unrotated_dims_pass_through_apply_rotary():
     m = tiny_model('rope', pos_options={'p_rope': 0.5})
     T = 40                                                    # past block_size too
     pos = torch.arange(T)
-    ctx = m.pe.context(pos, pos)
+    ctx = m.pe.at(0).context(pos, pos)
     x = torch.randn(2, 4, T, 8)
     y = positional.apply_rotary(x, ctx.extra['cos'], ctx.extra['sin'])
     keep = [2, 3, 6, 7]
@@ -495,14 +495,14 @@ def test_p_rope_unrotated_dims_pass_through_apply_rotary():
         c, s_ = a.cos().float(), a.sin().float()
         torch.testing.assert_close(y[..., i], x[..., i] * c - x[..., i + 4] * s_, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(y[..., i + 4], x[..., i + 4] * c + x[..., i] * s_, rtol=1e-5, atol=1e-5)
-    q2, k2 = m.pe.transform_qk(x, x, ctx, None)
+    q2, k2 = m.pe.at(0).transform_qk(x, x, ctx, None)
     assert torch.equal(q2[..., keep], x[..., keep])
 
 
 def test_p_rope_with_dynamic_scaling_keeps_the_zeros():
     m = tiny_model('rope', pos_options={'p_rope': 0.5}, rope_scaling={'type': 'dynamic', 'factor': 4})
     pos = torch.arange(64)                                    # 4L: dynamic frequencies recomputed
-    cos = m.pe.context(pos, pos).extra['cos']
+    cos = m.pe.at(0).context(pos, pos).extra['cos']
     assert (cos[:, [2, 3, 6, 7]] == 1).all() and not (cos[:, [1, 5]] == 1).all()
 
 
@@ -689,7 +689,7 @@ def test_inference_time_extensions_score_each_pair_at_its_mapped_distance(ext):
         h = m.transformer.h[0].ln_1(m.transformer.wte(x))
         q, k, v = attn.c_attn(h).split(32, dim=2)
         q, k, v = (t.view(1, T, 4, 8).transpose(1, 2)[0] for t in (q, k, v))  # [H, T, 8]
-        inv = m.pe.inv_freq.double()
+        inv = m.pe.at(0).inv_freq.double()
         ref = torch.zeros(4, T, 8, dtype=torch.float64)
         for i in range(T):
             s = []

@@ -7,7 +7,6 @@ attention (FoX, CoPE, stick-breaking); then FlexAttention == dense for the bias 
 errors, configs and docstrings, and the gradients of learned position parameters. Causality,
 KV-cache parity, long forwards, training, the backward graph, graph breaks and bf16 are parametrized
 over the registry in test_model.py."""
-import functools
 import math
 import os
 
@@ -44,7 +43,7 @@ def run_hooks(pe, layer, q, k, v, x, q_pos, k_pos, cache=None, backend='dense'):
     """What CausalSelfAttention does with a scheme: context, transform_qk, the attention hook."""
     ctx = pe.context(q_pos, k_pos)
     qq, kk = pe.transform_qk(q, k, ctx, layer)
-    return pe.attention(qq, kk, v, x, ctx, layer, cache, functools.partial(A.attend, backend=backend))
+    return pe.attention(qq, kk, v, x, ctx, layer, cache, A.Attend(backend=backend))
 
 
 def softmax_attend(logits, vs):
@@ -103,7 +102,7 @@ def test_rope_inv_freq_and_half_split_rotation():
 
 def test_rope_scores_depend_only_on_offset_and_partial_rotary_passes_through():
     m = tiny_model('rope', pos_options={'rotary_pct': 0.5})  # head_dim 8 -> rotate 4 dims
-    pe = m.pe
+    pe = m.pe.at(0)
     q = torch.randn(1, 1, 1, 8).expand(1, 1, 64, 8).contiguous()
     k = torch.randn(1, 1, 1, 8).expand(1, 1, 64, 8).contiguous()
     pos = torch.arange(64)
@@ -181,8 +180,8 @@ def test_xpos_blockwise_attention():
         steps = [bca(x[:, :28], cache=cache)[0]] + [bca(x[:, t:t + 1], cache=cache)[0] for t in range(28, 40)]
         assert torch.allclose(torch.cat(steps, 1), b, atol=1e-5)
     bca.train()
-    assert bca.pe.score_mod(None, None, None, None) is None  # training uses plain causal attention
-    pe = bca.pe.eval()
+    assert bca.pe.at(0).score_mod(None, None, None, None) is None  # training uses plain causal attention
+    pe = bca.pe.at(0).eval()
     q, pos = torch.randn(1, 4, 40, 8), torch.arange(40)
     bias = dense_bias(pe, None, q, pos, pos)[0, 0]
     assert torch.isinf(bias[16, :8]).all() and torch.isfinite(bias[16, 8:17]).all()
@@ -194,7 +193,7 @@ def test_xpos_blockwise_attention():
 def test_mrope_equals_rope_for_text():
     x = torch.randint(0, 37, (2, 40))
     rope, mrope = tiny_model('rope', seed=3), tiny_model('mrope', seed=3)
-    assert mrope.pe.sections == [1, 1, 2]  # head_dim 8: 4 pairs
+    assert mrope.pe.at(0).sections == [1, 1, 2]  # head_dim 8: 4 pairs
     with torch.no_grad():
         assert torch.equal(rope(x)[0], mrope(x)[0])  # bit for bit
     cfg = tiny_config('mrope', n_embd=128 * 4, n_head=4)
@@ -297,7 +296,7 @@ def test_alibi_slopes_published(n, expected):
 
 def test_alibi_bias_is_minus_slope_times_distance():
     m = tiny_model('alibi')
-    pe = m.pe
+    pe = m.pe.at(0)
     q_pos = torch.arange(6)
     ctx = pe.context(q_pos, q_pos)
     bias = A.dense_bias(pe.score_mod(None, None, ctx, None), 1, 4, 6, 6, 'cpu')[0]
@@ -352,8 +351,8 @@ def test_t5_bucket_bad_input():
 
 def test_t5_bias_is_one_shared_table():
     m = tiny_model('t5', pos_options={'max_distance': 20})
-    assert [n for n, _ in m.named_parameters() if n.startswith('pe.') or 'pe_layer' in n] == ['pe.table']
-    pe, table = m.pe, m.pe.table
+    assert [n for n in m.state_dict() if n.startswith('pe.') or 'pe_layer' in n] == ['pe.table']
+    pe, table = m.pe.at(0), m.pe.at(0).table
     q = torch.randn(1, 4, 40, 8)
     pos = torch.arange(40)
     bias = dense_bias(pe, None, q, pos, pos)[0]
@@ -571,11 +570,11 @@ def test_deberta_score_matches_disentangled_formula():
 
 def test_deberta_defaults_and_causal_rows():
     m = tiny_model('deberta')  # block_size 16: 8 buckets, 16 relative positions
-    assert (m.pe.buckets, m.pe.max_rel) == (8, 16) and m.pe.rel_emb.shape == (16, 32)
-    assert [n for n, _ in m.named_parameters() if n.startswith('pe.')] == ['pe.rel_emb']  # P shared by layers
+    assert (m.pe.at(0).buckets, m.pe.at(0).max_rel) == (8, 16) and m.pe.at(0).rel_emb.shape == (16, 32)
+    assert [n for n in m.state_dict() if n.startswith('pe.')] == ['pe.rel_emb']  # P shared by layers
     x = torch.randint(0, 37, (2, 16))
     m(x, x)[1].backward()
-    g = m.pe.rel_emb.grad.abs().sum(-1)
+    g = m.pe.at(0).rel_emb.grad.abs().sum(-1)
     assert (g[1:8] > 0).all() and (g[8:] > 0).all()  # p2c reads rows below k, c2p rows from k: both halves train
     with pytest.raises(ValueError, match='position_buckets'):
         tiny_model('deberta', pos_options={'position_buckets': 8, 'max_relative_positions': 5})
@@ -765,7 +764,7 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
         q_pos = k_pos = torch.arange(14)
         for qp in ((q_pos, q_pos[9:]) if name == 'shaw' else (q_pos[9:],)):  # the last queries over a cache
             ctx = pe.context(qp, k_pos)
-            qq, kk = pe.transform_qk(q[:, :, qp], k, ctx, layer)  # xPos: all keys (transform_after_cache)
+            qq, kk = pe.transform_qk(q[:, :, qp], k, ctx, layer)  # xPos: all keys (cache_keys='raw')
             with torch.no_grad():
                 mod = pe.score_mod(qq, kk, ctx, layer)
                 vmod = pe.value_mod(qq, kk, ctx, layer, mod)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import checkpoint
 import attention as A
-import stack
+import layers
 from conftest import (Validated, assert_causal, assert_flex_equals_dense, assert_kv_cache_matches_full_forward,
                       assert_same_grads, assert_trains_and_pe_params_learn, flex_and_dense_grads, tiny_model,
                       validating_backend)
@@ -62,8 +62,8 @@ def sharpen(m):
 
 def model_attention(m, layer, x):
     pos = torch.arange(x.size(1))
-    ctx = m.pe.context(pos, pos, x.size(1))
-    return m.transformer.h[layer].attn(x, m.pe, ctx)
+    pe = m.pe.at(layer)
+    return m.transformer.h[layer].attn(x, pe, pe.context(pos, pos, x.size(1)))
 
 
 def alibi_bias(n_head, T):
@@ -81,17 +81,18 @@ def test_nope_every_k_matches_smollm3_llama4_rule(k, n_layer):
     want = [i for i, use_rope in enumerate(no_rope_layers) if use_rope == 0]
     if not want or len(want) == n_layer:
         with pytest.raises(ValueError):
-            stack.nope_layer_indices(k, n_layer)
+            layers.nope_layer_indices(k, n_layer)
         return
-    assert stack.nope_layer_indices(k, n_layer) == want
-    assert stack.nope_layer_indices([2, 0], n_layer) == [0, 2]
-    assert stack.nope_layer_indices(0, n_layer) == [] and stack.nope_layer_indices(None, n_layer) == []
+    assert layers.nope_layer_indices(k, n_layer) == want
+    assert layers.nope_layer_indices([2, 0], n_layer) == [0, 2]
+    assert layers.nope_layer_indices(0, n_layer) == [] and layers.nope_layer_indices(None, n_layer) == []
 
 
 @pytest.mark.parametrize('scheme', ['rope', 'alibi'])
 def test_nope_layers_attend_without_positions_others_run_the_scheme(scheme):
     m = sharpen(tiny_model(scheme, n_layer=4, nope_layers=2).eval())  # layers 1 and 3 NoPE
-    assert m.pe.plan[1] is None and m.pe.plan[3] is None and m.pe.nope_layers == [1, 3]
+    assert m.pe.slot[1] is None and m.pe.slot[3] is None and m.pe.nope_layers == [1, 3]
+    assert [s.pos_options for s in m.plan] == [{}, None, {}, None]
     T = 12
     x = torch.randn(2, T, 32)
     pos = torch.arange(T)
@@ -115,7 +116,7 @@ def test_per_layer_base_each_layer_uses_its_own_base():
     m = sharpen(tiny_model('rope', n_layer=n, pos_options={'base': 1e4},
                            layer_options={i: {'base': 1e6} for i in range(5, n, 6)}).eval())
     assert len(m.pe.schemes) == 2  # one instance per distinct options set
-    assert [m.pe.schemes[p].base for p in m.pe.plan] == [1e6 if (i + 1) % 6 == 0 else 1e4 for i in range(n)]
+    assert [m.pe.at(i).base for i in range(n)] == [1e6 if (i + 1) % 6 == 0 else 1e4 for i in range(n)]
     T = 40
     x = torch.randn(1, T, 32)
     pos = torch.arange(T)
@@ -129,12 +130,12 @@ def test_per_layer_base_each_layer_uses_its_own_base():
             assert torch.allclose(got, want, atol=1e-5), layer
             assert not torch.allclose(got, other, atol=1e-4), layer
     # and the cos/sin a layer uses come from its own base
-    ctx = m.pe.context(pos, pos, T)
-    for p, inner in enumerate(m.pe.schemes):
+    for inner in m.pe.schemes:
         d = 8
         inv = torch.tensor([inner.base ** (-2 * i / d) for i in range(d // 2)], dtype=torch.float64)
         ang = pos.double()[:, None] * inv
-        assert torch.allclose(ctx.extra['inner'][p].extra['cos'], torch.cat((ang, ang), -1).cos().float(), atol=1e-6)
+        cos = inner.context(pos, pos, T).extra['cos']
+        assert torch.allclose(cos, torch.cat((ang, ang), -1).cos().float(), atol=1e-6)
 
 
 @pytest.mark.parametrize('kw, match', [
@@ -144,7 +145,7 @@ def test_per_layer_base_each_layer_uses_its_own_base():
     (dict(nope_layers=[2]), 'not layer indices'),
     (dict(nope_layers=[1, 1]), 'twice'),
     (dict(nope_layers=True), 'int k'),
-    (dict(nope_layers='every 2'), 'int k'),
+    (dict(nope_layers='every 2'), "layer type 'every 2', but layer_types is not set"),
     (dict(layer_options={2: {'base': 1e6}}), 'not a layer index'),
     (dict(layer_options={1: 1e6}), 'must be a dict'),
     (dict(layer_options=[{'base': 1e6}]), 'must be a dict'),
@@ -156,7 +157,7 @@ def test_per_layer_base_each_layer_uses_its_own_base():
     (dict(attn_scaling={'type': 'llama4'}), 'none \\(NoPE layers: \\[\\]\\)'),
     (dict(attn_scaling={'type': 'llama4', 'floor_scale': 0}, nope_layers=2), 'floor_scale > 0'),
     (dict(attn_scaling={'type': 'logn', 'layers': [5]}), 'layer indices 0..1'),
-    (dict(attn_scaling={'type': 'ssmax', 'layers': 'global'}), "'all', 'nope', 'pe'"),
+    (dict(attn_scaling={'type': 'ssmax', 'layers': 'global'}), "layer type 'global', but layer_types is not set"),
     (dict(attn_scaling={'type': 'ssmax', 'init': 'one'}), 'must be a number'),
 ])
 def test_bad_stack_and_scaling_configs_say_what_to_do(kw, match):
@@ -213,9 +214,11 @@ def test_stack_causal_and_kv_cache_parity(name):
 
 @pytest.mark.parametrize('name', list(STACKS))
 def test_stack_trains_and_every_positional_parameter_learns(name):
-    owned = assert_trains_and_pe_params_learn(stack_model(name))
-    if 'ssmax' in name:
-        assert sum('ssmax' in n for n, _ in owned) == 2  # one [H] vector per layer
+    m = stack_model(name)
+    assert_trains_and_pe_params_learn(m)
+    if 'ssmax' in name:  # an attention parameter: one [H] vector per layer, learning too
+        ssmax = [p for n, p in m.named_parameters() if n.endswith('attn.ssmax')]
+        assert len(ssmax) == 2 and all(p.shape == (4,) and p.grad.abs().sum() > 0 for p in ssmax)
 
 
 @pytest.mark.parametrize('name', ['alibi+nope+logn', 'kerple_log+ssmax', 'xpos+nope+logn'])
@@ -268,7 +271,7 @@ def test_stack_bf16_autocast_train_step_and_kv_cache(name):
 
 def test_layer_stack_delegates_the_attention_hook():
     m = tiny_model('fox', nope_layers=2).eval()  # layer 1 runs NoPE: plain attention
-    assert m.transformer.h[0].attn.pe_layer.inner.fgate is not None and m.transformer.h[1].attn.pe_layer.inner is None
+    assert m.transformer.h[0].attn.pe_layer.fgate is not None and m.transformer.h[1].attn.pe_layer is None
     x = torch.randint(0, 37, (2, 30))
     with torch.no_grad():
         full = m(x)[0]
@@ -282,18 +285,20 @@ def test_layer_stack_delegates_the_attention_hook():
     with pytest.raises(ValueError, match='computes its attention itself'):
         tiny_model('stick_breaking', attn_scaling={'type': 'logn'})
     # rope takes attn_scaling, except with a run-time extension that computes its attention itself
-    assert tiny_model('rope', attn_scaling={'type': 'logn'}).pe.attn_scaling['type'] == 'logn'
+    assert tiny_model('rope', attn_scaling={'type': 'logn'}).plan[0].attn_scaling['type'] == 'logn'
     with pytest.raises(ValueError, match='computes its attention itself'):
         tiny_model('rope', attn_scaling={'type': 'logn'}, rope_scaling={'type': 'rerope', 'window': 8})
 
 
 # --- attention scaling --------------------------------------------------------------
 
-def scale_of(m, layer, Tq, Tk):
-    """The factors for Tq new queries after Tk - Tq cached keys."""
-    q = torch.zeros(1, 4, Tq, 8)
-    ctx = m.pe.context(torch.arange(Tk - Tq, Tk), torch.arange(Tk), Tk)
-    return m.pe.logit_scale(q, ctx, m.transformer.h[layer].attn.pe_layer)
+def scale_of(m, layer, Tq, Tk, pos=None):
+    """The factors for Tq new queries after Tk - Tq cached keys (at positions pos), or None."""
+    attn = m.transformer.h[layer].attn
+    if attn.scaling is None:
+        return None
+    pos = torch.arange(Tk - Tq, Tk) if pos is None else pos
+    return A.logit_scale(attn.scaling, attn.ssmax, pos, Tk, attn.mask)
 
 
 def test_logn_factor_per_position():
@@ -317,16 +322,15 @@ def test_logn_extrapolation_variant_is_one_inside_training_length():
 
 def test_llama4_temperature_tuning_matches_hf_formula_and_defaults():
     m = tiny_model('rope', n_layer=4, nope_layers=4, attn_scaling={'type': 'llama4'})  # layer 3 NoPE
-    assert m.pe.attn_scaling['floor_scale'] == 8192 and m.pe.attn_scaling['attn_scale'] == 0.1
-    assert m.pe.scaled == {3}  # Llama 4 tunes the temperature of its NoPE layers only
+    sc = m.plan[3].attn_scaling
+    assert sc['floor_scale'] == 8192 and sc['attn_scale'] == 0.1
+    assert [i for i, s in enumerate(m.plan) if s.attn_scaling] == [3]  # Llama 4 tunes its NoPE layers only
     pos = torch.tensor([0, 100, 8190, 8191, 16382, 16383, 100000, 10 ** 6])
-    q = torch.zeros(1, 4, len(pos), 8)
-    ctx = m.pe.context(pos, pos, 10 ** 6 + 1)
-    s = m.pe.logit_scale(q, ctx, m.transformer.h[3].attn.pe_layer)[0]
+    s = scale_of(m, 3, len(pos), len(pos), pos)[0]
     want = [math.log(math.floor((p + 1) / 8192) + 1) * 0.1 + 1 for p in pos.tolist()]
     assert s.tolist() == pytest.approx(want, rel=1e-6)
     assert s[2] == 1 and s[3] > 1  # the first step is at position 8191: (8191 + 1) / 8192 = 1
-    assert m.pe.logit_scale(q, ctx, m.transformer.h[0].attn.pe_layer) is None
+    assert scale_of(m, 0, len(pos), len(pos), pos) is None
 
 
 @pytest.mark.parametrize('scheme', ['rope', 'alibi'])
@@ -361,7 +365,7 @@ def test_scaling_multiplies_every_logit_of_a_query(scheme):
 
 def test_ssmax_is_learned_per_head_starts_at_one_at_L_and_gets_a_gradient():
     m = tiny_model('rope', block_size=16, attn_scaling={'type': 'ssmax'})
-    layer = m.transformer.h[0].attn.pe_layer
+    layer = m.transformer.h[0].attn
     assert layer.ssmax.shape == (4,) and torch.allclose(layer.ssmax, torch.full((4,), 1 / math.log(16)))
     s = scale_of(m, 0, 16, 16)
     assert s.shape == (4, 16) and s[:, 15].tolist() == pytest.approx([1.0] * 4, rel=1e-6)  # n = L
@@ -389,7 +393,7 @@ def test_plain_checkpoint_takes_logn_at_eval_and_is_unchanged_inside_L(scheme, t
     args = {f.name: getattr(plain.config, f.name) for f in dataclasses.fields(plain.config)}
     torch.save({'model': plain.state_dict(), 'model_args': args}, tmp_path / 'ckpt.pt')
     loaded, _ = checkpoint.load_model(str(tmp_path / 'ckpt.pt'), attn_scaling={'type': 'logn', 'original_max_len': 16})
-    assert isinstance(loaded.pe, stack.LayerStack)
+    assert loaded.plan[0].attn_scaling['type'] == 'logn'
     x = torch.randint(0, 37, (2, 16 if plain.pe.max_len else 48))
     with torch.no_grad():
         a, b = plain(x)[0], scaled(x)[0]
@@ -406,7 +410,7 @@ def test_minus_inf_bias_stays_a_mask_under_scaling():
     s = torch.tensor([[0.0, -2.0, 3.0]])
     q = torch.ones(1, 1, 3, 4)
     table = torch.tensor([0.0, float('-inf'), 1.5])
-    _, mod = stack.scale_logits(q, lambda score, b, h, i, j: score + table[j], s)
+    _, mod = A.scale_logits(q, lambda score, b, h, i, j: score + table[j], s)
     out = mod(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long),
               torch.arange(3), torch.arange(3))
     assert out[1] == float('-inf') and out[0] == 0 and out[2] == pytest.approx(4.5)
