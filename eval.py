@@ -374,7 +374,8 @@ if __name__ == '__main__':
     o = options(dict(out_dir='out', init_from='resume', data_dir='', device='auto', dtype='auto', rope_scaling=None,
                      attn_scaling=None,
                      mults=[1, 2, 4, 8, 16], tokens=32768, stride=0, sliding_tokens=0, last_k=0, last_k_spans=0,
-                     batch_tokens=2**14, quick=False, name='', wandb_log=False, wandb_project='nanoPE', doc_aware=False),
+                     batch_tokens=2**14, quick=False, name='', label='', wandb_log=False, wandb_project='nanoPE',
+                     doc_aware=False),
                 sys.argv[1:], rules=dict(tokens='>0', stride='>=0', sliding_tokens='>=0', last_k='>=0',
                                          last_k_spans='>=0', batch_tokens='>0'))
     from console import exit_on_ctrl_c
@@ -406,6 +407,8 @@ if __name__ == '__main__':
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
            'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'attn_scaling': o.attn_scaling,
            'iter': ckpt.get('iter_num'), 'out_dir': o.out_dir, 'dtype': rt.dtype, **res}
+    if o.label:  # the row's name in compare.py's report
+        res = {'name': o.label, **res}
     for k, v in flat_metrics(res).items():
         print(f"{k:22s} {v:.4f}  (ppl {math.exp(v):.2f})")
     tag = '_'.join(t for t in (scaling_tag(o.rope_scaling), (o.attn_scaling or {}).get('type')) if t)

@@ -34,6 +34,10 @@ Sweep options (the rest go to train.py):
   --tasks=a,b         the task suite instead of language modelling ('default': TASK_SUITE below)
   --randomized=a,b    task suite: schemes also trained with randomized positions (default rope,learned)
   --workers=N         task suite: runs at a time, one CPU thread each (default 2)
+  --presets=a,b       the attention stacks of config/ (PRESETS; 'default': all), each also as NAME-full, its
+                      twin without windows or chunks; with --presets and no --schemes, only these run
+  --drope=True        DroPE (config/drope.py, drope.py) on each seed's rope run: NoPE recalibrated for a fifth
+                      of the steps (drope-c0), then DroPE's logit scaling with c fitted (drope); LM only
   --seeds=N           train every run once per seed: N seeds from --seed (default 1337) up, or a
                       list (--seeds=[1337,7,42]); each in its own folder NAME-sSEED, resumable per
                       seed. A seed fixes initialisation, batch order and dropout, and seed s gives
@@ -73,6 +77,9 @@ VARIANTS = {'rope-prope': {'pos_encoding': 'rope', 'pos_options': "{'p_rope': 0.
             'rope-logn': {'pos_encoding': 'rope', 'attn_scaling': "{'type': 'logn'}"},
             'rope-ssmax': {'pos_encoding': 'rope', 'attn_scaling': "{'type': 'ssmax'}"}}
 SCALED_SCHEMES = ['rope']  # schemes evaluated with each rope_scaling type
+# the attention stacks of 2025-26 models (config/NAME.py); each also runs as NAME-full, without windows or chunks
+PRESETS = ['rnope_swa', 'irope', 'gemma3', 'gpt_oss', 'sssl']
+DROPE = os.path.join(HERE, 'config', 'drope.py')
 EVAL_MULTS = 16            # eval.py's longest length, in units of L
 # the task suite: tasks and schemes; the small model every task run trains is config/task_small.py;
 # single-threaded runs, two at a time on 2 cores
@@ -320,7 +327,7 @@ def main(argv):
     from configurator import configure
     sweep = dict(out='', schemes='', scalings=','.join(SCALINGS), scaling_factor=float(EVAL_MULTS), passkey=None,
                  passkey_iters=300, passkey_trials=20, gpu=False, tasks='', randomized=TASK_SUITE['randomized'],
-                 workers=2, variants='default', seeds=None)
+                 workers=2, variants='default', seeds=None, presets='', drope=False)
     ours = [a for a in argv if a == '--gpu' or a.split('=', 1)[0][2:] in sweep]
     train_args = dict(a[2:].split('=', 1) for a in argv if a not in ours and a.startswith('--') and '=' in a)
     bad = [a for a in argv if a not in ours and not (a.startswith('--') and '=' in a)]
@@ -328,6 +335,7 @@ def main(argv):
         sys.exit(f"bad argument(s) {bad}: use --key=value (sweep keys: {', '.join(sweep)}; others go to train.py)")
     configure(sweep, ['--gpu=True' if a == '--gpu' else a for a in ours], dict(scaling_factor='>0', passkey_iters='>=0',
               passkey_trials='>0', passkey=(lambda v: isinstance(v, bool), 'True or False'), workers='>0',
+              drope=(lambda v: isinstance(v, bool), 'True or False'),
               seeds=(lambda v: seed_list(v, 0) is not None, 'a count (--seeds=3) or a list of seeds (--seeds=[1337,7,42])')))
     if sweep['tasks']:
         return task_suite(sweep, train_args, argv)
@@ -336,7 +344,8 @@ def main(argv):
     if 'pos_encoding' in train_args or 'out_dir' in train_args:
         sys.exit("sweep.py sets pos_encoding and out_dir itself; choose schemes with --schemes and the folder with --out")
     out = os.path.abspath(sweep['out'] or ('out-sweep-gpu' if sweep['gpu'] else 'out-sweep'))
-    schemes = sweep['schemes'].split(',') if sweep['schemes'] else sorted(positional.REGISTRY)
+    presets = preset_args(PRESETS if sweep['presets'] == 'default' else [p for p in sweep['presets'].split(',') if p])
+    schemes = sweep['schemes'].split(',') if sweep['schemes'] else [] if presets else sorted(positional.REGISTRY)
     bad = [s for s in schemes if s not in positional.REGISTRY]
     if bad:
         sys.exit(f"unknown scheme(s) {bad}; registered: {', '.join(sorted(positional.REGISTRY))}")
@@ -355,7 +364,7 @@ def main(argv):
     print(f"sweep: {len(schemes)} schemes ({', '.join(schemes)}), train args {base}, -> {out}/; rope_scaling "
           f"at eval: {', '.join(scaling_tag(sc) for sc in scalings) or 'none'} (factor {factor:g}); passkey {'on' if sweep['passkey'] else 'off'}")
     # 'default': every variant in a full sweep; with --schemes, only the schemes asked for
-    chosen = '' if sweep['variants'] == 'default' and sweep['schemes'] else sweep['variants']
+    chosen = '' if sweep['variants'] == 'default' and (sweep['schemes'] or presets) else sweep['variants']
     names = list(VARIANTS) if chosen == 'default' else [v for v in chosen.split(',') if v]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
@@ -363,10 +372,17 @@ def main(argv):
     variants = {v: VARIANTS[v] for v in names}
     # each scheme once per seed, in its own folder; seed s gives every scheme the same batches
     runs = [(f"{s}-s{seed}", {'pos_encoding': s, 'seed': str(seed)}) for s in schemes for seed in seeds] + \
-           [(f"{v}-s{seed}", {**a, 'wandb_run_name': v, 'seed': str(seed)}) for v, a in variants.items() for seed in seeds]
+           [(f"{v}-s{seed}", {**a, 'wandb_run_name': v, 'seed': str(seed)}) for v, a in {**variants, **presets}.items()
+            for seed in seeds]
+    if sweep['drope']:  # after the rope run of the same seed, from its checkpoint; a fifth of its steps
+        drope = {k: v for k, v in config_args(DROPE).items() if k != 'out_dir'}
+        n = str(max(1, max_iters // 5))
+        runs += [(f"drope-s{seed}", {**drope, 'init_from': os.path.join(out, f'rope-s{seed}', 'ckpt.pt'), 'max_iters': n,
+                                     'eval_interval': n, 'wandb_run_name': 'drope-c0', 'seed': str(seed)})
+                 for seed in seeds]
     evals = sum(not os.path.exists(os.path.join(out, s, f'eval_{scaling_tag(sc)}.json')) for s, a in runs
                 if a['pos_encoding'] in SCALED_SCHEMES and 'wandb_run_name' not in a for sc in scalings)
-    print(plan_line('language modelling', [dict(base, **a, out_dir=os.path.join(out, s), max_iters=max_iters)
+    print(plan_line('language modelling', [{**base, 'max_iters': max_iters, **a, 'out_dir': os.path.join(out, s)}
                                            for s, a in runs], seeds, 'lm', 1, out, evals)
           + (f"; with {evals} rope_scaling evaluations of rope runs" if evals else ''), flush=True)
     failed, t_start = [], time.time()
@@ -381,14 +397,19 @@ def main(argv):
             failed.append((s, why))
             print(f"sweep: {why}")
             continue
-        t0, n = time.time(), len(failed)
-        if not finished(result(os.path.join(d, 'eval.json')), max_iters):
+        t0, n, iters = time.time(), len(failed), int(run_args.get('max_iters', max_iters))
+        if not finished(result(os.path.join(d, 'eval.json')), iters):
             resume = ['--init_from=resume'] if os.path.exists(os.path.join(d, 'ckpt.pt')) else []
             rc = run([sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()] + resume, log)
-            why = outcome(rc, os.path.join(d, 'eval.json'), log, 'train.py', max_iters)
+            why = outcome(rc, os.path.join(d, 'eval.json'), log, 'train.py', iters)
             if why:
                 failed.append((s, why))
                 continue
+        if s.startswith('drope-') and result(os.path.join(d, 'eval_drope.json')) is None:  # fit c, then evaluate
+            cmd = [sys.executable, 'drope.py', f'--out_dir={d}'] + \
+                  ([f"--tokens={base['eval_tokens']}"] if 'eval_tokens' in base else [])
+            why = outcome(run(cmd, log), os.path.join(d, 'eval_drope.json'), log, 'drope.py')
+            failed += [(s, why)] if why else []
         variants = [None] + (scalings if run_args['pos_encoding'] in SCALED_SCHEMES and 'wandb_run_name' not in run_args
                              else [])
         for sc in variants[1:]:
@@ -412,8 +433,8 @@ def main(argv):
         if len(failed) == n:
             print(f"sweep: {s} done in {time.time() - t0:.0f}s ({time.time() - t_start:.0f}s so far)", flush=True)
     from compare import make_report
-    done = [os.path.join(out, s) for s, _ in runs if finished(read_result(os.path.join(out, s, 'eval.json'))[0],
-                                                              max_iters)]
+    done = [os.path.join(out, s) for s, a in runs if finished(read_result(os.path.join(out, s, 'eval.json'))[0],
+                                                              int(a.get('max_iters', max_iters)))]
     if done:
         notes = (f"Sweep: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}; rope_scaling "
                  f"variants at eval time with factor {factor:g} and original_max_len {L}.\n")
@@ -433,7 +454,9 @@ def task_suite(sweep, train_args, argv):
     import tasks
     names = TASK_SUITE['tasks'] if sweep['tasks'] == 'default' else sweep['tasks']
     names = names.split(',')
-    schemes = (sweep['schemes'] or TASK_SUITE['schemes']).split(',')
+    presets = preset_args(PRESETS if sweep['presets'] == 'default' else [p for p in sweep['presets'].split(',') if p],
+                          task=True)
+    schemes = [s for s in (sweep['schemes'] or ('' if presets else TASK_SUITE['schemes'])).split(',') if s]
     bad = [t for t in names if t not in tasks.TASKS] + [s for s in schemes if s not in positional.REGISTRY]
     if bad:
         sys.exit(f"unknown task(s)/scheme(s) {bad}; tasks: {', '.join(tasks.TASKS)}; schemes: "
@@ -457,7 +480,13 @@ def task_suite(sweep, train_args, argv):
                         positional.PositionalEncoding.max_len_of:  # a finite table must hold pos_max positions
                     args['pos_options'] = repr({'max_len': 4 * tasks.max_len(t, 4 * tasks.DEFAULT_N[t])})
                 jobs.append(args)
-    print(f"sweep: task suite, {len(names)} tasks x {len(schemes)} schemes, randomized positions for "
+        for p, a in presets.items():
+            for seed in seeds:
+                iters = {} if 'max_iters' in train_args or t not in TASK_ITERS else {'max_iters': str(TASK_ITERS[t])}
+                jobs.append(dict(base, **iters, **a, task=t, wandb_run_name=p, seed=str(seed),
+                                 out_dir=os.path.join(out, t, f'{p}-s{seed}')))
+    print(f"sweep: task suite, {len(names)} tasks x {len(schemes)} schemes + {len(presets)} presets, randomized "
+          f"positions for "
           f"{', '.join(randomized) or 'none'}", flush=True)
     print(plan_line('task suite', jobs, seeds, 'task', sweep['workers'], out), flush=True)
     t_start, failed, running, pending = time.time(), [], {}, list(jobs)
@@ -547,6 +576,21 @@ def provenance():
     from runtime import cpu_name
     hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{cpu_name()}, {os.cpu_count()} cores"
     return f"commit {commit}, torch {torch.__version__}, {hw}"
+
+
+def preset_args(names, task=False):
+    """{run name: train.py args} of the presets and their twins (NAME-full: no windows, no chunks). In the task
+    suite a preset keeps its own depth (train.py's 4 layers unless it sets n_layer), so its pattern fits."""
+    unknown = [p for p in names if p not in PRESETS]
+    if unknown:
+        sys.exit(f"unknown preset(s) {unknown}; presets: {', '.join(PRESETS)} (or 'default' for all)")
+    out = {}
+    for p in names:
+        a = {k: v for k, v in config_args(os.path.join(HERE, 'config', f'{p}.py')).items() if k != 'out_dir'}
+        a = {'n_layer': '4', **a} if task else a
+        out[p] = a
+        out[f'{p}-full'] = {**a, 'sliding_window': 'None', 'attention_chunk_size': 'None'}
+    return out
 
 
 def config_args(path):
