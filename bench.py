@@ -7,6 +7,7 @@ number is measured: docs/speed.md.
   python bench.py --device=cuda --compile=True     # GPU: bf16 autocast, TF32, fused AdamW, torch.compile
   python bench.py --device=cuda --compile=True --preset=gpt2 --schemes=rope,alibi --parts=train
   python bench.py --parts=smoke                    # a 4-iteration train.py run of every scheme, wall time each
+  python bench.py --threads=1 --schemes=rope --presets=all --eval_mult=16   # the attention stacks of config/
 
 Parts, round-robin over the schemes and `nanogpt` (a plain nanoGPT model, below): train (ms/iter,
 tokens/s, MFU), memory (peak of a training step, and of a no-grad forward at 8L), eval (tokens/s of
@@ -14,6 +15,9 @@ that forward), sample (KV cache against recomputing the context). smoke: train.p
 it, each run's time as it reports it. The model is config/bench_<preset>.py. --clock=cpu (the default
 on CPU) is process CPU time, blind to other processes on a shared machine: use it with --threads=1
 (more threads also count OpenMP spin-waiting). The GPU check is gpu_check.py.
+--presets: the layer plans of config/<preset>.py (sweep.PRESETS) on the bench model, each beside its twin
+without windows or chunks (NAME-full); the '× full' columns are a preset's eval tok/s and forward peak
+over its twin's, measured in the same run.
 """
 import itertools
 import json
@@ -202,6 +206,24 @@ def model_size(a, preset):
     return size
 
 
+PLAN_KEYS = ('pos_encoding', 'pos_options', 'n_layer', 'layer_types', 'nope_layers', 'layer_options', 'attn_scaling',
+             'sliding_window', 'attention_chunk_size', 'qk_norm', 'sink_logits')
+
+
+def preset_plans(presets):
+    """{name: GPTConfig keys} of the presets (config/NAME.py's plan) and their twins NAME-full."""
+    from sweep import PRESETS
+    names = PRESETS if presets == 'all' else [p for p in presets.split(',') if p]
+    bad = [p for p in names if p not in PRESETS]
+    if bad:
+        sys.exit(f"unknown preset(s) {bad}; presets: {', '.join(PRESETS)} (or 'all')")
+    plans = {}
+    for p in names:
+        plan = {k: v for k, v in read_config_file(os.path.join(HERE, 'config', f'{p}.py')).items() if k in PLAN_KEYS}
+        plans[p], plans[f'{p}-full'] = plan, {**plan, 'sliding_window': None, 'attention_chunk_size': None}
+    return plans
+
+
 def scheme_names(schemes):
     names = sorted(positional.REGISTRY) if schemes == 'all' else [s.strip() for s in schemes.split(',') if s.strip()]
     bad = [n for n in names if n not in positional.REGISTRY]
@@ -216,13 +238,14 @@ class Bench:
     """Every model built once from the same init seed and kept alive (the round-robin needs them all),
     with its optimizer and the batches: B x L for training, eval.py's batching at 8L for eval."""
 
-    def __init__(self, names, size, a, rt, clock):
+    def __init__(self, names, size, a, rt, clock, plans=None):
         self.a, self.rt, self.clock, self.size = a, rt, clock, dict(size)
         self.B, self.L = self.size.pop('batch_size'), size['block_size']
-        self.models, self.opts, self.runs = {}, {}, {}
-        for name in [BASELINE] + names:
+        self.models, self.opts, self.runs, plans = {}, {}, {}, plans or {}
+        for name in [BASELINE] + names + list(plans):
             torch.manual_seed(a.seed)
-            cfg = GPTConfig(**self.size, pos_encoding=name) if name != BASELINE else GPTConfig(**self.size)
+            cfg = GPTConfig(**self.size) if name == BASELINE else GPTConfig(**{**self.size, **plans[name]}) \
+                if name in plans else GPTConfig(**self.size, pos_encoding=name)
             m = self.models[name] = (NanoGPT(cfg) if name == BASELINE else GPT(cfg)).to(rt.device)
             self.opts[name] = m.configure_optimizers(0.1, 1e-3, (0.9, 0.99), rt.device_type)
             self.runs[name] = torch.compile(m) if a.compile else m
@@ -289,7 +312,7 @@ class Bench:
         for name in self.can_eval if 'memory' in parts else []:
             m = self.models[name]
             res[name]['fwd8L_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
-            if type(m.pe).score_mod is not positional.PositionalEncoding.score_mod:
+            if any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in m.pe.schemes):
                 with attention_backend(m, 'dense'):  # a bias scheme: the same forward with T x T biases
                     res[name]['fwd8L_dense_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
 
@@ -327,12 +350,15 @@ TABLE = [  # (column, result key, format); 'key/' is the ratio of key to rope's
     ('fwd@8L peak MiB', 'fwd8L_peak_MiB', '.0f'), ('× rope', 'fwd8L_peak_MiB/', '.2f'),
     ('dense path', 'fwd8L_dense_peak_MiB', '.0f'), ('eval@8L tok/s', 'eval_tok_s', ',.0f'),
     ('× rope', 'eval_vs_rope', '.2f'), ('sample KV tok/s', 'sample_kv_tok_s', ',.0f'),
-    ('recompute tok/s', 'sample_recompute_tok_s', ',.0f'), ('KV speedup', 'kv_speedup', '.1f×')]
+    ('recompute tok/s', 'sample_recompute_tok_s', ',.0f'), ('KV speedup', 'kv_speedup', '.1f×'),
+    ('eval × full', 'eval_tok_s%', '.2f'), ('fwd peak × full', 'fwd8L_peak_MiB%', '.2f')]
 
 
 def report(res, order, a, B, L, T8, clock, dev_name, dtype):
-    def cell(r, key, fmt):
-        v = r.get(key[:-1], math.nan) / res['rope'].get(key[:-1], math.nan) if key.endswith('/') else r.get(key)
+    def cell(n, key, fmt):
+        r, twin = res[n], res.get(f"{n}-full", {})  # a preset's twin without windows or chunks ('%': ratio to it)
+        v = r.get(key[:-1], math.nan) / res['rope'].get(key[:-1], math.nan) if key.endswith('/') else \
+            r.get(key[:-1], math.nan) / twin.get(key[:-1], math.nan) if key.endswith('%') else r.get(key)
         ok = isinstance(v, (int, float)) and math.isfinite(v)
         return format(v, fmt.rstrip('×')) + '×' * fmt.endswith('×') if ok else '—'
     unit = 'CPU-time' if clock.kind == 'cpu' else 'wall'
@@ -340,7 +366,7 @@ def report(res, order, a, B, L, T8, clock, dev_name, dtype):
           f"train B={B} T={L}; eval/memory at {a.eval_mult}L = {T8}; x rope = ratio to rope, same run")
     print('| scheme | ' + ' | '.join(c for c, _, _ in TABLE) + ' |\n|' + ' --- |' * (len(TABLE) + 1))
     for n in order:
-        print(f"| {n} | " + ' | '.join(cell(res[n], k, fmt) for _, k, fmt in TABLE) + ' |')
+        print(f"| {n} | " + ' | '.join(cell(n, k, fmt) for _, k, fmt in TABLE) + ' |')
     r0 = res['rope']
     if 'train_tok_s' in r0:
         print("\nplumbing overhead vs the nanoGPT baseline (time per training step, median of per-round "
@@ -444,6 +470,7 @@ def main(argv):
         return gpu_check.main([x for x in argv if x != '--gpu_check=True'])
     a = options(dict(
         schemes='all',                     # comma list of positional.REGISTRY names; rope is always added
+        presets='',                        # comma list of sweep.PRESETS (config/<preset>.py), or 'all'
         parts='train,memory,eval,sample',  # which measurements to run, or smoke
         preset='default',                  # the model: config/bench_<preset>.py ('default' | 'gpt2')
         n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,  # 0: the preset's
@@ -477,7 +504,7 @@ def main(argv):
         print(f"nanoPE bench: torch {torch.__version__}, {dev_name}, dtype {rt.dtype}, compile {a.compile}, clock "
               f"{clock.kind}\nmodel { {k: v for k, v in size.items() if k != 'batch_size'} }, batch {size['batch_size']}; "
               f"MFU peak: {peak_label}")
-        b = Bench(names, size, a, rt, clock)
+        b = Bench(names, size, a, rt, clock, preset_plans(a.presets))
         if parts & {'train', 'memory'}:
             b.train(parts, peak)
         if parts & {'eval', 'memory'}:

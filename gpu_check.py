@@ -47,7 +47,7 @@ def check_correct(model, x, rt, r):
     model.eval()
     with rt.autocast:
         full = model(x)[0]
-        if type(model.pe).score_mod is not positional.PositionalEncoding.score_mod:
+        if any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in model.pe.schemes):
             with attention_backend(model, 'flex'):
                 flex = model(x)[0]
             with attention_backend(model, 'dense'):

@@ -535,3 +535,48 @@ def test_each_preset_plan_is_what_its_config_says(name):
         assert [m.pe.at(i).base for i in range(6)] == [1e4] * 5 + [1e6]
     if name == 'irope':
         assert [s.attn_scaling is not None for s in m.plan] == [False] * 3 + [True]
+
+
+# --- the cache mode for schemes that keep their own keys (cache_keys='scheme') --------
+
+@pytest.fixture
+def own_cache_scheme():
+    """A scheme that appends its keys to the cache itself (cache_keys='scheme') and attends plainly."""
+    class OwnCache(positional.PositionalEncoding):
+        cache_keys = 'scheme'
+
+        def attention(self, q, k, v, x, ctx, layer, cache, attend):
+            if cache is not None:
+                k, v = cache.append(k, v)
+            return attend(q, k, v)
+    positional.register('own_cache_test')(OwnCache)
+    yield 'own_cache_test'
+    del positional.REGISTRY['own_cache_test']
+
+
+def test_scheme_cache_mode_leaves_the_cache_to_the_scheme(own_cache_scheme):
+    m = tiny_model(own_cache_scheme).eval()
+    ref = tiny_model('none').eval()
+    ref.load_state_dict(m.state_dict())
+    x = torch.randint(0, 37, (2, 20))
+    with torch.no_grad():
+        cache = m.new_cache()
+        steps = [m(x[:, :6], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(6, 20)]
+        assert all(layer.n == 20 for layer in cache.layers)  # appended once, by the scheme
+        assert torch.allclose(torch.cat(steps, 1), ref(x)[0], atol=1e-5)
+    with pytest.raises(ValueError, match='keeps its own cache'):
+        m.new_cache(window=8)
+
+
+def test_rewrite_changes_cached_keys_in_place_only_without_gradients():
+    from model import LayerKV
+    kv = LayerKV()
+    k = torch.randn(1, 2, 5, 4)
+    kv.append(k, k)
+    with torch.no_grad():
+        buf = kv.k
+        kv.rewrite(lambda keys: keys * 2)
+        assert kv.k is buf and torch.equal(kv[0], 2 * k)  # in place: no copy per token when decoding
+    saved = kv[0]
+    kv.rewrite(lambda keys: keys + 1)  # with gradients: a new tensor, the old one (maybe saved) untouched
+    assert torch.equal(saved, 2 * k) and torch.equal(kv[0], 2 * k + 1)

@@ -9,6 +9,7 @@ KV-cache parity, long forwards, training, the backward graph, graph breaks and b
 over the registry in test_model.py."""
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -812,3 +813,24 @@ def test_learned_position_parameters_get_gradients(name):
     assert pe_params
     for n, p in pe_params:
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, n
+
+
+def test_docs_hook_table_says_which_schemes_use_each_hook():
+    """docs/schemes.md's hook table names, for every hook, exactly the registered schemes that override it
+    (and ExtendedRoPE where it does), so the 'used by' column cannot go stale."""
+    table = {}
+    with open(os.path.join(ROOT, 'docs', 'schemes.md'), encoding='utf-8') as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip('|').split('|')]
+            m = re.match(r"`(\w+)", cells[0])
+            if len(cells) == 4 and m and m.group(1) in ('embed', 'context', 'new_layer', 'transform_qk', 'score_mod',
+                                                        'value_mod', 'attention', 'cache_keys', 'softmax'):
+                table[m.group(1)] = cells[3]
+    base = P.PositionalEncoding
+    for hook, used in table.items():
+        names = set(re.findall(r'[a-z_0-9]+|ExtendedRoPE', used)) & (set(P.REGISTRY) | {'ExtendedRoPE'})
+        want = {n for n, c in P.REGISTRY.items() if getattr(c, hook) != getattr(base, hook)}
+        if getattr(P.ExtendedRoPE, hook) != getattr(P.RoPE, hook):
+            want.add('ExtendedRoPE')
+        assert names == want, hook
+    assert len(table) == 9
