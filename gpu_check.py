@@ -3,12 +3,14 @@ The one-command GPU check: does nanoPE work on this GPU, and roughly how fast.
 
   python gpu_check.py                              # every scheme -> gpu_check.json
   python gpu_check.py --schemes=rope,alibi --json=check.json
+  python gpu_check.py --schemes=rope --presets=gemma3,gpt_oss
 
 In the device's dtype (bf16 autocast on CUDA), at config/bench_gpt2.py on CUDA (config/bench_default.py on CPU;
 --preset=, --n_layer= ... change it), every scheme, the main five first: correct (flex == dense logits, KV cache ==
 full forward, relative max error at T = 256), train (compiled steps: ms/iter, tokens/s, MFU, peak memory), long
-(no-grad forwards at 8L and 16L: tokens/s, and peak memory, O(T)). Writes --json after every scheme and starts
-none after --budget seconds; exit status 1 if any failed a check or to train.
+(no-grad forwards at 8L and 16L: tokens/s, and peak memory, O(T)). Then the attention stacks of config/ (--presets,
+all by default): windows, chunks, QK-norm and sink logits on the same checks, long forwards included. Writes --json
+after every scheme and starts none after --budget seconds; exit status 1 if any failed a check or to train.
 """
 import json
 import sys
@@ -18,7 +20,7 @@ import torch
 
 import positional
 import runtime
-from bench import attention_backend, flops_per_token, model_size, peak_flops, scheme_names
+from bench import attention_backend, flops_per_token, model_size, peak_flops, preset_plans, scheme_names
 from configurator import options
 from console import exit_on_ctrl_c
 from files import atomic_write
@@ -47,7 +49,8 @@ def check_correct(model, x, rt, r):
     model.eval()
     with rt.autocast:
         full = model(x)[0]
-        if any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in model.pe.schemes):
+        if any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in model.pe.schemes) or \
+                any(b.attn.sinks is not None for b in model.transformer.h):  # biases and sinks run on flex
             with attention_backend(model, 'flex'):
                 flex = model(x)[0]
             with attention_backend(model, 'dense'):
@@ -111,9 +114,11 @@ def check_long(model, size, L, a, rt, r):
 def main(argv):
     a = options(dict(schemes='all', preset='', n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,
                      device='auto', dtype='auto', warmup=2, iters=5, eval_batch_tokens=16384, json='gpu_check.json',
-                     seed=0, budget=540.0), argv, rules=dict(warmup='>0', iters='>0', eval_batch_tokens='>0', budget='>0'))
+                     seed=0, budget=540.0, presets='all'),
+                argv, rules=dict(warmup='>0', iters='>0', eval_batch_tokens='>0', budget='>0'))
     names = sorted(set(scheme_names(a.schemes) + ['rope']),
                    key=lambda n: (MAIN_SCHEMES.index(n) if n in MAIN_SCHEMES else 99, n))
+    plans = {p: plan for p, plan in preset_plans(a.presets).items() if not p.endswith('-full')}
     exit_on_ctrl_c('gpu_check.py', f'{a.json} holds the schemes checked so far')
     rt = runtime.setup(a.device, a.dtype)
     preset = a.preset or ('gpt2' if rt.device_type == 'cuda' else 'default')
@@ -124,20 +129,21 @@ def main(argv):
                         model=size, batch_size=B, peak=peak_label, argv=sys.argv), 'results': {}}
     path, t_start, tol = a.json or 'gpu_check.json', time.perf_counter(), 1e-4 if rt.dtype == 'float32' else 5e-2
     print(f"gpu check: {out['meta']['device']}, torch {torch.__version__}, {rt.dtype}, {size}, batch {B}")
-    for name in names:
+    for name in names + list(plans):
         if time.perf_counter() - t_start > a.budget:
             out['skipped'] = out.get('skipped', []) + [name]
             continue
         r = out['results'][name] = {}
         torch.manual_seed(a.seed)
-        model = GPT(GPTConfig(**size, pos_encoding=name)).to(rt.device)
+        model = GPT(GPTConfig(**{**size, **plans[name]}) if name in plans else
+                    GPTConfig(**size, pos_encoding=name)).to(rt.device)
         check_correct(model, torch.randint(size['vocab_size'], (2, min(256, L)), device=rt.device), rt, r)
         r['correct'] = all(r.get(k, 0) < tol for k in ('flex_vs_dense', 'kv_vs_full'))
         try:
             check_train(model, size, B, L, a, rt, peak, r)  # its optimizer and compiled graph are freed on return
         except Exception as e:  # noqa: BLE001 - report the failure, go on with the next scheme
             r['train_error'] = f"{type(e).__name__}: {str(e)[:500]}"
-        if name in MAIN_SCHEMES[:4]:
+        if name in MAIN_SCHEMES[:4] or name in plans:
             check_long(model, size, L, a, rt, r)
         model = None
         torch.cuda.empty_cache()  # (a no-op off CUDA)

@@ -580,3 +580,22 @@ def test_rewrite_changes_cached_keys_in_place_only_without_gradients():
     saved = kv[0]
     kv.rewrite(lambda keys: keys + 1)  # with gradients: a new tensor, the old one (maybe saved) untouched
     assert torch.equal(saved, 2 * k) and torch.equal(kv[0], 2 * k + 1)
+
+
+def test_windowed_sinks_flex_backward_graph_validates_and_equals_dense(flex_with_grad_on_cpu, monkeypatch):
+    """A windowed, chunked layer with sink logits on FlexAttention with gradients, as on CUDA: Inductor's
+    joint-graph check (what the CUDA lowering runs first) accepts it, and FlexAttention's loss and
+    gradients (the sinks' included, through flex's logsumexp) equal the dense path's."""
+    from conftest import Validated, assert_same_grads, flex_and_dense_grads, validating_backend
+    x = torch.randint(0, 37, (2, 64), generator=torch.Generator().manual_seed(0))
+    kw = dict(block_size=64, sliding_window=24, attention_chunk_size={1: 40}, sink_logits=True)
+    counts = []
+    m = tiny_model('alibi', attn_backend='flex', **kw)
+    with pytest.raises(Validated):
+        _, loss = torch.compile(m, backend=validating_backend(counts))(x, x)
+        loss.backward()
+    assert len(counts) == 2
+    monkeypatch.setitem(A._compiled, 'flex', fa.flex_attention)
+    out = flex_and_dense_grads(lambda be: tiny_model('alibi', attn_backend=be, **kw), x)
+    assert_same_grads(out)
+    assert out['flex'][1]['transformer.h.0.attn.sinks'].abs().sum() > 0
