@@ -102,7 +102,8 @@ def read_checkpoint(path, device='cpu'):
                  + (f"use {best}, " if other else '') + "restore a backup, or retrain")
     if not isinstance(ckpt, dict) or not {'model', 'model_args'} <= ckpt.keys():
         sys.exit(f"{path} is not a nanoPE checkpoint (no 'model'/'model_args'); pass a ckpt.pt written by train.py")
-    ckpt['model'] = upgrade_keys(ckpt['model'])
+    if isinstance(ckpt['model'], dict):
+        ckpt['model'] = upgrade_keys(ckpt['model'])
     return ckpt
 
 

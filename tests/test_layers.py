@@ -599,3 +599,17 @@ def test_windowed_sinks_flex_backward_graph_validates_and_equals_dense(flex_with
     out = flex_and_dense_grads(lambda be: tiny_model('alibi', attn_backend=be, **kw), x)
     assert_same_grads(out)
     assert out['flex'][1]['transformer.h.0.attn.sinks'].abs().sum() > 0
+
+
+def test_a_checkpoint_with_ssmax_under_its_older_name_loads(tmp_path):
+    """SSMax's scales were saved as attn.pe_layer.ssmax before attention scaling moved to the attention."""
+    import dataclasses
+    m = tiny_model('rope', attn_scaling={'type': 'ssmax'})
+    with torch.no_grad():
+        m.transformer.h[1].attn.ssmax.copy_(torch.tensor([0.1, 0.2, 0.3, 0.4]))
+    old = {k.replace('attn.ssmax', 'attn.pe_layer.ssmax'): v for k, v in m.state_dict().items()}
+    assert 'transformer.h.1.attn.pe_layer.ssmax' in old
+    args = {f.name: getattr(m.config, f.name) for f in dataclasses.fields(m.config)}
+    torch.save({'model': old, 'model_args': args}, tmp_path / 'ckpt.pt')
+    loaded, _ = checkpoint.load_model(str(tmp_path / 'ckpt.pt'))
+    assert torch.equal(loaded.transformer.h[1].attn.ssmax, torch.tensor([0.1, 0.2, 0.3, 0.4]))
