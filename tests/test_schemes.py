@@ -732,6 +732,35 @@ def test_stick_breaking_matches_per_pair_loop(attend_current, remainder, q0):
     assert torch.allclose(got.double(), want, atol=1e-5)
 
 
+def test_stick_breaking_training_path_output_and_gradients_match_the_formula():
+    """With gradients (the path training takes: one pass, no query chunks), the output and the gradients
+    of q, k and v equal float64 autograd through the product form A_ij = beta_ij prod_{j<l<i} (1 - beta_il),
+    written here without logs or cumulative sums, at a passkey-like length (41 tokens)."""
+    pe = P.REGISTRY['stick_breaking'](tiny_config('stick_breaking', block_size=41)).train()
+    B, H, T, d = 2, 2, 41, 8
+    q, k, v = qkv(B, H, T, T, d, seed=5)
+    q = q * 3  # logits of both signs and some size
+    w = torch.randn(B, H, T, d, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = run_hooks(pe, None, *leaves, None, torch.arange(T), torch.arange(T))
+    (got.double() * w).sum().backward()
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    rq, rk, rv = ref
+    beta = torch.sigmoid(rq @ rk.transpose(-2, -1) / math.sqrt(d))  # [B, H, T, T]
+    rows = []
+    for i in range(T):
+        out = rv[:, :, i]  # all of the stick, before any key breaks it
+        for j in range(i):
+            a = beta[:, :, i, j] * torch.prod(1 - beta[:, :, i, j + 1:i], dim=-1)
+            out = out + a[..., None] * (rv[:, :, j] - rv[:, :, i])  # A_ij v_j, and the leftover shrinks by A_ij
+        rows.append(out)
+    want = torch.stack(rows, 2)
+    (want * w).sum().backward()
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    for name, a, b in zip('qkv', leaves, ref):
+        assert torch.allclose(a.grad.double(), b.grad, atol=1e-5), (name, (a.grad.double() - b.grad).abs().max())
+
+
 def test_stick_breaking_weights_and_leftover_split_the_stick():
     pe = P.REGISTRY['stick_breaking'](tiny_config('stick_breaking'))
     q, k, _ = qkv(1, 4, 20, 20, 8, seed=4)

@@ -59,11 +59,14 @@ def test_two_seed_sweep_reports_spread_and_resumes_per_seed(data, tmp_path):
 
 def wandb_records(run_dir):
     """The records of the one offline wandb run under run_dir, read with wandb's own CLI
-    (`wandb leet inspect --json`): {'run': ..., 'summary': merged summary updates}."""
+    (`wandb leet inspect --json`, run by this interpreter, so no activated environment is needed):
+    {'run': ..., 'summary': merged summary updates}."""
     import glob
     [path] = glob.glob(os.path.join(run_dir, 'wandb', 'offline-run-*', 'run-*.wandb'))
-    out = subprocess.run(['wandb', 'leet', 'inspect', '--json', path], capture_output=True, text=True, timeout=120).stdout
-    recs = [json.loads(line) for line in out.splitlines() if line.startswith('{')]
+    r = subprocess.run([sys.executable, '-m', 'wandb', 'leet', 'inspect', '--json', path], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith('{')]
     summary = {}
     for r in recs:
         summary.update(r.get('summary', {}).get('update', {}))

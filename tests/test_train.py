@@ -1,9 +1,11 @@
 """train.py / sample.py end to end (subprocesses, tiny settings), config CLI, DDP."""
 import json
+import math
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from conftest import ROOT
@@ -58,6 +60,34 @@ def test_train_checkpoint_round_trip_and_sample(char_data, tmp_path):
     assert 'sliding window' in r.stdout
     text = r.stdout.split('\n', 2)[2]
     assert len(text.split('---------------')[0]) >= 60
+
+
+def test_learning_rate_schedule_warmup_cosine_min_lr(char_data, tmp_path):
+    """The learning rate train.py sets at each step, as it logs it: a linear warmup lr * (it + 1) / (w + 1)
+    for it < w, a cosine from lr at it = w down to min_lr at it = lr_decay_iters, then min_lr."""
+    lr, min_lr, w, decay, iters = 1e-2, 1e-3, 4, 10, 14
+    out = str(tmp_path / 'out')
+    r = run(['train.py', f'--data_dir={char_data}', f'--out_dir={out}', f'--max_iters={iters}', '--eval_interval=100',
+             '--compile=False', '--final_eval=False', '--eval_mults=[1]', f'--learning_rate={lr}', f'--min_lr={min_lr}',
+             f'--lr_decay_iters={decay}'] + TINY + [f'--warmup_iters={w}'])
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(os.path.join(out, 'metrics.jsonl')) as f:
+        rows = [json.loads(line) for line in f]
+    # the row of iteration k (after k steps) holds the rate of the step that took it there, step k - 1
+    logged = {row['iter'] - 1: row['lr'] for row in rows if 'train/loss' in row}
+    assert sorted(logged) == list(range(iters))
+    want = {0: lr / 5, 1: 2 * lr / 5, 2: 3 * lr / 5, 3: 4 * lr / 5,   # warmup
+            4: lr,                                                   # the cosine's start: cos(0) = 1
+            5: min_lr + (lr - min_lr) * (1 + math.cos(math.pi / 6)) / 2,
+            7: min_lr + (lr - min_lr) / 2,                           # half way: cos(pi / 2) = 0
+            9: min_lr + (lr - min_lr) * (1 + math.cos(5 * math.pi / 6)) / 2,
+            10: min_lr, 11: min_lr, 12: min_lr, 13: min_lr}          # at lr_decay_iters and past it
+    for it, v in want.items():
+        assert logged[it] == pytest.approx(v, rel=1e-12, abs=0), (it, logged[it], v)
+    assert all(logged[i] > logged[i + 1] for i in range(w, decay))  # the cosine part only decreases
+    # the rate reaches the optimizer: the checkpoint saved at iteration 14 holds the rate set there, min_lr
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    assert ck['iter_num'] == iters and {g['lr'] for g in ck['optimizer']['param_groups']} == {min_lr}
 
 
 def test_ddp_gradients_equal_single_process(tmp_path):
