@@ -8,6 +8,7 @@ number is measured: docs/speed.md.
   python bench.py --device=cuda --compile=True --preset=gpt2 --schemes=rope,alibi --parts=train
   python bench.py --parts=smoke                    # a 4-iteration train.py run of every scheme, wall time each
   python bench.py --threads=1 --schemes=rope --presets=all --eval_mult=16   # the attention stacks of config/
+  python bench.py --threads=1 --schemes=rope --windowed=32 --parts=eval --eval_mult=64   # rope in a 32-key window
 
 Parts, round-robin over the schemes and `nanogpt` (a plain nanoGPT model, below): train (ms/iter,
 tokens/s, MFU), memory (peak of a training step, and of a no-grad forward at 8L), eval (tokens/s of
@@ -17,7 +18,8 @@ on CPU) is process CPU time, blind to other processes on a shared machine: use i
 (more threads also count OpenMP spin-waiting). The GPU check is gpu_check.py.
 --presets: the layer plans of config/<preset>.py (sweep.PRESETS) on the bench model, each beside its twin
 without windows or chunks (NAME-full); the '× full' columns are a preset's eval tok/s and forward peak
-over its twin's, measured in the same run.
+over its twin's, measured in the same run. --windowed=W adds rope-windowW: rope with a W-key sliding window on
+every layer.
 """
 import itertools
 import json
@@ -471,6 +473,7 @@ def main(argv):
     a = options(dict(
         schemes='all',                     # comma list of positional.REGISTRY names; rope is always added
         presets='',                        # comma list of sweep.PRESETS (config/<preset>.py), or 'all'
+        windowed=0,                        # W > 0: also rope with a W-key sliding window on every layer
         parts='train,memory,eval,sample',  # which measurements to run, or smoke
         preset='default',                  # the model: config/bench_<preset>.py ('default' | 'gpt2')
         n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,  # 0: the preset's
@@ -480,7 +483,7 @@ def main(argv):
         rounds=5, iters=2, warmup=2,       # round-robin rounds; timed and untimed train iterations per round
         eval_mult=8, eval_batch_tokens=16384, new_tokens=1000, sample_stride=10, json='', seed=0,
         smoke_timeout=900, smoke_logs='', smoke_cache='cold', smoke_args='',  # part smoke: see smoke_run
-    ), argv, rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0',
+    ), argv, rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0', windowed='>=0',
                         new_tokens='>0', sample_stride='>0', threads='>=0', smoke_timeout='>0',
                         clock=(lambda v: v in ('', 'cpu', 'wall'), "'cpu' or 'wall'"),
                         smoke_cache=(lambda v: v in ('cold', 'user'), "'cold' or 'user'")))
@@ -504,7 +507,9 @@ def main(argv):
         print(f"nanoPE bench: torch {torch.__version__}, {dev_name}, dtype {rt.dtype}, compile {a.compile}, clock "
               f"{clock.kind}\nmodel { {k: v for k, v in size.items() if k != 'batch_size'} }, batch {size['batch_size']}; "
               f"MFU peak: {peak_label}")
-        b = Bench(names, size, a, rt, clock, preset_plans(a.presets))
+        plans = {**preset_plans(a.presets), **({f'rope-window{a.windowed}': {'sliding_window': a.windowed}}
+                                                if a.windowed else {})}
+        b = Bench(names, size, a, rt, clock, plans)
         if parts & {'train', 'memory'}:
             b.train(parts, peak)
         if parts & {'eval', 'memory'}:
