@@ -456,14 +456,15 @@ class LayerKV:
     an earlier step saved for backward would break that backward.
     `state` belongs to the positional scheme: per-key tensors it keeps next to the keys
     (e.g. FoX's log forget gates), one entry per key along dim 2, appended by the scheme;
-    keep() and evict() drop them with their keys."""
+    keep() and evict() drop them with their keys. `carry` is the scheme's too: what it carries
+    from one forward to the next that belongs to no key (PaTH's convolution inputs), never dropped."""
 
     def __init__(self, raw_keys=False):
         self.k = self.v = None
         self.n = 0
         self.start = 0
         self.raw_keys = raw_keys  # keys not position-transformed (transformed every forward)
-        self.state = {}
+        self.state, self.carry = {}, {}
 
     def __getitem__(self, i):
         return None if self.k is None else (self.k, self.v)[i][:, :, :self.n]

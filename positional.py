@@ -1226,3 +1226,250 @@ class StickBreaking(PositionalEncoding):
                     y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
             return y
         return attend.rows(run, q, k, v).to(q.dtype)
+
+
+# --- data-dependent transforms inside the logit (PaTH, Wall): the scheme computes every logit itself, as a dense
+# [B, H, Tq, Tk] float32 tensor (O(T^2) memory, as CoPE), and attend's softmax reads it as its bias with q zeroed,
+# so that windows, chunks, sink logits and attention dropout act as for any scheme, on every path.
+
+
+def causal_conv(x, weight, past=None):
+    """y_t = sum_k weight[:, k] x_{t - W + 1 + k}: a depthwise causal convolution over time of x [B, T, C] with
+    weight [C, W], no bias (the last tap multiplies the current token); past [B, W - 1, C] holds the inputs
+    before x (zeros at the start of a sequence)."""
+    W = weight.size(1)
+    xp = torch.cat((x.new_zeros(x.size(0), W - 1, x.size(2)) if past is None else past, x), 1)
+    return sum(xp[:, s:s + x.size(1)] * weight[:, s] for s in range(W))
+
+
+def _path_chunk(q, k, w, beta):
+    """One chunk of PaTH's UT transform (queries = keys = the chunk's tokens) -> (its logits
+    q_i^T H_i .. H_{j+1} k_j for j <= i, the queries moved to the chunk's start (H_a .. H_i q_i), the keys moved to
+    its end (H_{b-1} .. H_{j+1} k_j), and its product I - W^T T diag(beta) W as (W, T, diag(beta) W))."""
+    n = q.size(2)
+    wb = beta[..., None] * w
+    eye = torch.eye(n, dtype=q.dtype, device=q.device)
+    T = torch.linalg.solve_triangular(eye + torch.tril(wb @ w.transpose(-1, -2), -1), eye.expand(q.shape[:2] + (n, n)),
+                                      upper=False, unitriangular=True)  # (I + StrictLower(diag(beta) W W^T))^-1
+    qw = torch.tril(q @ w.transpose(-1, -2))  # q_i . w_s for s <= i
+    Twbk = T @ torch.tril(wb @ k.transpose(-1, -2), -1)  # from beta_t w_t . k_j for t > j
+    A = torch.tril(q @ k.transpose(-1, -2)) - qw @ Twbk
+    return A, q - qw @ (T @ wb), k - Twbk.transpose(-1, -2) @ w, (w, T, wb)
+
+
+def path_scores(q, k, w, beta, prev=None, chunk=64, keys=False):
+    """PaTH's logits before the scale: A[i, j] = q_i^T H_i H_{i-1} .. H_{j+1} k_j (j <= i; 0 above), H_t = I -
+    beta_t w_t w_t^T, q, k, w [B, H, T, d] and beta [B, H, T] of T new tokens, after `prev` [B, H, m, d]: earlier keys
+    already moved through the last earlier token's H. -> (A [B, H, T, m + T], and with keys=True every key moved
+    through the last new token's H: what a KV cache keeps). Chunks of `chunk` tokens (the algorithm of
+    flash-linear-attention's naive reference): within a chunk the UT transform; a query moves across each earlier
+    chunk by that chunk's product, applied in WY form (no d x d matrix is formed), and keys move forward alike."""
+    B, H, T, d = q.shape
+    m = 0 if prev is None else prev.size(2)
+    edges = list(range(0, T, chunk)) + [T]
+    span = list(zip(edges, edges[1:]))
+    parts = [_path_chunk(q[:, :, a:b], k[:, :, a:b], w[:, :, a:b], beta[:, :, a:b]) for a, b in span]
+
+    def moved_query(x, prod):  # rows x^T (I - W^T T diag(beta) W)
+        W, Tm, wb = prod
+        return x - ((x @ W.transpose(-1, -2)) @ Tm) @ wb
+
+    def moved_key(x, prod):  # rows of (I - W^T T diag(beta) W) x
+        W, Tm, wb = prod
+        return x - ((x @ wb.transpose(-1, -2)) @ Tm.transpose(-1, -2)) @ W
+    rows = []
+    for c, (a, b) in enumerate(span):
+        blocks, qc = [parts[c][0]], parts[c][1]
+        for j in range(c - 1, -1, -1):  # earlier chunks, nearest first
+            blocks.insert(0, qc @ parts[j][2].transpose(-1, -2))
+            qc = moved_query(qc, parts[j][3])
+        if m:
+            blocks.insert(0, qc @ prev.transpose(-1, -2))
+        rows.append(F.pad(torch.cat(blocks, -1), (0, T - b)))
+    if not keys:
+        return torch.cat(rows, 2), None
+    moved = []
+    for c, part in enumerate(parts):  # a chunk's keys, at its end, cross the chunks after it
+        kc = part[2]
+        for later in parts[c + 1:]:
+            kc = moved_key(kc, later[3])
+        moved.append(kc)
+    if m:  # the earlier keys cross every new chunk
+        for part in parts:
+            prev = moved_key(prev, part[3])
+        moved.insert(0, prev)
+    return torch.cat(rows, 2), torch.cat(moved, 2)
+
+
+def wall_scores(q, k, Pq, Pk, chunk=64):
+    """Wall's logits before the scale: A[i, j] = sum_n q_in k_jn exp(Pq_in - Pk_jn) for key j at or before query i
+    (0 above), the queries being the last Tq of the Tk keys; P a prefix sum of log gates <= 0, so every exponent
+    used is a difference <= 0 and nothing overflows however long the sequence: for query chunk [a, b) and the keys
+    before its first query r, exp(P_i - P_j) = exp(P_i - P_r) exp(P_r - P_j), both factors <= 1 (one matmul);
+    within the chunk, per pair. -> [B, H, Tq, Tk]."""
+    B, H, Tq, d = q.shape
+    off, rows = k.size(2) - Tq, []
+    for a in range(0, Tq, chunk):
+        b = min(a + chunk, Tq)
+        r = off + a  # the key index of the chunk's first query
+        Pr = Pk[:, :, r:r + 1]
+        kr = k[:, :, :r] * torch.exp(Pr - Pk[:, :, :r])
+        before = (q[:, :, a:b] * torch.exp(Pq[:, :, a:b] - Pr)) @ kr.transpose(-1, -2)
+        diff = Pq[:, :, a:b, None] - Pk[:, :, None, r:off + b]  # [B, H, b - a, b - a, d]
+        causal = torch.ones(b - a, b - a, dtype=torch.bool, device=q.device).tril()
+        diff = diff.masked_fill(~causal[..., None], float('-inf'))
+        inside = (q[:, :, a:b, None] * k[:, :, None, r:off + b] * diff.exp()).sum(-1)
+        rows.append(F.pad(torch.cat((before, inside), -1), (0, Tq - b)))
+    return torch.cat(rows, 2)
+
+
+def _linear(n_in, n_out, bias=None):
+    """nn.Linear with flash-linear-attention's init: weight N(0, 0.02), bias `bias` (None: no bias)."""
+    m = nn.Linear(n_in, n_out, bias=bias is not None)
+    nn.init.normal_(m.weight, std=0.02)
+    if bias is not None:
+        nn.init.constant_(m.bias, float(bias))
+    return m
+
+
+class _PathLayer(nn.Module):
+    def __init__(self, n_embd, n_head, rank, width, forget_gate):
+        super().__init__()
+        self.w_down, self.w_up = _linear(n_embd, rank), _linear(rank, n_embd)  # w from x, low rank
+        self.w_conv = nn.Parameter(torch.randn(n_embd, width) * 0.02) if width else None
+        self.beta = _linear(n_embd, n_head, bias=0.0)
+        self.fgate = _linear(n_embd, n_head, bias=0.0) if forget_gate else None
+
+
+def _logit_attend(q, k, v, A, attend):
+    """attend's softmax over the logits A [B, H, Tq, Tk] (float32, scaled): q zeroed, A the bias."""
+    def mod(score, b, h, i, j):
+        return score + A[b, h, i, j]
+    return attend(torch.zeros_like(q), k, v, mod)
+
+
+@register('path')
+class PaTH(PositionalEncoding):
+    """PaTH attention (Yang et al., arXiv 2505.16381), as flash-linear-attention's PaTHAttention layer builds it:
+        logit_ij = q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(d)    (the empty product, I, for j = i)
+        H_t = I - beta_t w_t w_t^T,   beta_t = 2 sigmoid(u . x_t + b) in (0, 2)
+        w_t = L2norm per head (SiLU(causal depthwise conv of width 3 over W_up W_down x_t)),  W_down: rank 32
+    with x_t the layer's input. No other positional signal. Kept from fla: the low-rank projection (its MHA
+    default), the short convolution (no bias; the last tap on the current token), SiLU, the per-head norm
+    w / sqrt(sum w^2 + 1e-6), beta unclipped (2 is a reflection; above 1, a negative eigenvalue along w), weights
+    N(0, 0.02) and biases 0 (fla's _init_weights: beta starts near 1). Left out: fla's own QK-norm (the layer
+    plan's qk_norm does that) and GQA.
+    Computation (path_scores): fla's chunked UT transform in chunks of 64 tokens; no d x d matrix is formed, per
+    pair or per chunk. The logits form a dense float32 [B, H, Tq, Tk] tensor (O(T^2) memory, as CoPE) that
+    attend's softmax reads as a bias: windows, chunks and sink logits act as on any layer.
+    KV cache (cache_keys = 'scheme'): the cache holds each key moved through the last token's H; a new token t
+    first rewrites every cached key k <- k - beta_t (k . w_t) w_t, then appends its own key as it is, so decoding
+    costs O(n d) for n cached keys (a segment of new tokens: the segment's product, in WY form). The
+    convolution's last inputs ride in cache.carry. A query reads x up to width - 1 tokens before its window.
+    Options: rank (32), conv (3: the convolution's width; 0 for none), chunk (64)."""
+    cache_keys = 'scheme'
+    forget_gate = False
+
+    def __init__(self, config, rank=32, conv=3, chunk=64):
+        super().__init__(config)
+        for name, v, lo in (('rank', rank, 1), ('conv', conv, 0), ('chunk', chunk, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{self.name} {name} must be an integer >= {lo}, got {v!r}")
+        self.rank, self.conv, self.chunk = rank, conv, chunk
+
+    def new_layer(self):
+        return _PathLayer(self.n_embd, self.n_head, self.rank, self.conv, self.forget_gate)
+
+    def gates(self, x, layer, cache):
+        """(w [B, H, T, d], beta [B, H, T]) of the new tokens, float32, the convolution continuing the cache's."""
+        B, T, C = x.shape
+        pre = layer.w_up(layer.w_down(x))  # [B, T, C]
+        w = pre
+        if self.conv:
+            past = cache.carry.get('path_w') if cache is not None else None
+            w = F.silu(causal_conv(pre, layer.w_conv.float(), past))
+            if cache is not None and self.conv > 1:  # the last conv - 1 inputs, for the next forward
+                seen = torch.cat((pre.new_zeros(B, self.conv - 1, C) if past is None else past, pre), 1)
+                cache.carry['path_w'] = seen[:, seen.size(1) - (self.conv - 1):]
+        w = w.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)
+        return w, 2 * torch.sigmoid(layer.beta(x)).transpose(1, 2)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        n = cache.n if cache is not None else 0
+        with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
+            xf = x.float()
+            w, beta = self.gates(xf, layer, cache)
+            A, keys = path_scores(q.float(), k.float(), w, beta, cache[0].float() if n else None, self.chunk,
+                                  keys=cache is not None)
+            if layer.fgate is not None:  # PaTH-FoX: G_i - G_j inside the scale, G the prefix sum of log f
+                log_f = F.logsigmoid(layer.fgate(xf)).transpose(1, 2)  # [B, H, T]
+                if cache is not None:
+                    log_f = torch.cat((cache.state['path_log_f'], log_f), 2) if n else log_f
+                    cache.state['path_log_f'] = log_f
+                G = log_f.cumsum(-1)
+                A = A + G[..., G.size(-1) - q.size(2):, None] - G[..., None, :]
+            A = A / math.sqrt(self.head_dim)
+        if cache is not None:  # every cached key moves through the new tokens' H; the new keys join
+            if n:
+                cache.rewrite(lambda old: keys[:, :, :n].to(old.dtype))
+            k, v = cache.append(keys[:, :, n:].to(k.dtype), v)
+        return _logit_attend(q, k, v, A, attend)
+
+
+@register('path_fox')
+class PaTHFoX(PaTH):
+    """PaTH-FoX (Yang et al., arXiv 2505.16381; flash-linear-attention's PaTHAttention with use_forget_gate):
+    PaTH plus FoX's forget gates, inside the scale:
+        logit_ij = (q_i^T H_i ... H_{j+1} k_j + G_i - G_j) / sqrt(d),   G_t = sum_{l<=t} log sigmoid(f_h . x_l + b_h)
+    (fla scales the gate term here; its plain FoX, as `fox`, does not). Gate weights N(0, 0.02), bias 0 (fla's
+    init: f about 1/2 at first). The log gates of cached keys ride in cache.state. Options as `path`."""
+    forget_gate = True
+
+
+class _WallLayer(nn.Module):
+    def __init__(self, n_embd, n_head, bias_init, scalar_gate):
+        super().__init__()
+        self.gate = _linear(n_embd, n_embd, bias=bias_init)  # g per query head and channel
+        self.scalar = _linear(n_embd, n_head, bias=bias_init) if scalar_gate else None
+
+
+@register('wall')
+class Wall(PositionalEncoding):
+    """Wall attention (Tilde Research, 2026; flash-linear-attention's wall_attn layer and naive reference):
+        logit_ij = sum_n q_in k_jn exp(P_in - P_jn) / sqrt(d)   [+ C_i - C_j with the scalar gate, unscaled]
+    P_t = sum_{l<=t} g_l, g_l = log sigmoid(W x_l + b) <= 0 per head and channel (x the layer's input); with
+    g = 0 it is plain attention. Init as fla: W ~ N(0, 0.02), b = 8 (g about -3.4e-4: near plain attention at
+    first). The optional scalar gate is FoX's, C the prefix sum of log sigmoid(w_h . x + b_h) per head, added
+    after the scale (as fla). fla sums in log base 2 (exp2 of P / ln 2): the same numbers.
+    Computed stably (wall_scores): every exponent is a difference of prefix sums <= 0, never exp(P) alone. The
+    logits form a dense float32 [B, H, Tq, Tk] tensor (O(T^2) memory) read by attend as a bias. The KV cache keeps
+    the raw keys and each key's g (cache.state): decoding costs O(n d).
+    Options: bias_init (8), scalar_gate (False), chunk (64)."""
+
+    def __init__(self, config, bias_init=8.0, scalar_gate=False, chunk=64):
+        super().__init__(config)
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"wall chunk must be an integer >= 1, got {chunk!r}")
+        self.bias_init, self.scalar_gate, self.chunk = float(bias_init), bool(scalar_gate), chunk
+
+    def new_layer(self):
+        return _WallLayer(self.n_embd, self.n_head, self.bias_init, self.scalar_gate)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        B, H, T, d = q.shape
+        with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
+            xf = x.float()
+            g = F.logsigmoid(layer.gate(xf)).view(B, T, H, d).transpose(1, 2)  # [B, H, T, d]
+            gs = F.logsigmoid(layer.scalar(xf)).transpose(1, 2) if layer.scalar is not None else None
+            if cache is not None:  # the gates of every key in the cache (its keys include the new ones)
+                for name, t in (('wall_g', g), ('wall_gs', gs)):
+                    if t is not None:
+                        cache.state[name] = torch.cat((cache.state[name], t), 2) if name in cache.state else t
+                g, gs = cache.state['wall_g'], cache.state.get('wall_gs')
+            P = g.cumsum(2)
+            A = wall_scores(q.float(), k.float(), P[:, :, P.size(2) - T:], P, self.chunk) / math.sqrt(d)
+            if gs is not None:
+                C = gs.cumsum(-1)
+                A = A + C[..., C.size(-1) - T:, None] - C[..., None, :]
+        return _logit_attend(q, k, v, A, attend)

@@ -151,25 +151,31 @@ def one_layer(scheme, **kw):
     return build(scheme, n_layer=1, **kw).eval()
 
 
+# tokens before its window a scheme reads through its keys' own features: PaTH's w_t comes from a causal
+# convolution over x_{t-2..t}, so a query's Householder products read up to 2 tokens before the keys it sees
+LOOKBACK = {'path': 2, 'path_fox': 2}
+
+
 @pytest.mark.parametrize('scheme', EVERY_PATH_SCHEMES)
 @pytest.mark.parametrize('mask', [dict(sliding_window=5), dict(attention_chunk_size=6)])
 def test_every_scheme_sees_only_its_window_or_chunk(scheme, mask):
     """One layer: the logits at token t depend on the tokens t sees (and on nothing else) -- for
-    own-attention schemes too (FoX, CoPE, stick-breaking, Self-Extend get the mask from attend)."""
+    own-attention schemes too (FoX, CoPE, stick-breaking, Self-Extend, PaTH, Wall get the mask from attend)."""
     m = one_layer(scheme, **mask)
     T = 16
     x = torch.randint(0, 37, (1, T), generator=torch.Generator().manual_seed(1))
     W, C = mask.get('sliding_window'), mask.get('attention_chunk_size')
+    back = LOOKBACK.get(scheme, 0)
     with torch.no_grad():
         base = m(x)[0]
-        for u in (0, 3, 9):
+        for u in (0, 3, 5, 9):
             y = x.clone()
             y[0, u] = (y[0, u] + 1) % 37
             diff = (m(y)[0] - base).abs().amax(-1)[0]
             for t in range(T):
                 if sees(t, u, W, C):
                     assert diff[t] > 1e-6, (t, u)
-                else:
+                elif not any(sees(t, u + s, W, C) for s in range(1, back + 1)):
                     assert diff[t] < 1e-6, (t, u)
 
 

@@ -171,7 +171,10 @@ def test_bf16_autocast_train_step_and_kv_cache(scheme):
 
 # --- attention sinks (StreamingLLM) and rolling caches ----------------------------
 
-RELATIVE = [s for s in SCHEMES if positional.REGISTRY[s].embed is positional.PositionalEncoding.embed]
+# the schemes a rolling cache can serve: no positions in the embeddings, and keys the model caches (a scheme that
+# keeps its own cache, cache_keys='scheme', refuses a rolling one)
+RELATIVE = [s for s in SCHEMES if positional.REGISTRY[s].embed is positional.PositionalEncoding.embed
+            and positional.REGISTRY[s].cache_keys != 'scheme']
 
 
 @pytest.mark.parametrize('scheme', RELATIVE + ['stack:' + n for n in STACKS if n != 'learned+logn'])
