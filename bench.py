@@ -12,7 +12,8 @@ number is measured: docs/speed.md.
 
 Parts, round-robin over the schemes and `nanogpt` (a plain nanoGPT model, below): train (ms/iter,
 tokens/s, MFU), memory (peak of a training step, and of a no-grad forward at 8L), eval (tokens/s of
-that forward), sample (KV cache against recomputing the context). smoke: train.py run as a user runs
+that forward), sample (KV cache against recomputing the context), decode (one token after a 1k and a 4k
+prompt in the KV cache: per-token cost, and how it grows). smoke: train.py run as a user runs
 it, each run's time as it reports it. The model is config/bench_<preset>.py. --clock=cpu (the default
 on CPU) is process CPU time, blind to other processes on a shared machine: use it with --threads=1
 (more threads also count OpenMP spin-waiting). The GPU check is gpu_check.py.
@@ -47,7 +48,7 @@ from model import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASELINE = 'nanogpt'
-SCHEME_PARTS = {'train', 'memory', 'eval', 'sample'}  # the round-robin over schemes
+SCHEME_PARTS = {'train', 'memory', 'eval', 'sample', 'decode'}  # the round-robin over schemes
 
 
 # --- the reference: nanoGPT's model, same sizes, written compactly -------------------
@@ -345,6 +346,29 @@ class Bench:
         for name in names:
             res[name]['sample_kv_vs_rope'] = res[name]['sample_kv_tok_s'] / res['rope']['sample_kv_tok_s']
 
+    @torch.no_grad()
+    def decode(self):
+        """Decoding with a KV cache after a prompt of 1k and of 4k tokens: clock time per new token (median
+        of decode_steps single-token forwards), and its ratio 4k / 1k: 4 where the per-token cost is linear in
+        the cache (the attention over it dominating), 16 were it quadratic."""
+        names = [n for n in self.order if n != BASELINE and self.models[n].pe.addresses(4096 + self.a.decode_steps)]
+        with progress(total=len(names), desc='decode', unit='scheme') as bar:
+            for name in names:
+                m = self.models[name].eval()
+                for n in (1024, 4096):
+                    x = torch.randint(self.size['vocab_size'], (1, n + self.a.decode_steps), device=self.rt.device)
+                    with self.rt.autocast:
+                        cache = m.new_cache()
+                        m(x[:, :n], cache=cache, last=1)
+                        times = []
+                        for t in range(n, n + self.a.decode_steps):
+                            t0 = self.clock.now()
+                            m(x[:, t:t + 1], cache=cache)
+                            times.append(self.clock.now() - t0)
+                    self.res[name][f'decode{n // 1024}k_ms'] = statistics.median(times) * 1e3
+                self.res[name]['decode_4k_over_1k'] = self.res[name]['decode4k_ms'] / self.res[name]['decode1k_ms']
+                bar.update()
+
 
 TABLE = [  # (column, result key, format); 'key/' is the ratio of key to rope's
     ('train tok/s', 'train_tok_s', ',.0f'), ('ms/iter', 'train_ms', '.1f'), ('× rope', 'train_vs_rope', '.2f'),
@@ -353,7 +377,9 @@ TABLE = [  # (column, result key, format); 'key/' is the ratio of key to rope's
     ('dense path', 'fwd8L_dense_peak_MiB', '.0f'), ('eval@8L tok/s', 'eval_tok_s', ',.0f'),
     ('× rope', 'eval_vs_rope', '.2f'), ('sample KV tok/s', 'sample_kv_tok_s', ',.0f'),
     ('recompute tok/s', 'sample_recompute_tok_s', ',.0f'), ('KV speedup', 'kv_speedup', '.1f×'),
-    ('eval × full', 'eval_tok_s%', '.2f'), ('fwd peak × full', 'fwd8L_peak_MiB%', '.2f')]
+    ('eval × full', 'eval_tok_s%', '.2f'), ('fwd peak × full', 'fwd8L_peak_MiB%', '.2f'),
+    ('decode@1k ms/tok', 'decode1k_ms', '.2f'), ('decode@4k ms/tok', 'decode4k_ms', '.2f'),
+    ('4k / 1k', 'decode_4k_over_1k', '.2f')]
 
 
 def report(res, order, a, B, L, T8, clock, dev_name, dtype):
@@ -481,7 +507,7 @@ def main(argv):
         compile=False,                     # torch.compile train and eval (not sampling: the KV cache changes shape)
         threads=0, clock='',               # torch CPU threads (0: its default); 'cpu' | 'wall' ('': cpu on CPU)
         rounds=5, iters=2, warmup=2,       # round-robin rounds; timed and untimed train iterations per round
-        eval_mult=8, eval_batch_tokens=16384, new_tokens=1000, sample_stride=10, json='', seed=0,
+        eval_mult=8, eval_batch_tokens=16384, new_tokens=1000, sample_stride=10, json='', seed=0, decode_steps=16,
         smoke_timeout=900, smoke_logs='', smoke_cache='cold', smoke_args='',  # part smoke: see smoke_run
     ), argv, rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0', windowed='>=0',
                         new_tokens='>0', sample_stride='>0', threads='>=0', smoke_timeout='>0',
@@ -492,7 +518,7 @@ def main(argv):
     names = asked + ['rope'] * ('rope' not in asked)  # rope: the reference every ratio is taken against
     parts = set(a.parts.split(','))
     if parts - SCHEME_PARTS - {'smoke'}:
-        sys.exit(f"--parts takes a comma list of train, memory, eval, sample, smoke; got {a.parts!r}")
+        sys.exit(f"--parts takes a comma list of train, memory, eval, sample, decode, smoke; got {a.parts!r}")
     if a.threads:
         torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
@@ -516,6 +542,8 @@ def main(argv):
             b.eval(parts)
         if 'sample' in parts:
             b.sample()
+        if 'decode' in parts:
+            b.decode()
         report(b.res, b.order, a, b.B, b.L, b.T8, clock, dev_name, rt.dtype)
         out['results'], meta = b.res, dict(model=b.size, batch_size=b.B, peak_flops=peak_label)
     if a.json:
