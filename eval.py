@@ -311,19 +311,30 @@ def final_suite(model, out_dir, head, data=None, L=0, mults=(), tokens=0, task='
                 pos_max=0, device='cpu', ctx=None, stop=None, wandb_run=None, timing=None):
     """train.py's last step: the full suite (evaluate) on a corpus, or for a task exact match per
     length bin, 1..4 task_n, with plain positions (and, as Ruoss et al. evaluate, random ones for
-    a run trained on them) -> out_dir/eval.json, written whole, with `head` (scheme, name, ...)
+    a run trained on them), and the same for each of its test splits (tasks.SPLITS, under 'splits')
+    -> out_dir/eval.json, written whole, with `head` (scheme, name, ...)
     first, 'complete' (false if stop() ended it early: it keeps what it had) and `timing` plus
     final_eval_s. stop(): the name of the signal that asks to stop, or None. Prints one summary
     line and logs to wandb_run if given. Returns None, or why eval.json could not be written."""
     te = time.time()
     if task:
         import tasks
-        print(f"final eval: {task}, sizes 1..{4 * task_n}, exact match per length bin", flush=True)
-        res = dict(tasks.evaluate(model, task, task_n, device, ctx, stop=stop), train_positions=positions)
-        if positions == 'randomized':
-            r = tasks.evaluate(model, task, task_n, device, ctx, 'randomized', pos_max, stop=stop)
-            res.update(bins_randomized=r['bins'], exact_id_randomized=r['exact_id'],
-                       exact_ood_randomized=r['exact_ood'], complete=res['complete'] and r['complete'])
+        splits = tasks.SPLITS.get(task, ())
+        print(f"final eval: {task}" + (f" and its test splits {', '.join(splits)}" if splits else '')
+              + f", sizes 1..{4 * task_n}, exact match per length bin", flush=True)
+
+        def one(name):  # plain positions; for a run trained on random ones, also random ones (Ruoss et al.)
+            r = tasks.evaluate(model, name, task_n, device, ctx, stop=stop)
+            if positions == 'randomized':
+                q = tasks.evaluate(model, name, task_n, device, ctx, 'randomized', pos_max, stop=stop)
+                r.update(bins_randomized=q['bins'], exact_id_randomized=q['exact_id'],
+                         exact_ood_randomized=q['exact_ood'], complete=r['complete'] and q['complete'])
+            return r
+        res = dict(one(task), train_positions=positions)
+        if splits:  # the same sizes; each split's results under its own name, as the task's are at the top
+            res['splits'] = {name: {k: v for k, v in one(name).items() if k not in ('N', 'mult', 'reps')}
+                             for name in splits}
+            res['complete'] = res['complete'] and all(r['complete'] for r in res['splits'].values())
     else:
         print(f"final eval: {', '.join(f'{m}L' for m in mults)} x (non-overlapping, sliding, last-k) on "
               f"{tokens} tokens per length (Ctrl-C stops it and keeps what it has)", flush=True)
@@ -341,8 +352,10 @@ def final_suite(model, out_dir, head, data=None, L=0, mults=(), tokens=0, task='
               f"{out_dir}/eval.json (complete: false); python train.py --out_dir={out_dir} --init_from=resume runs it "
               f"again", flush=True)
     elif not failure and task:
-        summary = {k: res[k] for k in ('exact_id', 'exact_ood', 'exact_id_randomized', 'exact_ood_randomized')
-                   if res.get(k) is not None}
+        keys = ('exact_id', 'exact_ood', 'exact_id_randomized', 'exact_ood_randomized')
+        summary = {k: res[k] for k in keys if res.get(k) is not None}
+        summary.update({f"{name}/{k}": r[k] for name, r in res.get('splits', {}).items() for k in keys
+                        if r.get(k) is not None})
         print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
               + ', '.join(f"{k} {v:.3f}" for k, v in summary.items()))
         if wandb_run is not None:
