@@ -216,6 +216,21 @@ def markdown_tables(evals, passkeys, baseline='rope'):
                 [f"ctx {c}" for c in ctxs], lambda r, c: dict(zip(r['last_k']['context'], r['last_k']['loss'])).get(c),
                 baseline)
             out.append(text)
+        lp = [r for r in evals if any(v is not None for v in (r.get('longppl') or {}).get('loss', []))]
+        if lp:
+            first = lp[0]['longppl']
+            get = lambda r, m, key='loss': dict(zip(r['mults'], r['longppl'][key])).get(m)  # noqa: E731
+            text, agg['longppl'] = seed_tables(
+                f"LongPPL: loss on the key tokens (nats; LongPPL = exp), the last {first['k']} targets of each "
+                f"non-overlapping window, keys where the long context beats the last {first['short']} tokens alone "
+                f"by > {first['alpha']:g} nats and its loss is < {-first['beta']:g}; evaluator: the model itself",
+                groups(lp), mults, names, get, baseline)
+            out.append(text)
+            mean = lambda rs, m, key: _fmt(summarize([get(r, m, key) for r in rs])['mean'], 0)  # noqa: E731
+            rows = [[lab, str(len(rs))] + [f"{mean(rs, m, 'key_tokens')} / {mean(rs, m, 'candidates')}"
+                                           for m in mults] for lab, rs in groups(lp).items()]
+            out.append("Key tokens / candidate tokens (LongPPL's loss is over the key tokens; mean over seeds):\n")
+            out.append(_table(['run', 'n'] + names, rows) + '\n')
     if passkeys:
         mults = max((r['mults'] for r in passkeys), key=len)
         mean_of = lambda grid, m, r: (lambda a: None if a is None else float(np.mean(a)))(  # noqa: E731
