@@ -436,12 +436,14 @@ def final_suite(model, out_dir, head, data=None, L=0, mults=(), tokens=0, task='
 
 def scaling_tag(rope_scaling):
     """File-name tag of a rope_scaling dict: {'type': 'yarn', 'factor': 16} -> 'yarn_x16';
-    yarn with mscale -> 'yarn_mscale1_x16'; self_extend window 32 group 32 -> 'self_extend_w32_g32'."""
+    yarn with mscale -> 'yarn_mscale1_x16'; self_extend window 32 group 32 -> 'self_extend_w32_g32';
+    string shift 42 local 4 -> 'string_s42_l4'."""
     if not rope_scaling:
         return ''
     sc = rope_scaling
     f = sc.get('factor')
-    extra = ''.join(f"_{k[0] if k != 'mscale' else 'mscale'}{sc[k]:g}" for k in ('mscale', 'window', 'group', 'k')
+    extra = ''.join(f"_{k[0] if k != 'mscale' else 'mscale'}{sc[k]:g}"
+                    for k in ('mscale', 'window', 'group', 'k', 'shift', 'local')
                     if isinstance(sc.get(k), (int, float)) and not isinstance(sc.get(k), bool))
     return f"{sc.get('type', 'scaled')}{extra}" + (f"_x{f:g}" if f is not None else '')
 
