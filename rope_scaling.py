@@ -70,9 +70,9 @@ def resolve_rope_scaling(config, scaling=None, static_only=False):
         if isinstance(L, (int, float)) and not isinstance(L, bool) and L > 0:
             scaling = {**scaling, 'factor': max(1.0, config.block_size / L)}
     scaling = check_rope_scaling(scaling)
-    if static_only and scaling['type'] == 'dynamic':
-        raise ValueError("rope_scaling type 'dynamic' is implemented for pos_encoding='rope' only; use a static "
-                         "type here (linear, ntk, yarn, llama3, longrope)")
+    if static_only and scaling['type'] in ('dynamic',) + EXTENSION_TYPES:
+        raise ValueError(f"rope_scaling type {scaling['type']!r} is implemented for pos_encoding='rope' only; use a "
+                         f"static type here (linear, ntk, yarn, llama3, longrope)")
     return scaling
 
 

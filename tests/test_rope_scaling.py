@@ -800,3 +800,13 @@ def test_sweep_recipes_build_a_rope_model_at_the_default_length():
     for sc in dicts:
         m = tiny_model('rope', block_size=128, rope_scaling=sc)
         assert type(m.pe.at(0)).__name__ == ('ExtendedRoPE' if sc['type'] in rope_scaling.EXTENSION_TYPES else 'RoPE')
+
+
+@pytest.mark.parametrize('scheme', ['xpos', 'mrope', 'rope2d'])
+@pytest.mark.parametrize('sc', [{'type': 'self_extend', 'window': 4, 'group': 2}, {'type': 'rerope', 'window': 4},
+                                {'type': 'string', 'shift': 5, 'local': 1}])
+def test_extension_types_on_other_rotary_schemes_are_refused(scheme, sc):
+    """The extensions' two logit maps are ExtendedRoPE's (rope only); another rotary scheme would keep its
+    frequencies and score every pair at its plain distance, so it refuses them as it refuses 'dynamic'."""
+    with pytest.raises(ValueError, match=f"rope_scaling type '{sc['type']}' is implemented for pos_encoding='rope'"):
+        tiny_model(scheme, rope_scaling=sc)
