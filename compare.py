@@ -216,7 +216,7 @@ def markdown_tables(evals, passkeys, baseline='rope'):
                 [f"ctx {c}" for c in ctxs], lambda r, c: dict(zip(r['last_k']['context'], r['last_k']['loss'])).get(c),
                 baseline)
             out.append(text)
-        lp = [r for r in evals if any(v is not None for v in (r.get('longppl') or {}).get('loss', []))]
+        lp = [r for r in evals if any(v is not None for v in (r.get('longppl') or {}).get('key_tokens', []))]
         if lp:
             first = lp[0]['longppl']
             get = lambda r, m, key='loss': dict(zip(r['mults'], r['longppl'][key])).get(m)  # noqa: E731
