@@ -216,6 +216,21 @@ def markdown_tables(evals, passkeys, baseline='rope'):
                 [f"ctx {c}" for c in ctxs], lambda r, c: dict(zip(r['last_k']['context'], r['last_k']['loss'])).get(c),
                 baseline)
             out.append(text)
+        lp = [r for r in evals if any(v is not None for v in (r.get('longppl') or {}).get('key_tokens', []))]
+        if lp:
+            first = lp[0]['longppl']
+            get = lambda r, m, key='loss': dict(zip(r['mults'], r['longppl'][key])).get(m)  # noqa: E731
+            text, agg['longppl'] = seed_tables(
+                f"LongPPL: loss on the key tokens (nats; LongPPL = exp), the last {first['k']} targets of each "
+                f"non-overlapping window, keys where the long context beats the last {first['short']} tokens alone "
+                f"by > {first['alpha']:g} nats and its loss is < {-first['beta']:g}; evaluator: the model itself",
+                groups(lp), mults, names, get, baseline)
+            out.append(text)
+            mean = lambda rs, m, key: _fmt(summarize([get(r, m, key) for r in rs])['mean'], 0)  # noqa: E731
+            rows = [[lab, str(len(rs))] + [f"{mean(rs, m, 'key_tokens')} / {mean(rs, m, 'candidates')}"
+                                           for m in mults] for lab, rs in groups(lp).items()]
+            out.append("Key tokens / candidate tokens (LongPPL's loss is over the key tokens; mean over seeds):\n")
+            out.append(_table(['run', 'n'] + names, rows) + '\n')
     if passkeys:
         mults = max((r['mults'] for r in passkeys), key=len)
         mean_of = lambda grid, m, r: (lambda a: None if a is None else float(np.mean(a)))(  # noqa: E731
@@ -396,6 +411,18 @@ def task_label(res):
     return res['scheme'] + ('' if pos == 'plain' else f" +{pos}")
 
 
+# a task result's own numbers; a test split's result (eval.json 'splits') replaces them
+RESULT_KEYS = ('task', 'positions', 'bins', 'loss_id', 'exact_id', 'exact_ood', 'token_id', 'token_ood', 'complete',
+               'bins_randomized', 'exact_id_randomized', 'exact_ood_randomized')
+
+
+def split_runs(run):
+    """A task run's test splits (eval.json 'splits', e.g. flipflop's flipflop_sparse and flipflop_dense) as
+    runs of those tasks: the run's scheme, seed, N and folder, each split's own results."""
+    base = {k: v for k, v in run.items() if k not in RESULT_KEYS + ('splits',)}
+    return [{**base, **res, 'task': name} for name, res in (run.get('splits') or {}).items()]
+
+
 def make_task_report(dirs, report_dir, notes='', baseline='rope'):
     """The task suite's report: exact match in and beyond the training sizes per task and run
     (over seeds: mean ± sd, n, paired differences against `baseline`, rankings with ties), per
@@ -409,6 +436,7 @@ def make_task_report(dirs, report_dir, notes='', baseline='rope'):
         r = usable(os.path.join(d, 'eval.json'))
         if r and 'task' in r:
             runs.append(dict(r, path=os.path.join(d, 'eval.json'), label=task_label(r)))
+            runs += split_runs(runs[-1])
     if not runs:
         raise ValueError(f"no task eval.json in {dirs}: run the suite first (python sweep.py --tasks=default)")
     os.makedirs(report_dir, exist_ok=True)
@@ -439,6 +467,13 @@ def make_task_report(dirs, report_dir, notes='', baseline='rope'):
         rows.append([lab] + cells)
     N_of = {t: next(r['N'] for r in runs if r['task'] == t) for t in task_names}
     parts.append(_table(['run'] + [f"{t} (N={N_of[t]})" for t in task_names], rows) + '\n')
+    if any(r.get('token_id') is not None for r in runs):
+        rows = [[lab] + [f"{cell([r.get('token_id') for r in by[t][lab]], 2)} / "
+                         f"{cell([r.get('token_ood') for r in by[t][lab]], 2)}" if lab in by[t] else ''
+                         for t in task_names] for lab in labels]
+        parts.append("Per-token accuracy, the share of scored answer tokens right (flip-flop: of reads, 1 - Liu et "
+                     "al.'s read error rate), in / beyond the training sizes:\n")
+        parts.append(_table(['run'] + [f"{t} (N={N_of[t]})" for t in task_names], rows) + '\n')
     agg, per_run_seed = {}, {lab: {} for lab in labels}  # label -> seed -> {'seed', 'path', 'ood': {task: value}}
     for t in task_names:  # one record per (run, seed) across the tasks, so that each seed counts once
         for lab, rs in by[t].items():

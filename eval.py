@@ -4,6 +4,7 @@ Length-extrapolation evaluation for nanoPE.
   python eval.py --out_dir=out-rope              # full suite at L, 2L, 4L, 8L, 16L -> out-rope/eval.json
   python eval.py --out_dir=out-rope --rope_scaling="{'type':'yarn','factor':16,'original_max_len':128}"
   python eval.py --out_dir=out-rope --quick=True # non-overlapping loss only
+  python eval.py --out_dir=out-rope --longppl_short=64   # LongPPL's short context (default L)
   python eval.py --init_from=gpt2 --data_dir=data/shakespeare --out_dir=out-gpt2  # Hugging Face GPT-2
 
 Protocols, on the val split, at each length T = m*L (L = the training block_size):
@@ -19,7 +20,10 @@ Protocols, on the val split, at each length T = m*L (L = the training block_size
   - loss by position inside the window (mean over the non-overlapping windows): shows
     where a scheme breaks down, e.g. right after position L;
   - loss on the last k tokens as the context before them grows: the same k target
-    tokens, scored with windows of growing length.
+    tokens, scored with windows of growing length;
+  - LongPPL (Fang et al., arXiv 2410.23771) at each length past L: the loss on the key tokens of the
+    non-overlapping windows' last L/4 targets, those the long context makes much more likely than the
+    window's last L tokens alone do (key_tokens; the evaluated model is its own evaluator).
 Windows come in `runs` contiguous runs spread evenly over the split, identical for
 every scheme. Inside a run windows advance by the stride, so every token of a run
 after its first T-stride is scored exactly once. Batches hold about `batch_tokens`
@@ -67,13 +71,17 @@ class Interrupted(Exception):
 
 @torch.no_grad()
 def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='cpu', ctx=None, label=None,
-                  stop=None, per_window=None):
+                  stop=None, per_window=None, longppl=None):
     """Per-position loss of the last n_score tokens of the windows x = data[s:s+T],
     y = data[s+1:s+T+1], summed over windows -> (float64 tensor [n_score], n_windows).
     Batches of max(1, batch_tokens // T) windows; a short last batch is padded to the
     same shape so compiled attention kernels are reused rather than recompiled. Only
     the scored positions get logits. stop(): checked before every batch; True raises Interrupted.
-    per_window: a list to which each window's mean scored loss is appended (for standard_error)."""
+    per_window: a list to which each window's mean scored loss is appended (for standard_error).
+    longppl: {'short': S, 'k': k, 'long': [], 'short_loss': []}: each window's last k targets also get
+    their loss from the window's last S inputs alone (a forward of S tokens, positions 0..S-1, so each of
+    them keeps S - k .. S - 1 tokens of context); the two [windows, k] loss tensors of each batch are
+    appended to 'long' and 'short_loss' (LongPPL's long and short contexts, key_tokens)."""
     bs = max(1, batch_tokens // T)
     sums = torch.zeros(n_score, dtype=torch.float64)
     with progress(-(-len(starts) // bs), label, 'batch') as bar:
@@ -86,6 +94,15 @@ def window_losses(model, data, T, starts, n_score, batch_tokens=2**14, device='c
             x, y = win[:, :-1], win[:, T - n_score + 1:]
             with ctx or nullcontext():
                 loss = model(x, y, reduction='none', last=n_score)[1]
+            if longppl is not None:
+                S, k = longppl['short'], longppl['k']
+                if not (k <= n_score and k <= S <= T):
+                    raise ValueError(f"LongPPL needs k <= the scored tokens and k <= short <= T, got k={k}, "
+                                     f"short={S}, {n_score} scored of T={T}")
+                with ctx or nullcontext():
+                    short = model(x[:, T - S:], y[:, n_score - k:], reduction='none', last=k)[1]
+                longppl['long'].append(loss[:len(chunk), n_score - k:].double().cpu())
+                longppl['short_loss'].append(short[:len(chunk)].double().cpu())
             sums += loss[:len(chunk)].sum(0).double().cpu()
             if per_window is not None:
                 per_window += loss[:len(chunk)].double().mean(1).cpu().tolist()
@@ -124,6 +141,30 @@ def standard_error(per_window):
         return None
     m = sum(per_window) / n
     return math.sqrt(sum((x - m) ** 2 for x in per_window) / (n - 1) / n)
+
+
+# LongPPL (Fang et al., arXiv 2410.23771): a key token gains more than ALPHA nats of log-probability from the
+# long context over the short one (LSD) and has a long-context log-probability above BETA (LCL); the
+# authors' code (github.com/BlackieFang/LongPPL, LongPPL/longppl.py, find_key_token) keeps a token where
+# loss_short - loss_full > 2 and loss_full < 2.
+LONGPPL_ALPHA, LONGPPL_BETA = 2.0, -2.0
+
+
+def key_tokens(long_loss, short_loss, alpha=LONGPPL_ALPHA, beta=LONGPPL_BETA):
+    """LongPPL's key tokens from per-token losses (nats) with the long and the short context -> bool mask:
+    LSD = log p(x | long) - log p(x | short) = short_loss - long_loss > alpha and
+    LCL = log p(x | long) = -long_loss > beta, both strict, as the authors' code."""
+    return (short_loss - long_loss > alpha) & (-long_loss > beta)
+
+
+def longppl(long_loss, short_loss, alpha=LONGPPL_ALPHA, beta=LONGPPL_BETA):
+    """(LongPPL's loss: the mean long-context loss over the key tokens, None where there are none; the
+    number of key tokens). LongPPL itself is exp of the loss, as perplexity is of the ordinary loss."""
+    long_loss, short_loss = torch.as_tensor(long_loss, dtype=torch.float64), torch.as_tensor(short_loss,
+                                                                                            dtype=torch.float64)
+    key = key_tokens(long_loss, short_loss, alpha, beta)
+    n = int(key.sum())
+    return (long_loss[key].mean().item() if n else None), n
 
 
 def last_k_loss(model, data, k, lengths, spans=64, ses=None, **kw):
@@ -181,7 +222,7 @@ def peak_bytes(model, T, batch_tokens, device):
 
 def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sliding_tokens=0,
              last_k=0, last_k_spans=0, quick=False, batch_tokens=2**14, device='cpu', ctx=None,
-             progress=False, doc_eot=None, stop=None):
+             progress=False, doc_eot=None, stop=None, longppl_short=0, longppl_k=0):
     """The evaluation suite -> a JSON-able dict of lists aligned with `mults` (None where the
     scheme cannot address the length, or the length would not fit in memory: res['skipped']
     says which and why). quick=True: non-overlapping loss only (cheap, for periodic evals
@@ -189,7 +230,12 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
     costs T / stride tokens of forward); last_k=0 -> L // 4; last_k_spans=0 -> tokens // 512
     (64 by default). doc_eot: the EOT token id, to make the non-overlapping windows
     document-aware (see nonoverlap_loss). stop(): checked between batches; if it says stop,
-    the suite ends there and res['complete'] is False (what was computed is kept)."""
+    the suite ends there and res['complete'] is False (what was computed is kept).
+    LongPPL (res['longppl'], not with quick): at each length T > longppl_short (0 -> L), the last longppl_k
+    (0 -> L // 4) targets of every non-overlapping window are scored again from the window's last
+    longppl_short inputs alone (one extra forward of longppl_short tokens per window); key_tokens picks the
+    tokens the long context helps, and 'loss' is the mean long-context loss over them (longppl). The
+    evaluator is the evaluated model itself."""
     was_training = model.training
     model.eval()
     stride, last_k = stride or max(1, L // 2), last_k or max(1, L // 4)
@@ -199,6 +245,10 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
     lengths = [length_of(m, L) for m in mults]
     res = {'block_size': L, 'mults': list(mults), 'lengths': lengths, 'tokens': tokens, 'complete': False,
            'nonoverlap': [], 'nonoverlap_se': [], 'nonoverlap_windows': [], 'position': [], 'skipped': {}}
+    short, k_lp = longppl_short or L, longppl_k or max(1, L // 4)
+    if not quick:
+        res['longppl'] = {'alpha': LONGPPL_ALPHA, 'beta': LONGPPL_BETA, 'short': short, 'k': k_lp,
+                          'evaluator': 'self', 'loss': [], 'key_tokens': [], 'candidates': [], 'candidates_loss': []}
     free = available_bytes(device)
     for m, T in zip(mults, lengths):
         need = peak_bytes(model, T, batch_tokens, device)
@@ -212,8 +262,18 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
     try:
         for m, T, go in zip(mults, lengths, ok):
             pw = []
-            loss, curve = nonoverlap_loss(model, data, T, tokens, eot=doc_eot, per_window=pw,
+            lp = {'short': short, 'k': k_lp, 'long': [], 'short_loss': []} if not quick and go and T > short else None
+            loss, curve = nonoverlap_loss(model, data, T, tokens, eot=doc_eot, per_window=pw, longppl=lp,
                                           label=f"non-overlapping @{m}L" if progress else None, **kw) if go else (None, None)
+            if 'longppl' in res:
+                long_l = torch.cat(lp['long']).flatten() if lp else None
+                short_l = torch.cat(lp['short_loss']).flatten() if lp else None
+                v, n_key = longppl(long_l, short_l) if lp else (None, None)
+                r = res['longppl']
+                r['loss'].append(v)
+                r['key_tokens'].append(n_key)
+                r['candidates'].append(long_l.numel() if lp else None)
+                r['candidates_loss'].append(long_l.mean().item() if lp else None)
             res['nonoverlap'].append(loss)
             res['nonoverlap_se'].append(standard_error(pw))
             res['nonoverlap_windows'].append(len(pw))
@@ -243,19 +303,25 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
         for key in ('nonoverlap', 'nonoverlap_se', 'nonoverlap_windows', 'position', 'sliding', 'sliding_se'):
             if key in res:
                 res[key] += [None] * (len(mults) - len(res[key]))
+        for key in ('loss', 'key_tokens', 'candidates', 'candidates_loss'):
+            if 'longppl' in res:
+                res['longppl'][key] += [None] * (len(mults) - len(res['longppl'][key]))
     finally:
         model.train(was_training)
     return res
 
 
 def flat_metrics(res):
-    """Scalars for metrics.jsonl / wandb: val/loss@mL, val/sliding@mL, val/lastk@ctxN."""
+    """Scalars for metrics.jsonl / wandb: val/loss@mL, val/sliding@mL, val/longppl@mL (LongPPL's loss),
+    val/lastk@ctxN."""
     out = {}
     for i, m in enumerate(res['mults']):
         if res['nonoverlap'][i] is not None:
             out[f'val/loss@{m}L'] = res['nonoverlap'][i]
         if res.get('sliding') and res['sliding'][i] is not None:
             out[f'val/sliding@{m}L'] = res['sliding'][i]
+        if res.get('longppl') and res['longppl']['loss'][i] is not None:
+            out[f'val/longppl@{m}L'] = res['longppl']['loss'][i]
     if 'last_k' in res:
         for c, v in zip(res['last_k']['context'], res['last_k']['loss']):
             out[f"val/lastk{res['last_k']['k']}@ctx{c}"] = v
@@ -311,19 +377,30 @@ def final_suite(model, out_dir, head, data=None, L=0, mults=(), tokens=0, task='
                 pos_max=0, device='cpu', ctx=None, stop=None, wandb_run=None, timing=None):
     """train.py's last step: the full suite (evaluate) on a corpus, or for a task exact match per
     length bin, 1..4 task_n, with plain positions (and, as Ruoss et al. evaluate, random ones for
-    a run trained on them) -> out_dir/eval.json, written whole, with `head` (scheme, name, ...)
+    a run trained on them), and the same for each of its test splits (tasks.SPLITS, under 'splits')
+    -> out_dir/eval.json, written whole, with `head` (scheme, name, ...)
     first, 'complete' (false if stop() ended it early: it keeps what it had) and `timing` plus
     final_eval_s. stop(): the name of the signal that asks to stop, or None. Prints one summary
     line and logs to wandb_run if given. Returns None, or why eval.json could not be written."""
     te = time.time()
     if task:
         import tasks
-        print(f"final eval: {task}, sizes 1..{4 * task_n}, exact match per length bin", flush=True)
-        res = dict(tasks.evaluate(model, task, task_n, device, ctx, stop=stop), train_positions=positions)
-        if positions == 'randomized':
-            r = tasks.evaluate(model, task, task_n, device, ctx, 'randomized', pos_max, stop=stop)
-            res.update(bins_randomized=r['bins'], exact_id_randomized=r['exact_id'],
-                       exact_ood_randomized=r['exact_ood'], complete=res['complete'] and r['complete'])
+        splits = tasks.SPLITS.get(task, ())
+        print(f"final eval: {task}" + (f" and its test splits {', '.join(splits)}" if splits else '')
+              + f", sizes 1..{4 * task_n}, exact match per length bin", flush=True)
+
+        def one(name):  # plain positions; for a run trained on random ones, also random ones (Ruoss et al.)
+            r = tasks.evaluate(model, name, task_n, device, ctx, stop=stop)
+            if positions == 'randomized':
+                q = tasks.evaluate(model, name, task_n, device, ctx, 'randomized', pos_max, stop=stop)
+                r.update(bins_randomized=q['bins'], exact_id_randomized=q['exact_id'],
+                         exact_ood_randomized=q['exact_ood'], complete=r['complete'] and q['complete'])
+            return r
+        res = dict(one(task), train_positions=positions)
+        if splits:  # the same sizes; each split's results under its own name, as the task's are at the top
+            res['splits'] = {name: {k: v for k, v in one(name).items() if k not in ('N', 'mult', 'reps')}
+                             for name in splits}
+            res['complete'] = res['complete'] and all(r['complete'] for r in res['splits'].values())
     else:
         print(f"final eval: {', '.join(f'{m}L' for m in mults)} x (non-overlapping, sliding, last-k) on "
               f"{tokens} tokens per length (Ctrl-C stops it and keeps what it has)", flush=True)
@@ -341,8 +418,10 @@ def final_suite(model, out_dir, head, data=None, L=0, mults=(), tokens=0, task='
               f"{out_dir}/eval.json (complete: false); python train.py --out_dir={out_dir} --init_from=resume runs it "
               f"again", flush=True)
     elif not failure and task:
-        summary = {k: res[k] for k in ('exact_id', 'exact_ood', 'exact_id_randomized', 'exact_ood_randomized')
-                   if res.get(k) is not None}
+        keys = ('exact_id', 'exact_ood', 'exact_id_randomized', 'exact_ood_randomized')
+        summary = {k: res[k] for k in keys if res.get(k) is not None}
+        summary.update({f"{name}/{k}": r[k] for name, r in res.get('splits', {}).items() for k in keys
+                        if r.get(k) is not None})
         print(f"final eval ({time.time() - te:.0f}s) -> {out_dir}/eval.json: "
               + ', '.join(f"{k} {v:.3f}" for k, v in summary.items()))
         if wandb_run is not None:
@@ -357,12 +436,14 @@ def final_suite(model, out_dir, head, data=None, L=0, mults=(), tokens=0, task='
 
 def scaling_tag(rope_scaling):
     """File-name tag of a rope_scaling dict: {'type': 'yarn', 'factor': 16} -> 'yarn_x16';
-    yarn with mscale -> 'yarn_mscale1_x16'; self_extend window 32 group 32 -> 'self_extend_w32_g32'."""
+    yarn with mscale -> 'yarn_mscale1_x16'; self_extend window 32 group 32 -> 'self_extend_w32_g32';
+    string shift 42 local 4 -> 'string_s42_l4'."""
     if not rope_scaling:
         return ''
     sc = rope_scaling
     f = sc.get('factor')
-    extra = ''.join(f"_{k[0] if k != 'mscale' else 'mscale'}{sc[k]:g}" for k in ('mscale', 'window', 'group', 'k')
+    extra = ''.join(f"_{k[0] if k != 'mscale' else 'mscale'}{sc[k]:g}"
+                    for k in ('mscale', 'window', 'group', 'k', 'shift', 'local')
                     if isinstance(sc.get(k), (int, float)) and not isinstance(sc.get(k), bool))
     return f"{sc.get('type', 'scaled')}{extra}" + (f"_x{f:g}" if f is not None else '')
 
@@ -375,9 +456,10 @@ if __name__ == '__main__':
                      attn_scaling=None,
                      mults=[1, 2, 4, 8, 16], tokens=32768, stride=0, sliding_tokens=0, last_k=0, last_k_spans=0,
                      batch_tokens=2**14, quick=False, name='', label='', wandb_log=False, wandb_project='nanoPE',
-                     doc_aware=False),
+                     doc_aware=False, longppl_short=0, longppl_k=0),
                 sys.argv[1:], rules=dict(tokens='>0', stride='>=0', sliding_tokens='>=0', last_k='>=0',
-                                         last_k_spans='>=0', batch_tokens='>0'))
+                                         last_k_spans='>=0', batch_tokens='>0', longppl_short='>=0',
+                                         longppl_k='>=0'))
     from console import exit_on_ctrl_c
     exit_on_ctrl_c('eval.py', 'nothing was written; run it again')
     rt = runtime.setup(o.device, o.dtype)
@@ -401,7 +483,8 @@ if __name__ == '__main__':
           f" on {rt.device} ({rt.dtype})")
     try:
         res = evaluate(model, data, L, tuple(o.mults), o.tokens, o.stride, o.sliding_tokens, o.last_k, o.last_k_spans,
-                       o.quick, o.batch_tokens, rt.device, ctx=rt.autocast, progress=True, doc_eot=doc_eot)
+                       o.quick, o.batch_tokens, rt.device, ctx=rt.autocast, progress=True, doc_eot=doc_eot,
+                       longppl_short=o.longppl_short, longppl_k=o.longppl_k)
     except ValueError as e:  # e.g. a split too short for one window of the longest length
         sys.exit(f"eval.py: {e}")
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,

@@ -308,7 +308,7 @@ class RoPE(PositionalEncoding):
 
     @classmethod
     def variant(cls, config, options):
-        """An extension type (self_extend, rerope, leaky_rerope) builds ExtendedRoPE."""
+        """An extension type (self_extend, rerope, leaky_rerope, string) builds ExtendedRoPE."""
         sc = getattr(config, 'rope_scaling', None) or options.get('scaling')
         return ExtendedRoPE if isinstance(sc, dict) and sc.get('type') in EXTENSION_TYPES else cls
 
@@ -350,13 +350,14 @@ class RoPE(PositionalEncoding):
 
 
 class ExtendedRoPE(RoPE):
-    """`rope` with an inference-time extension (rope_scaling type self_extend, rerope or
-    leaky_rerope; the distance maps are rope_scaling.self_extend_positions and rerope_positions),
-    built for `rope` when one is asked for (RoPE.variant). Near pairs (i - j < window) are scored by
-    plain RoPE, far ones at the remapped distance, by two rotations of q and k:
+    """`rope` with an inference-time extension (rope_scaling type self_extend, rerope, leaky_rerope or
+    string; the distance maps are rope_scaling.self_extend_positions, rerope_positions and string_positions),
+    built for `rope` when one is asked for (RoPE.variant). Near pairs (i - j < window; STRING: < shift) are
+    scored by plain RoPE, far ones at the remapped distance, by two rotations of q and k:
       self_extend   q at i // G + window - window // G,  k at j // G
       rerope        q at window,                         k not rotated
       leaky_rerope  RoPE with inv_freq / k: q at i + window * (k - 1), k at j
+      string        q at i - shift + local,              k at j
     and logits = where(i - j < window, exact, remapped) / sqrt(d) over the layer's mask, softmax, in
     float32 (query chunks without gradients). The layer computes this attention itself, with a softmax of
     its own (no sink logits). Every key is rotated two ways each forward, so the KV cache keeps raw keys."""
@@ -370,8 +371,10 @@ class ExtendedRoPE(RoPE):
         def rot(t, pos, slow=1.0):  # t rotated at positions pos, every frequency divided by slow
             return apply_rotary(t, *self.cos_sin(pos, ctx.extra['inv'] / slow)).float()
         ext, q_pos, k_pos = self.scaling, ctx.q_pos, ctx.k_pos[-k.size(2):]
-        w = ext['window']
-        if ext['type'] == 'self_extend':
+        w = ext['shift'] if ext['type'] == 'string' else ext['window']
+        if ext['type'] == 'string':  # far keys at i - j - shift + local
+            q2, k2 = rot(q, q_pos - w + ext['local']), rot(k, k_pos)
+        elif ext['type'] == 'self_extend':
             G = ext['group']
             q2, k2 = rot(q, q_pos // G + (w - w // G)), rot(k, k_pos // G)
         elif ext['type'] == 'rerope':  # every far key scored at distance w: q at w, k unrotated

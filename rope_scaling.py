@@ -1,7 +1,7 @@
 """
 RoPE context extension for nanoPE: the rope_scaling schema and its checks, `rope_frequencies`
 (plain RoPE, linear / NTK / dynamic NTK / YaRN / Llama 3 / LongRoPE frequencies, p-RoPE), and
-the distance maps of the inference-time extensions Self-Extend and (Leaky) ReRoPE, whose attention
+the distance maps of the inference-time extensions Self-Extend, (Leaky) ReRoPE and STRING, whose attention
 is positional.ExtendedRoPE's. The RoPE-family schemes in positional.py read their frequencies from here.
 """
 
@@ -19,6 +19,9 @@ class _Optional:
 
 
 OPTIONAL = _Optional()
+# STRING's defaults, from the authors' code (github.com/HKUNLP/STRING, string_for_llama.py and the README):
+# shifted_offset = 0.33 x the length, small_local_value = 128, and cos and sin multiplied by 0.1 ln 2 + 1
+STRING_SHIFT_RATIO, STRING_ATTENTION_FACTOR = 0.33, 0.1 * math.log(2) + 1
 
 ROPE_SCALING_KEYS = {
     'linear': {'factor': None},
@@ -33,8 +36,10 @@ ROPE_SCALING_KEYS = {
     'self_extend': {'window': None, 'group': None},
     'rerope': {'window': None},
     'leaky_rerope': {'window': None, 'k': 16.0},
+    # STRING: 'shift' S (resolve_rope_scaling fills in int(0.33 * block_size) when it is left out), 'local' W
+    'string': {'shift': None, 'local': 128, 'attention_factor': STRING_ATTENTION_FACTOR},
 }
-EXTENSION_TYPES = ('self_extend', 'rerope', 'leaky_rerope')
+EXTENSION_TYPES = ('self_extend', 'rerope', 'leaky_rerope', 'string')
 _LIST_KEYS = ('short_factor', 'long_factor')  # per-pair lists (everything else is a number or a bool)
 _BOOL_KEYS = ('truncate',)
 # types whose frequencies depend on the current length (rope_frequencies' seq_len)
@@ -58,14 +63,16 @@ def resolve_rope_scaling(config, scaling=None, static_only=False):
         return None
     if isinstance(scaling, dict) and scaling.get('type') in ('dynamic', 'yarn', 'llama3', 'longrope'):
         scaling = {'original_max_len': config.block_size, **scaling}
+    if isinstance(scaling, dict) and scaling.get('type') == 'string' and scaling.get('shift') is None:
+        scaling = {**scaling, 'shift': int(STRING_SHIFT_RATIO * config.block_size)}
     if isinstance(scaling, dict) and scaling.get('type') == 'longrope' and scaling.get('factor') is None:
         L = scaling['original_max_len']
         if isinstance(L, (int, float)) and not isinstance(L, bool) and L > 0:
             scaling = {**scaling, 'factor': max(1.0, config.block_size / L)}
     scaling = check_rope_scaling(scaling)
-    if static_only and scaling['type'] == 'dynamic':
-        raise ValueError("rope_scaling type 'dynamic' is implemented for pos_encoding='rope' only; use a static "
-                         "type here (linear, ntk, yarn, llama3, longrope)")
+    if static_only and scaling['type'] in ('dynamic',) + EXTENSION_TYPES:
+        raise ValueError(f"rope_scaling type {scaling['type']!r} is implemented for pos_encoding='rope' only; use a "
+                         f"static type here (linear, ntk, yarn, llama3, longrope)")
     return scaling
 
 
@@ -109,6 +116,11 @@ def check_rope_scaling(scaling):
     if kind in EXTENSION_TYPES:  # validated by their distance maps
         if kind == 'self_extend':
             self_extend_positions(torch.zeros(1), torch.zeros(1), out['window'], out['group'])
+        elif kind == 'string':
+            string_positions(torch.zeros(1), torch.zeros(1), out['shift'], out['local'])
+            if out['attention_factor'] <= 0:
+                raise ValueError(f"STRING's attention_factor multiplies cos and sin and must be > 0, got "
+                                 f"{out['attention_factor']!r}")
         else:
             rerope_positions(torch.zeros(1), torch.zeros(1), out['window'], out.get('k'))
         return out
@@ -209,7 +221,7 @@ def rope_frequencies(dim, base=10000.0, scaling=None, seq_len=None, p_rope=None)
 def _scaled_frequencies(inv, dim, base, sc, seq_len):
     """rope_frequencies' scaling types: (inv_freq float64, attention factor)."""
     if sc['type'] in EXTENSION_TYPES:  # they change the distances scored (ExtendedRoPE.attention), not the frequencies
-        return inv, 1.0
+        return inv, float(sc.get('attention_factor', 1.0))  # STRING's factor on cos and sin
     kind, s = sc['type'], float(sc['factor'])
     if kind in ('ntk', 'dynamic') and dim <= 2:
         raise ValueError(f"{kind} scaling changes the base by s^(d/(d-2)) and needs a rotary dim > 2, got {dim}")
@@ -339,3 +351,35 @@ def rerope_positions(q_pos, k_pos, window, leaky_k=None):
     r = r.double()
     return torch.where(r < window, r, window + (r - window) / leaky_k)
 
+
+def string_positions(q_pos, k_pos, shift, local):
+    """STRING, ShifTed Rotary position embeddING (An et al., "Why Does the Effective Context Length of
+    LLMs Fall Short?", arXiv 2410.18745; code: github.com/HKUNLP/STRING, string_for_llama.py): the relative
+    distance each (query i, key j) pair is scored at, [Tq, Tk] int64. With r = i - j, S = shift, W = local:
+      r < S:      r               (neighbour attention: exact positions)
+      otherwise:  r - S + W       (shifted attention: the well-trained small distances reused far away)
+    so the largest distances, rarely trained, are dropped: at n tokens the largest is n - 1 - S + W.
+    Keys after the query (r < 0, masked by causality) get r. The authors' defaults: S = 0.33 x the length
+    (their shifted_ratio times the test length; the README sets it from max_position_embeddings), W = 128.
+    The merge is strict (r < S is exact) as in the paper's position matrix and the authors' decoding path,
+    which splits the cache into the last S keys (distances 0..S-1) and the rest; their prefill path runs
+    flash-attention with window_size=[S, 0], which is inclusive, so there the key at distance exactly S is
+    scored twice, at S and at W. Followed here: the decoding path (one logit per pair), so that decoding
+    with a KV cache equals a full forward.
+
+    Realised with RoPE (attention side), as the authors' code: two logit maps,
+      neighbour:  q rotated at i,          k at j
+      shifted:    q rotated at i - S + W,  k at j
+    logits = where(i - j < S, neighbour, shifted), causal mask, softmax; their code merges the two
+    flash-attention outputs by their log-sum-exps, the same softmax. Their code also multiplies cos and sin
+    by 0.1 ln 2 + 1 (an attention factor as YaRN's, so the logits scale by its square); that is not part of
+    this map (rope_scaling 'attention_factor')."""
+    if not (is_number(shift) and is_number(local)) or int(shift) != shift or int(local) != local or shift < 1 \
+            or not 0 <= local <= shift:
+        raise ValueError(f"STRING needs integers shift >= 1 and 0 <= local <= shift (distances from shift on are "
+                         f"moved down by shift - local; the authors use local = 128 with shift = 0.33 x a length "
+                         f"of 128K tokens: at a smaller scale give a smaller local), got shift={shift!r}, "
+                         f"local={local!r}")
+    shift, local = int(shift), int(local)
+    _, _, r = _rel(q_pos, k_pos)
+    return torch.where(r < shift, r, r - shift + local)

@@ -139,6 +139,92 @@ def test_evaluate_skips_lengths_past_a_position_table():
     assert max(res['last_k']['context']) + res['last_k']['k'] <= 16
 
 
+# --- LongPPL --------------------------------------------------------------------------
+
+def test_longppl_key_tokens_and_value_by_hand():
+    """Key token: LSD = short_loss - long_loss > 2 and LCL = -long_loss > -2, both strict (the authors'
+    loss_short - loss_full > 2 and loss_full < 2); LongPPL's loss is the mean long loss over the keys."""
+    long_ = [0.5, 1.0, 3.0, 0.2, 1.0, 2.0, 0.1]
+    short = [3.0, 1.5, 6.0, 2.5, 3.0, 4.5, 0.1]
+    #        key  LSD .5 LCL -3 key  LSD=2 LCL=-2 LSD 0
+    assert E.key_tokens(torch.tensor(long_), torch.tensor(short)).tolist() == [True, False, False, True, False,
+                                                                               False, False]
+    loss, n = E.longppl(long_, short)
+    assert n == 2 and loss == pytest.approx((0.5 + 0.2) / 2) and math.exp(loss) == pytest.approx(math.exp(0.35))
+    assert E.longppl([1.0, 2.5], [1.5, 3.0]) == (None, 0)
+    assert E.key_tokens(torch.tensor([1.0]), torch.tensor([2.5]), alpha=1.0, beta=-1.5).tolist() == [True]
+
+
+class Copier(nn.Module):
+    """A stub whose prediction needs context D back: the target of input t is scored with logit C(src) on the
+    token src = input t + 1 - D when the window holds it (C = 6 + src % 5), uniform logits otherwise."""
+    D = 12
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.config = tiny_config('none')
+        self.pe = type('PE', (), {'max_len': None, 'addresses': staticmethod(lambda T: True)})()
+
+    def forward(self, idx, targets=None, reduction='mean', last=None):
+        B, T = idx.shape
+        logits = torch.zeros(B, T, V)
+        for t in range(self.D - 1, T):
+            src = idx[:, t + 1 - self.D]
+            logits[torch.arange(B), t, src] = 6.0 + (src % 5).float()
+        logits = logits if last is None else logits[:, -last:]
+        return None, F.cross_entropy(logits.transpose(1, 2), targets, reduction='none')
+
+
+def test_longppl_finds_the_tokens_only_the_long_context_predicts():
+    """Copier data: random tokens, about half of them repeating the token D = 12 back. For each window's last k
+    targets, the long context (the whole window) reaches the source and the short one (the window's last S
+    inputs, a fresh forward) does so only for the later targets: the keys are the repeats whose source the
+    short context misses. Losses written here from the logits' formula, per target."""
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, V, 3000)
+    rep = rng.random(3000) < 0.5
+    for p in range(Copier.D, 3000):
+        if rep[p]:
+            data[p] = data[p - Copier.D]
+    data = data.astype(np.uint16)
+    m, S, k, n = Copier(), 16, 8, 6
+    for T in (32, 64):
+        lp = {'short': S, 'k': k, 'long': [], 'short_loss': []}
+        E.nonoverlap_loss(m, data, T, tokens=n * T, runs=1, longppl=lp, batch_tokens=4 * T)  # windows at 0, T, ..
+        want_long, want_short = [], []
+        for s in range(0, n * T, T):
+            for j in range(T - k, T):  # target data[s + 1 + j], seen from input j of the window
+                tgt, src = int(data[s + 1 + j]), int(data[s + 1 + j - Copier.D])
+                c = 6.0 + src % 5
+                seen = math.log(math.exp(c) + V - 1) - (c if tgt == src else 0.0)
+                want_long.append(seen)  # j + 1 - D >= 0 always here: the window holds the source
+                short_holds = j - (T - S) + 1 - Copier.D >= 0
+                want_short.append(seen if short_holds else math.log(V))
+        got_long, got_short = torch.cat(lp['long']).flatten(), torch.cat(lp['short_loss']).flatten()
+        np.testing.assert_allclose(got_long.numpy(), want_long, rtol=1e-5, atol=1e-5)  # float32 losses
+        np.testing.assert_allclose(got_short.numpy(), want_short, rtol=1e-5, atol=1e-5)
+        key = [sh - lo > 2 and lo < 2 for lo, sh in zip(want_long, want_short)]
+        assert 0 < sum(key) < len(key)
+        assert E.key_tokens(got_long, got_short).tolist() == key
+        loss, nk = E.longppl(got_long, got_short)
+        assert nk == sum(key) and loss == pytest.approx(np.mean([lo for lo, kk in zip(want_long, key) if kk]),
+                                                        rel=1e-3)
+    res = E.evaluate(m, data, 16, mults=(1, 2, 4), tokens=512, sliding_tokens=64, last_k_spans=4, longppl_k=k)
+    lp = res['longppl']
+    assert (lp['short'], lp['k'], lp['alpha'], lp['beta'], lp['evaluator']) == (16, k, 2.0, -2.0, 'self')
+    assert lp['loss'][0] is None and lp['key_tokens'][0] is None  # 1L: no context past the short one
+    assert lp['candidates'][1:] == [512 // 32 * k, 512 // 64 * k] and all(x > 0 for x in lp['key_tokens'][1:])
+    assert E.flat_metrics(res)['val/longppl@2L'] == lp['loss'][1]
+    assert 'longppl' not in E.evaluate(m, data, 16, mults=(1, 2), tokens=512, quick=True)
+    calls = []
+    part = E.evaluate(m, data, 16, mults=(1, 2, 4), tokens=512, longppl_k=k,
+                      stop=lambda: calls.append(1) or len(calls) > 2)
+    assert not part['complete'] and part['longppl']['loss'][1] == lp['loss'][1]  # stopped in the 4L windows
+    assert all(part['longppl'][key][2] is None and len(part['longppl'][key]) == 3 for key in
+               ('loss', 'key_tokens', 'candidates', 'candidates_loss'))
+
+
 # --- passkey ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("T", [65, 128, 300, 2048])
@@ -313,6 +399,29 @@ def test_eval_records_the_standard_error_of_each_mean_loss():
         assert res['nonoverlap_se'][i] == pytest.approx(np.std(per, ddof=1) / math.sqrt(len(per)), rel=1e-4)
     assert len(res['sliding_se']) == 2 and all(v > 0 for v in res['sliding_se'])
     assert len(res['last_k']['se']) == len(res['last_k']['loss']) and all(v > 0 for v in res['last_k']['se'])
+
+
+def test_compare_report_has_longppl_over_seeds(tmp_path):
+    """LongPPL's loss per length over seeds with the paired difference from rope, and the key-token counts
+    (mean over seeds) beside it; a length without LongPPL (1L) is '—'."""
+    import compare
+    base = {'rope_scaling': None, 'block_size': 8, 'mults': [1, 2], 'lengths': [8, 16], 'nonoverlap': [2.0, 2.5]}
+    runs = {('rope', 1): ([None, 0.5], [None, 10]), ('rope', 2): ([None, 0.7], [None, 14]),
+            ('alibi', 1): ([None, 0.25], [None, 30]), ('alibi', 2): ([None, 0.35], [None, 40])}
+    dirs = []
+    for (scheme, seed), (loss, keys) in runs.items():
+        d = tmp_path / f'{scheme}-s{seed}'
+        d.mkdir()
+        lp = {'alpha': 2.0, 'beta': -2.0, 'short': 8, 'k': 2, 'evaluator': 'self', 'loss': loss, 'key_tokens': keys,
+              'candidates': [None, 64], 'candidates_loss': [None, 2.4]}
+        (d / 'eval.json').write_text(json.dumps(dict(base, scheme=scheme, seed=seed, longppl=lp)))
+        dirs.append(str(d))
+    md = open(compare.make_report(dirs, str(tmp_path / 'report'))).read()
+    assert 'LongPPL: loss on the key tokens' in md and 'the last 8 tokens alone by > 2 nats and its loss is < 2' in md
+    assert '| rope | 2 | — | 0.600 ± 0.141 (0.500–0.700) |' in md
+    assert '| alibi | 2 | — | 0.300 ± 0.071 (0.250–0.350) |' in md
+    assert '| alibi | — | -0.300 [' in md  # 0.25 - 0.5 and 0.35 - 0.7: paired mean -0.3
+    assert '| rope | 2 | — / — | 12 / 64 |' in md and '| alibi | 2 | — / — | 35 / 64 |' in md
 
 
 def test_compare_keeps_runs_apart_that_are_not_seeds_of_one_setting(tmp_path):

@@ -620,6 +620,64 @@ def test_rerope_two_maps_reproduce_the_map(leaky_k):
     torch.testing.assert_close(merged[causal], scores_at_distances(q, k, dist, inv)[causal])
 
 
+def string_loop(qs, ks, S, W):
+    """STRING's position matrix (An et al., arXiv 2410.18745, sec. 4): a pair r = i - j apart keeps r below
+    the offset S; from S on it is shifted down by S and W is added."""
+    return [[(i - j) if i - j < S else i - j - S + W for j in ks] for i in qs]
+
+
+@pytest.mark.parametrize('S, W', [(4, 1), (6, 2), (1, 0), (5, 5), (13, 3)])
+def test_string_map_against_the_paper(S, W):
+    T = 20
+    got = rope_scaling.string_positions(torch.arange(T), torch.arange(T), S, W)
+    assert got.dtype == torch.int64 and got.tolist() == string_loop(range(T), range(T), S, W)
+    causal = torch.arange(T)[:, None] >= torch.arange(T)[None, :]
+    assert got[causal].max() == max(T - 1 - S + W, min(S, T) - 1)  # the largest distances are dropped
+
+
+def test_string_by_hand():
+    # query 9, keys 0..9, S = 4, W = 1: r = 9..0; r >= 4 -> r - 3
+    got = rope_scaling.string_positions(torch.tensor([9]), torch.arange(10), 4, 1)
+    assert got.tolist() == [[6, 5, 4, 3, 2, 1, 3, 2, 1, 0]]
+    # the paper's figure 5 (L = 9, offset 3, before W is added): the largest relative position is 8 - 3 = 5
+    assert rope_scaling.string_positions(torch.tensor([8]), torch.tensor([0]), 3, 0).item() == 5
+
+
+def test_string_two_rotations_merge_reproduce_the_map():
+    """The authors' two maps: neighbour (q at i, k at j) and shifted (q at i - S + W, k at j), merged by
+    i - j < S, give the RoPE logit at STRING's distance for every pair."""
+    torch.manual_seed(0)
+    T, d, S, W = 24, 16, 7, 2
+    inv = torch.tensor(plain(d), dtype=torch.float64)
+    q, k = torch.randn(T, d, dtype=torch.float64), torch.randn(T, d, dtype=torch.float64)
+    i = torch.arange(T)
+    neighbour = rope_at(q, i, inv) @ rope_at(k, i, inv).T
+    shifted = rope_at(q, i - S + W, inv) @ rope_at(k, i, inv).T
+    r = i[:, None] - i[None, :]
+    merged = torch.where(r < S, neighbour, shifted)
+    dist = rope_scaling.string_positions(i, i, S, W)
+    causal = r >= 0
+    torch.testing.assert_close(merged[causal], scores_at_distances(q, k, dist, inv)[causal])
+
+
+def test_string_options_defaults_and_errors():
+    """shift defaults to int(0.33 x block_size), the authors' shifted_ratio times the length; local to 128 and
+    the attention factor to 0.1 ln 2 + 1, as their code; local must lie in 0..shift."""
+    m = tiny_model('rope', block_size=64, rope_scaling={'type': 'string', 'local': 4})
+    assert type(m.pe.at(0)).__name__ == 'ExtendedRoPE'
+    assert m.pe.at(0).scaling == {'type': 'string', 'shift': 21, 'local': 4, 'attention_factor': STRING_AF}
+    assert rope_scaling.check_rope_scaling({'type': 'string', 'shift': 400})['local'] == 128
+    with pytest.raises(ValueError, match=r'0 <= local <= shift'):
+        tiny_model('rope', rope_scaling={'type': 'string'})  # block 16: shift 5 < local 128
+    for bad in ({'shift': 0, 'local': 0}, {'shift': 4.5, 'local': 1}, {'shift': 4, 'local': -1}):
+        with pytest.raises(ValueError, match='STRING needs integers'):
+            rope_scaling.check_rope_scaling({'type': 'string', **bad})
+    with pytest.raises(ValueError, match='attention_factor multiplies cos and sin'):
+        rope_scaling.check_rope_scaling({'type': 'string', 'shift': 4, 'local': 1, 'attention_factor': 0})
+    with pytest.raises(ValueError, match="needs 'shift'"):
+        rope_scaling.check_rope_scaling({'type': 'string', 'local': 1})
+
+
 # --- validation of the new options --------------------------------------------------
 
 @pytest.mark.parametrize('bad, msg', [
@@ -661,23 +719,32 @@ def test_bad_p_rope_and_extension_maps_are_clear_errors():
         rope_scaling.rerope_positions(torch.arange(4), torch.arange(4), 2, leaky_k=0.5)
 
 
+STRING_AF = 0.1 * math.log(2) + 1  # the authors' string_for_llama.py: attention_factor on cos and sin
+
+
 @pytest.mark.parametrize('ext', [{'type': 'self_extend', 'window': 6, 'group': 3}, {'type': 'rerope', 'window': 6},
-                                 {'type': 'leaky_rerope', 'window': 6, 'k': 4}])
+                                 {'type': 'leaky_rerope', 'window': 6, 'k': 4},
+                                 {'type': 'string', 'shift': 6, 'local': 2, 'attention_factor': 1.0},
+                                 {'type': 'string', 'shift': 9, 'local': 3}])
 def test_inference_time_extensions_score_each_pair_at_its_mapped_distance(ext):
-    """Self-Extend / ReRoPE / leaky ReRoPE through the model's attention hook: a 1-layer model's
+    """Self-Extend / ReRoPE / leaky ReRoPE / STRING through the model's attention hook: a 1-layer model's
     attention equals softmax over q_i . R(d_ij) k_j with d from the papers' distance formulas
-    written here per pair; inside the window it is plain RoPE; KV-cache decoding equals a full forward."""
+    written here per pair (STRING's logits times its attention factor squared: cos and sin carry it, on q
+    and on k); inside the window it is plain RoPE; KV-cache decoding equals a full forward."""
     torch.manual_seed(0)
     m = sharpen(tiny_model('rope', n_layer=1, rope_scaling=ext)).eval()
     base = tiny_model('rope', n_layer=1).eval()
     base.load_state_dict(m.state_dict())
-    T, w = 40, ext['window']
+    T, w = 40, ext.get('window', ext.get('shift'))
+    af = ext.get('attention_factor', STRING_AF) if ext['type'] == 'string' else 1.0
     x = torch.randint(0, 37, (1, T))
 
     def dist(i, j):
         r = i - j
         if r < w:
             return float(r)
+        if ext['type'] == 'string':
+            return float(r - w + ext['local'])
         if ext['type'] == 'self_extend':
             G = ext['group']
             return float(i // G - j // G + w - w // G)
@@ -698,14 +765,17 @@ def test_inference_time_extensions_score_each_pair_at_its_mapped_distance(ext):
                 c, sn = torch.cat((ang.cos(), ang.cos())), torch.cat((ang.sin(), ang.sin()))
                 qd = q[:, i].double()
                 rq = qd * c + torch.cat((-qd[:, 4:], qd[:, :4]), -1) * sn
-                s.append((rq * k[:, j].double()).sum(-1) / math.sqrt(8))
+                s.append(af ** 2 * (rq * k[:, j].double()).sum(-1) / math.sqrt(8))
             a = torch.stack(s, -1).softmax(-1)
             ref[:, i] = (a.unsqueeze(1) @ v[:, :i + 1].double()).squeeze(1)  # [H, 1, i+1] @ [H, i+1, 8]
         full = m(x)[0]
         got = seen['y']  # the attention block's output: c_proj(y); compare y via the projection
         want = attn.c_proj(ref.transpose(0, 1).reshape(1, T, 32).float())
         assert torch.allclose(got, want, atol=1e-4)
-        assert torch.allclose(full[:, :w], base(x)[0][:, :w], atol=1e-5)  # inside the window: plain RoPE
+        if af == 1.0:
+            assert torch.allclose(full[:, :w], base(x)[0][:, :w], atol=1e-5)  # inside the window: plain RoPE
+        else:
+            assert not torch.allclose(full[:, 1:w], base(x)[0][:, 1:w], atol=1e-3)  # the factor sharpens
         cache = m.new_cache()
         steps = [m(x[:, :10], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(10, T)]
         assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
@@ -718,3 +788,25 @@ def test_extension_options_are_checked():
         tiny_model('rope', rope_scaling={'type': 'self_extend', 'window': 4})
     with pytest.raises(ValueError, match='leaky_k'):
         tiny_model('rope', rope_scaling={'type': 'leaky_rerope', 'window': 4, 'k': 0.5})
+
+
+def test_sweep_recipes_build_a_rope_model_at_the_default_length():
+    """Every rope_scaling of sweep.py's list is valid for a model trained at L = 128 (the default char model)
+    and builds the class it needs; STRING's recipe is the authors' shift 0.33 L with a scaled-down local."""
+    import sweep
+    dicts = sweep.scaling_dicts(sweep.SCALINGS, 16.0, 128, rot_dim=8)  # the tiny model: head dim 8
+    assert [d['type'] for d in dicts][-1] == 'string' and len(dicts) == len(sweep.SCALINGS)
+    assert dicts[-1] == {'type': 'string', 'shift': 42, 'local': 4}
+    for sc in dicts:
+        m = tiny_model('rope', block_size=128, rope_scaling=sc)
+        assert type(m.pe.at(0)).__name__ == ('ExtendedRoPE' if sc['type'] in rope_scaling.EXTENSION_TYPES else 'RoPE')
+
+
+@pytest.mark.parametrize('scheme', ['xpos', 'mrope', 'rope2d'])
+@pytest.mark.parametrize('sc', [{'type': 'self_extend', 'window': 4, 'group': 2}, {'type': 'rerope', 'window': 4},
+                                {'type': 'string', 'shift': 5, 'local': 1}])
+def test_extension_types_on_other_rotary_schemes_are_refused(scheme, sc):
+    """The extensions' two logit maps are ExtendedRoPE's (rope only); another rotary scheme would keep its
+    frequencies and score every pair at its plain distance, so it refuses them as it refuses 'dynamic'."""
+    with pytest.raises(ValueError, match=f"rope_scaling type '{sc['type']}' is implemented for pos_encoding='rope'"):
+        tiny_model(scheme, rope_scaling=sc)

@@ -1,6 +1,7 @@
 """Tests for tasks.py: every answer against an independent computation, the answer mask,
 sampling distributions, scoring on hand-made logits, and the position tricks."""
 import json
+import math
 import os
 import sys
 
@@ -37,7 +38,8 @@ def test_vocab():
 
 def test_registry_and_defaults():
     expected = {'copy', 'reverse', 'duplicate', 'addition', 'parity', 'sort', 'bucket_sort',
-                'stack', 'mqar', 'passkey'}
+                'stack', 'mqar', 'passkey', 'flipflop', 'flipflop_sparse', 'flipflop_dense', 'vartrack',
+                'niah_multikey'}
     assert set(tasks.TASKS) == expected == set(tasks.DEFAULT_N)
     for name, N in tasks.DEFAULT_N.items():
         assert tasks.max_len(name, 4 * N) < 600
@@ -114,6 +116,84 @@ def test_passkey_answer_and_depth():
     for lo, hi in [(0, 0.2), (0.4, 0.6), (0.8, 1.0001)]:  # start, middle, end all covered
         assert 0.12 < np.mean((depths >= lo) & (depths < hi)) < 0.28
     assert depths.min() == 0 and depths.max() == 1  # both extremes reachable
+
+
+# --- flip-flop (Liu et al., arXiv 2306.00946) and RULER's vt / niah_multikey (arXiv 2404.06654) --------
+
+def test_flipflop_reads_return_the_last_write_and_only_reads_are_scored():
+    for name in ('flipflop', 'flipflop_sparse', 'flipflop_dense'):
+        for n, body, ans, scored in examples(name, sizes=SIZES + [80], seeds=range(10)):
+            assert body == ''  # the prompt is SEP alone
+            ops, bits = ans[0::2], ans[1::2]
+            assert len(ops) == n + 2 and ops[0] == 'w' and ops[-1] == 'r'
+            assert set(ops) <= set('wri') and set(bits) <= set('01')
+            register = None
+            for j, (op, bit) in enumerate(zip(ops, bits)):
+                if op == 'w':
+                    register = bit
+                elif op == 'r':
+                    assert bit == register, (ans, j)
+            assert scored == [c for op in ops for c in (False, op == 'r')]
+
+
+@pytest.mark.parametrize('name, p_ignore', [('flipflop', 0.8), ('flipflop_sparse', 0.98), ('flipflop_dense', 0.1)])
+def test_flipflop_instruction_and_bit_frequencies(name, p_ignore):
+    """The n free instructions: ignore with the split's p (the paper's FFL(p): 0.8 train, 0.98 sparse,
+    0.1 dense), write and read (1 - p)/2 each; the bits of writes and ignores are fair coins."""
+    rng = np.random.default_rng(0)
+    counts, ones, wi = {'w': 0, 'r': 0, 'i': 0}, 0, 0
+    for _ in range(400):
+        _, a, _ = tasks.sample(name, 50, rng)
+        s = text(a)
+        for op, bit in zip(s[2:-2:2], s[3:-2:2]):  # the free instructions only
+            counts[op] += 1
+            if op != 'r':
+                ones, wi = ones + (bit == '1'), wi + 1
+    total = sum(counts.values())
+    assert total == 400 * 50
+    for op, p in (('i', p_ignore), ('w', (1 - p_ignore) / 2), ('r', (1 - p_ignore) / 2)):
+        assert abs(counts[op] / total - p) < 4 * math.sqrt(p * (1 - p) / total) + 1e-9, (op, counts)
+    assert abs(ones / wi - 0.5) < 4 * math.sqrt(0.25 / wi)
+
+
+def test_flipflop_splits_share_the_training_task():
+    assert tasks.SPLITS == {'flipflop': ('flipflop_sparse', 'flipflop_dense')}
+    for split in tasks.SPLITS['flipflop']:
+        assert tasks.DEFAULT_N[split] == tasks.DEFAULT_N['flipflop']
+        for n in (1, 9, 80):
+            assert tasks.max_len(split, n) == tasks.max_len('flipflop', n) == 2 * (n + 2) + 1
+
+
+def test_vartrack_answer_is_the_queried_chain():
+    """Parse the statements back ('#' + variable + value or variable), resolve every variable's value by
+    following its chain, and check the answer is every variable holding the queried value, in the order
+    they were assigned; two chains of five, filler of n letters from q..z."""
+    import re
+    for n, body, ans, _ in examples('vartrack', sizes=SIZES + [64], seeds=range(10)):
+        query, text_ = body[-2:], body[:-2]
+        stmts = re.findall(r'#([a-p])([0-9]{2}|[a-p])', text_)
+        assert len(stmts) == 10 and len(re.sub(r'#[a-p](?:[0-9]{2}|[a-p])', '', text_)) == n
+        assert set(re.sub(r'#[a-p](?:[0-9]{2}|[a-p])', '', text_)) <= set('qrstuvwxyz')
+        value = {}
+        for var, src in stmts:  # in text order: a chain's source is always assigned before it is used
+            assert var not in value
+            value[var] = src if src.isdigit() else value[src]
+        assert len(set(value.values())) == 2 and query in value.values()
+        assert ans == ''.join(var for var, _ in stmts if value[var] == query) and len(ans) == 5
+
+
+def test_niah_multikey_answer_is_the_queried_needle():
+    import re
+    depths = []
+    for n, body, ans, _ in examples('niah_multikey', sizes=SIZES + [64], seeds=range(20)):
+        key, text_ = body[-1], body[:-1]
+        needles = re.findall(r'#([a-p])([0-9]{4})', text_)
+        filler = re.sub(r'#[a-p][0-9]{4}', '', text_)
+        assert len(needles) == 4 and len({k for k, _ in needles}) == 4
+        assert len(filler) == n and set(filler) <= set('qrstuvwxyz')
+        assert ans == dict(needles)[key]
+        depths.append([k for k, _ in needles].index(key))
+    assert set(depths) == {0, 1, 2, 3}  # any of the four needles may be asked for
 
 
 @pytest.mark.parametrize('name', sorted(tasks.TASKS))
@@ -277,3 +357,56 @@ def test_task_suite_end_to_end_resumes(tmp_path):
     assert rnd['train_positions'] == 'randomized' and rnd['positions'] == 'plain' and 'bins_randomized' in rnd
     r = _run(args)  # resumed: nothing trained again
     assert r.returncode == 0 and 'exact match' not in r.stdout, r.stdout[-2000:]
+
+
+class ZeroReader(torch.nn.Module):
+    """A stub task model: every position predicts the digit '0' (flip-flop: a read is right when its bit is 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pe = type('PE', (), {'max_len': None})()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x, pos=None, n_pos=None):
+        logits = torch.zeros(*x.shape, tasks.vocab_size)
+        logits[..., tasks.stoi['0']] = 1.0
+        return logits, None
+
+
+def test_flipflop_final_eval_scores_each_split_on_its_own_data_and_the_report_shows_them(tmp_path):
+    """train.py's final evaluation of a flipflop run: the training split at the top of eval.json and both
+    test splits under 'splits', each scored on its own strings: exact match (every read of a string right)
+    and per-token accuracy (reads right) per size bin, against the reads of the same strings drawn here in
+    the evaluator's order; compare.py's task report has a column and a by-size table for each split."""
+    import compare
+    import eval as E
+    N, reps = 2, 16
+    head = dict(scheme='rope', name='rope', seed=1, rope_scaling=None, iter=0, out_dir=str(tmp_path))
+    assert E.final_suite(ZeroReader(), str(tmp_path), head, task='flipflop', task_n=N) is None
+    res = json.load(open(tmp_path / 'eval.json'))
+    assert res['task'] == 'flipflop' and res['complete'] and list(res['splits']) == ['flipflop_sparse',
+                                                                                        'flipflop_dense']
+    edges = tasks.bin_edges(N)
+    for name, r in [('flipflop', res)] + list(res['splits'].items()):
+        rng = np.random.default_rng(1234)  # tasks.evaluate's seed; one batch of reps rows per size, in order
+        exact, right, reads, rows = [np.zeros(len(edges) - 1) for _ in range(4)]
+        for n in range(1, 4 * N + 1):
+            b = np.searchsorted(edges, n, side='right') - 1
+            for _ in range(reps):
+                _, a, scored = tasks.sample(name, n, rng)
+                bits = [text([t]) for t, s in zip(a, scored) if s]
+                rows[b] += 1
+                exact[b] += all(c == '0' for c in bits)
+                right[b] += bits.count('0')
+                reads[b] += len(bits)
+        assert [x['lo'] for x in r['bins']] == edges[:-1]
+        assert [x['exact'] for x in r['bins']] == pytest.approx(list(exact / rows))
+        assert [x['token_acc'] for x in r['bins']] == pytest.approx(list(right / reads))
+        assert edges[:N + 1] == [1, 2, 3]  # one size per bin: sizes 1 and 2 in distribution
+        assert r['exact_ood'] == pytest.approx(np.mean(exact[N:] / rows[N:]))  # means over the bins
+        assert r['token_id'] == pytest.approx(np.mean(right[:N] / reads[:N]))
+    assert res['splits']['flipflop_dense']['exact_ood'] < res['splits']['flipflop_sparse']['exact_ood']
+    md = open(compare.make_task_report([str(tmp_path)], str(tmp_path / 'report'))).read()
+    for t in ('flipflop', 'flipflop_sparse', 'flipflop_dense'):
+        assert f'{t} (N={N})' in md and f'### {t}: exact match by size' in md
+    assert 'Per-token accuracy' in md
