@@ -5,6 +5,9 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
   embed(x, pos)                  -> x         token embeddings, once before block 0
   context(q_pos, k_pos, n_pos)   -> Context   per-forward tables, shared by the layers that have these keys
   new_layer()                    -> module    one layer's parameters, handed back as `layer`
+  heads()                        -> (q, kv, attention)  head counts of a layer (n_head each; RoPE++)
+  layer_context(x, ctx, layer, cache) -> Context   this layer's Context where positions depend on its
+                                              input x (GRAPE-M contextual, Selective RoPE); ctx otherwise
   transform_qk(q, k, ctx, layer) -> (q, k)    rotate, scale or extend queries and keys
   score_mod(q, k, ctx, layer)    -> f | None  additive logit bias f(score, b, h, i, j)
   value_mod(q, k, ctx, layer, f) -> g | None  g(lse) added to the output (Shaw's values)
@@ -84,6 +87,7 @@ class PositionalEncoding(nn.Module):
     scaling = None                 # the rope_scaling dict it applies, resolved and checked, or None
     cache_keys = 'transformed'     # 'transformed' | 'raw' | 'scheme' (see the module docstring)
     softmax = 'attend'             # 'attend' | 'own' | None (see the module docstring)
+    x_lookback = 0                 # tokens before a query's first visible key whose input x its logits read
 
     def __init__(self, config):
         super().__init__()
@@ -127,6 +131,19 @@ class PositionalEncoding(nn.Module):
 
     def new_layer(self):
         return None
+
+    def heads(self):
+        """(query heads, key/value heads, attention heads) of a layer: the model projects that many query
+        and key/value heads, transform_qk may return more query heads than key heads (grouped: query head h
+        reads key/value head h // g), and the attention's output has `attention heads` heads."""
+        return self.n_head, self.n_head, self.n_head
+
+    def layer_context(self, x, ctx, layer, cache):
+        """This layer's Context, for a scheme whose positions depend on the layer's input x [B, Tq, C]
+        (the shared ctx otherwise). Called every layer before transform_qk; what it returns is the ctx that
+        layer's transform_qk, score_mod, value_mod and attention get. cache: the layer's KV cache before this
+        forward's keys are appended (None without one)."""
+        return ctx
 
     def transform_qk(self, q, k, ctx, layer):
         return q, k
@@ -1226,3 +1243,4 @@ class StickBreaking(PositionalEncoding):
                     y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
             return y
         return attend.rows(run, q, k, v).to(q.dtype)
+

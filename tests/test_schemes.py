@@ -844,22 +844,39 @@ def test_learned_position_parameters_get_gradients(name):
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, n
 
 
+HOOKS = ('embed', 'context', 'new_layer', 'heads', 'layer_context', 'transform_qk', 'score_mod', 'value_mod',
+         'attention', 'cache_keys', 'softmax')
+
+
+def variant_classes():
+    """The classes a registered scheme builds for some options (its `variant`: ExtendedRoPE), each with
+    the registered class it stands for."""
+    out, todo = {}, list(P.PositionalEncoding.__subclasses__())
+    while todo:
+        c = todo.pop()
+        todo += c.__subclasses__()
+        if c.name in P.REGISTRY and P.REGISTRY[c.name] is not c and not c.__name__.startswith('_'):
+            out[c.__name__] = (c, P.REGISTRY[c.name])
+    return out
+
+
 def test_docs_hook_table_says_which_schemes_use_each_hook():
     """docs/schemes.md's hook table names, for every hook, exactly the registered schemes that override it
-    (and ExtendedRoPE where it does), so the 'used by' column cannot go stale."""
+    (and each variant class where it overrides its registered scheme's hook with one of its own), so the
+    'used by' column cannot go stale."""
     table = {}
     with open(os.path.join(ROOT, 'docs', 'schemes.md'), encoding='utf-8') as f:
         for line in f:
             cells = [c.strip() for c in line.strip().strip('|').split('|')]
             m = re.match(r"`(\w+)", cells[0])
-            if len(cells) == 4 and m and m.group(1) in ('embed', 'context', 'new_layer', 'transform_qk', 'score_mod',
-                                                        'value_mod', 'attention', 'cache_keys', 'softmax'):
+            if len(cells) == 4 and m and m.group(1) in HOOKS:
                 table[m.group(1)] = cells[3]
-    base = P.PositionalEncoding
+    base, variants = P.PositionalEncoding, variant_classes()
+    assert 'ExtendedRoPE' in variants
     for hook, used in table.items():
-        names = set(re.findall(r'[a-z_0-9]+|ExtendedRoPE', used)) & (set(P.REGISTRY) | {'ExtendedRoPE'})
+        names = set(re.findall(r'[a-z_0-9]+|[A-Z]\w+', used)) & (set(P.REGISTRY) | set(variants))
         want = {n for n, c in P.REGISTRY.items() if getattr(c, hook) != getattr(base, hook)}
-        if getattr(P.ExtendedRoPE, hook) != getattr(P.RoPE, hook):
-            want.add('ExtendedRoPE')
-        assert names == want, hook
-    assert len(table) == 9
+        want |= {n for n, (c, parent) in variants.items()
+                 if getattr(c, hook) != getattr(parent, hook) and getattr(c, hook) != getattr(base, hook)}
+        assert names == want, (hook, names ^ want)
+    assert len(table) == len(HOOKS)
