@@ -30,6 +30,7 @@ Contents:
   q/k transforms   rope (+ ExtendedRoPE: Self-Extend, ReRoPE), xpos, mrope, rope2d, xl, pope
   score biases     alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta
   own attention    fox, cope, stick_breaking
+  RoPE's successors, 2025-26: grape_m, grape_a (+ GrapeAP)
 The maths of RoPE context extension (config.rope_scaling) is in rope_scaling.py.
 Adding a scheme = a subclass here decorated with @register('name'), config/name.py and a test.
 """
@@ -1243,4 +1244,319 @@ class StickBreaking(PositionalEncoding):
                     y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
             return y
         return attend.rows(run, q, k, v).to(q.dtype)
+
+
+# --- RoPE's successors, 2025-26: GRAPE (multiplicative and additive), FoPE, RoPE++, Selective RoPE
+
+
+def _softplus_inverse(y):
+    """The x with softplus(x) = y, for y > 0."""
+    return math.log(math.expm1(float(y)))
+
+
+def _layer_context(ctx, **extra):
+    """A copy of the shared ctx with this layer's tables added to its extra (the shared one is left alone)."""
+    return Context(ctx.q_pos, ctx.k_pos, dict(ctx.extra, **extra), ctx.n_pos)
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _choice(scheme, name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{scheme} {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+class _GrapeMLayer(nn.Module):
+    def __init__(self, log_freq, learnable):
+        super().__init__()
+        if learnable:
+            self.log_freq = nn.Parameter(log_freq)  # [d/2] or [H, d/2]: the frequencies' logs, times the scale
+        else:
+            self.register_buffer('log_freq', log_freq, persistent=False)
+
+
+@register('grape_m')
+class GrapeM(PositionalEncoding):
+    """Multiplicative GRAPE, GRAPE-M (Group RepresentAtional Position Encoding; Zhang et al., arXiv 2512.07805,
+    ICLR 2026; code model-architectures/GRAPE, model/llama-mha-grape-m-nonctx.py and -ctx.py). A position n acts
+    on q and k by G(n) = exp(n L), L a sum of rank-2 skew generators; on d/2 commuting planes (the canonical
+    half-split pairs (i, i + d/2)) this is a rotation of plane i by the angle n f_i, so q_n . k_m depends on
+    n - m only. Here, as in the authors' non-contextual model:
+        plane i of q at n:  (x1, x2) -> (x1 cos(n f_i) + x2 sin(n f_i), -x1 sin(n f_i) + x2 cos(n f_i))
+    and likewise for k at m, f_i = exp(log_freq_i / s), learned per layer (one spectrum shared by the heads;
+    per_head=True gives each head its own), initialised to RoPE's log-uniform spectrum base^(-2i/d), base
+    10000, and stored times s = log_freq_scale = 16 (the authors' device for a smaller effective learning
+    rate; s = 1 when frozen).
+    Direction: the authors' code turns each plane by -n f_i, the opposite of HF's RoPE (and of nanoPE's
+    `rope`), as their own RoPE baseline does; this follows their code. So grape_m at its initial spectrum is
+    `rope` with every second-half dim of q and k negated (a reflection of each plane, which reverses the
+    turn): the logits are equal when the second half of each head's query and key weights changes sign
+    (tested), or, equivalently, `rope` with the frequencies negated. The paper's G(n) = exp(n theta L) with
+    J = [[0, -1], [1, 0]] turns each plane by +n theta (HF's direction; its Prop. 3.1: canonical planes and the
+    log-uniform spectrum give RoPE exactly); the code turns by -n theta.
+    Contextual form (option contextual=True; the authors' "ctx" model, their Type I): one phase per token
+    from the layer input x, omega_t = sigmoid((w . x_t + b) / 16) (scalar, shared by the heads; ctx_per_head
+    gives one per head), Phi_t = sum_{tau < t} omega_tau (exclusive prefix sum), and plane i turns by
+    Phi_t f_i. w = 0, b = softplus^-1(init_omega = 1e-3) at init, as the authors' code: their comments and
+    the paper use softplus, the code uses sigmoid, so omega starts at sigmoid(-6.9 / 16) = 0.39, not 1e-3;
+    this follows the code. In their contextual model the frequencies are stored unscaled (s = 1). With w = 0
+    the contextual form is the non-contextual one with every frequency times sigmoid(b / 16) (tested).
+    Not here: the authors' QK-RMSNorm after the rotation (their layers always normalise; nanoPE's qk_norm,
+    off by default, runs before the positions), and their non-commuting and learned-basis forms (no code).
+    Frequencies and angles are float32. Options (defaults in parentheses): base (10000), learnable (True),
+    per_head (False), log_freq_scale (16), contextual (False), omega_scale (16), init_omega (1e-3),
+    ctx_per_head (False)."""
+
+    @classmethod
+    def variant(cls, config, options):
+        """contextual=True builds GrapeMContextual."""
+        return GrapeMContextual if options.get('contextual') is True else cls
+
+    def __init__(self, config, base=10000.0, learnable=True, per_head=False, log_freq_scale=16.0,
+                 contextual=False, omega_scale=16.0, init_omega=1e-3, ctx_per_head=False):
+        super().__init__(config)
+        if self.head_dim % 2:
+            raise ValueError(f"grape_m rotates planes of 2 dims: head_dim must be even, got {self.head_dim}; "
+                             f"change n_embd/n_head")
+        self.base = _positive('grape_m base', base)
+        self.learnable, self.per_head = _flag('grape_m learnable', learnable), _flag('grape_m per_head', per_head)
+        self.contextual = _flag('grape_m contextual', contextual)
+        self.ctx_per_head = _flag('grape_m ctx_per_head', ctx_per_head)
+        self.omega_scale = _positive('grape_m omega_scale', omega_scale)
+        self.init_omega = _positive('grape_m init_omega', init_omega)
+        scale = _positive('grape_m log_freq_scale', log_freq_scale)
+        self.scale = scale if learnable and not contextual else 1.0  # the contextual model stores them unscaled
+        inv = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        self.register_buffer('inv_freq', inv, persistent=False)
+
+    def new_layer(self):
+        log = self.inv_freq.log() * self.scale
+        return _GrapeMLayer(log.repeat(self.n_head, 1) if self.per_head else log, self.learnable)
+
+    def freq(self, layer):
+        """The layer's frequencies f [d/2] or [H, d/2], float32."""
+        return torch.exp(layer.log_freq.float() / self.scale)
+
+    @staticmethod
+    def tables(phase, freq):
+        """cos and sin tables [..., T, d] of the angles phase * f: phase [T] (positions) or [B, G, T]."""
+        f = freq if freq.dim() == 1 else freq[:, None, :]  # [H, 1, d/2] against [T] or [B, G, T]
+        return cos_sin(phase.float()[..., None] * f)
+
+    def transform_qk(self, q, k, ctx, layer):
+        f = self.freq(layer)
+        cos, sin = self.tables(ctx.q_pos, f)
+        kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], f)
+        return apply_rotary(q, cos, -sin), apply_rotary(k, kcos, -ksin)  # the authors' turn: -angle
+
+
+class _GrapeMContextualLayer(_GrapeMLayer):
+    def __init__(self, log_freq, learnable, n_embd, n_out, init_omega):
+        super().__init__(log_freq, learnable)
+        self.omega = nn.Linear(n_embd, n_out)  # omega_t = sigmoid((w . x_t + b) / omega_scale)
+        nn.init.zeros_(self.omega.weight)
+        nn.init.constant_(self.omega.bias, _softplus_inverse(init_omega))
+
+
+def _running_sum(inc, cache, name):
+    """Inclusive prefix sums over the tokens of per-token increments inc [B, G, Tq, n] of this forward's tokens,
+    continued across a KV cache -> (sums at the queries, sums at the keys transform_qk sees, the increments at
+    those keys), float32. An ordinary cache keeps the running sum in cache.carry (its keys are cached transformed,
+    each at the sum it had); a rolling cache (raw keys, re-indexed by place every forward) keeps the increments
+    per key in cache.state and sums the kept ones again, so positions are places in the cache."""
+    if cache is None:
+        s = inc.cumsum(2)
+        return s, s, inc
+    if not cache.raw_keys:
+        s = inc.cumsum(2)
+        if name in cache.carry:
+            s = s + cache.carry[name]
+        cache.carry[name] = s[:, :, -1:]
+        return s, s, inc
+    T = inc.size(2)
+    if name in cache.state:
+        inc = torch.cat((cache.state[name], inc), 2)
+    cache.state[name] = inc
+    s = inc.cumsum(2)
+    return s[:, :, s.size(2) - T:], s, inc
+
+
+class GrapeMContextual(GrapeM):
+    """grape_m with contextual=True (see GrapeM): one phase increment omega_t per token from the layer input x,
+    Phi_t = sum_{tau < t} omega_tau, plane i turned by -Phi_t f_i (the authors' direction). The phases need x,
+    so they are made in layer_context, once per layer and forward; the KV cache keeps keys transformed and the
+    running sum in cache.carry (a rolling cache: omega per key in cache.state, summed again by place)."""
+    name = 'grape_m'
+
+    def new_layer(self):
+        log = self.inv_freq.log() * self.scale
+        return _GrapeMContextualLayer(log.repeat(self.n_head, 1) if self.per_head else log, self.learnable,
+                                      self.n_embd, self.n_head if self.ctx_per_head else 1, self.init_omega)
+
+    def layer_context(self, x, ctx, layer, cache):
+        with torch.autocast(x.device.type, enabled=False):
+            omega = torch.sigmoid(layer.omega(x.float()) / self.omega_scale).transpose(1, 2)[..., None]  # [B, G, Tq, 1]
+            s_q, s_k, inc_k = _running_sum(omega, cache, 'grape_omega')
+            f = self.freq(layer)
+            q_tab = self.tables((s_q - omega)[..., 0], f)  # exclusive: Phi_t = sum_{tau < t} omega_tau
+            k_tab = q_tab if s_k is s_q else self.tables((s_k - inc_k)[..., 0], f)
+        return _layer_context(ctx, grape_q=q_tab, grape_k=k_tab)
+
+    def transform_qk(self, q, k, ctx, layer):
+        cos, sin = ctx.extra['grape_q']
+        kcos, ksin = ctx.extra['grape_k']
+        return apply_rotary(q, cos, -sin), apply_rotary(k, kcos, -ksin)
+
+
+class _GrapeALayer(nn.Module):
+    def __init__(self, n_head, head_dim, omega_init, query, key):
+        super().__init__()
+        self.omega = nn.Parameter(torch.full((n_head,), _softplus_inverse(max(omega_init, 1e-8))))
+        if key:  # u_h: the key gate's direction, N(0, 1/d) (the authors keep it out of their model-wide init)
+            self.u = nn.Parameter(torch.randn(n_head, head_dim) / math.sqrt(head_dim))
+        if query:  # v_h: the query gate's
+            self.v = nn.Parameter(torch.randn(n_head, head_dim) / math.sqrt(head_dim))
+
+
+class _GrapeABase(PositionalEncoding):
+    """Options and checks shared by grape_a's gated forms (GrapeA) and its path-integral form (GrapeAP)."""
+    VARIANTS = ('query_key', 'key', 'query', 'path')
+    name = 'grape_a'
+
+    def __init__(self, config, variant='query_key', omega_init=1.0, p_head_dim=8):
+        super().__init__(config)
+        self.form = _choice('grape_a', 'variant', variant, self.VARIANTS)
+        if isinstance(omega_init, bool) or not isinstance(omega_init, (int, float)) or omega_init < 0:
+            raise ValueError(f"grape_a omega_init (the initial softplus(omega_h), a slope multiplier) must be a "
+                             f"number >= 0, got {omega_init!r}")
+        self.omega_init = float(omega_init)
+        if isinstance(p_head_dim, bool) or not isinstance(p_head_dim, int) or p_head_dim < 2 or p_head_dim % 2:
+            raise ValueError(f"grape_a p_head_dim (the path probes' dims per head) must be an even integer >= 2, "
+                             f"got {p_head_dim!r}")
+        self.p_head_dim = p_head_dim
+        self.register_buffer('slopes', alibi_slopes(config.n_head), persistent=False)
+
+
+@register('grape_a')
+class GrapeA(_GrapeABase):
+    """Additive GRAPE, GRAPE-A (Zhang et al., arXiv 2512.07805, ICLR 2026, section 4; code model-architectures/GRAPE,
+    model/llama-mha-grape-a-{querykeygated,keygated,querygated}.py): a unipotent action in GL(d+2) whose score is
+    q_i . k_j plus a content-gated linear bias. As the authors' code, added to the scaled logit:
+        b_ij = -(i - j) * softplus(omega_h) * m_h * gate_ij
+        query_key (default; GRAPE-A-QK, eq. 4.6): gate = softplus(v^_h . q_i / sqrt(d)) + softplus(u^_h . k_j / sqrt(d))
+        key:                                      gate = softplus(u^_h . k_j / sqrt(d))
+        query:                                    gate = softplus(v^_h . q_i / sqrt(d))
+    u^ = u / max(|u|, 1e-6) (likewise v), q and k as the attention has them (after qk_norm when set; the authors'
+    layers always apply QK-RMSNorm first), m_h the ALiBi slopes (alibi_slopes; the paper's eq. 4.6 has one omega
+    and no slopes: the code multiplies by both), omega_h per head and layer with softplus(omega_h) = omega_init
+    = 1 at init, u, v ~ N(0, 1/d) per head and layer. Gates are >= 0, so the bias never rewards distance.
+    Equalities (tested): with neutral gates (u^ . k = 0, so the key gate is softplus(0) = ln 2) the key- and
+    query-gated forms are ALiBi when softplus(omega_h) = 1/ln 2, and the query_key form when softplus(omega_h)
+    = 1/(2 ln 2); at init (softplus(omega) = 1) a neutral gate gives ALiBi's slopes times ln 2 (2 ln 2).
+    variant='path' is GRAPE-AP (GrapeAP), whose edges can be FoX's gates. Options (defaults in parentheses):
+    variant ('query_key'), omega_init (1.0), p_head_dim (8, GRAPE-AP only). Runs as a score_mod: the gates are
+    tabulated per query and per key and the distance comes from the positions, so FlexAttention, windows and
+    every cache work unchanged."""
+
+    @classmethod
+    def variant(cls, config, options):
+        """variant='path' builds GrapeAP."""
+        return GrapeAP if options.get('variant') == 'path' else cls
+
+    def new_layer(self):
+        return _GrapeALayer(self.n_head, self.head_dim, self.omega_init,
+                            query=self.form != 'key', key=self.form != 'query')
+
+    @staticmethod
+    def gate(t, w):
+        """softplus(w^_h . t / sqrt(d)) for t [B, H, T, d] and directions w [H, d] -> [B, H, T], float32."""
+        w = F.normalize(w.float(), dim=-1, eps=1e-6)
+        return F.softplus(torch.einsum('bhtd,hd->bht', t.float(), w) / math.sqrt(t.size(-1)))
+
+    def score_mod(self, q, k, ctx, layer):
+        with torch.autocast(q.device.type, enabled=False):  # a bias: float32
+            rate = F.softplus(layer.omega.float()) * self.slopes  # [H]: softplus(omega_h) m_h
+            gq = self.gate(q, layer.v) if self.form != 'key' else None  # [B, H, Tq]
+            gk = self.gate(k, layer.u) if self.form != 'query' else None  # [B, H, Tk]
+        if gq is None:
+            def mod(score, b, h, i, j):
+                return score - rate[h] * ctx.dist(i, j) * gk[b, h, j]
+        elif gk is None:
+            def mod(score, b, h, i, j):
+                return score - rate[h] * ctx.dist(i, j) * gq[b, h, i]
+        else:
+            def mod(score, b, h, i, j):
+                return score - rate[h] * ctx.dist(i, j) * (gq[b, h, i] + gk[b, h, j])
+        return mod
+
+
+class _GrapeAPLayer(nn.Module):
+    def __init__(self, n_embd, n_head, p_head_dim):
+        super().__init__()
+        self.probe = nn.Linear(n_embd, n_head * p_head_dim, bias=False)  # p_t = W_p x_t, per head
+        nn.init.normal_(self.probe.weight, std=0.5 / math.sqrt(n_embd))  # the authors' model-wide init
+
+
+class GrapeAP(_GrapeABase):
+    """grape_a with variant='path': Path-Integral Additive GRAPE, GRAPE-AP (arXiv 2512.07805, section 5; code
+    model-architectures/GRAPE, model/llama-mha-grape-ap-v1.py). Per head h, probes p_t = W_p x_t (p_head_dim = 8
+    dims per head, the authors' training config; x the layer input) and, as the code:
+        psi_h(t, l) = m_h * log sigmoid( p_t . R_l p^_l / p_head_dim ),    p^ = rms_norm(p) (no weight)
+        b_h(t, j)   = sum_{l = j+1..t} psi_h(t, l)                          added to the scaled logit
+    R_l turns every plane of the probe by l radians (RoPE with base 1), in the authors' direction (-l, as their
+    GRAPE-M); m_h the ALiBi slopes, fixed. Where paper and code differ this follows the code: the paper's
+    eq. 5.1 normalises both probes and turns by exp(l J) (+l), with a per-head alpha_h; the code normalises only
+    the key-side probe p^_l, turns by -l, and uses the ALiBi slopes for alpha_h. W_p ~ N(0, 0.5/sqrt(n_embd)).
+    With edges that do not depend on the endpoint t, psi_h(t, l) = log f_l, b is FoX's sum_{l=j+1..t} log f_l
+    (the paper's appendix C): the path sum is tested to equal `fox` there. With W_p = 0 every edge is
+    m_h log(1/2), i.e. ALiBi with slopes m_h ln 2 (tested).
+    Runs through `attention` as CoPE does: psi and b are dense [B, H, Tq, Tk] float32 tables (query chunks
+    without gradients), then a score_mod indexes b once, so FlexAttention can run it. The key-side probes
+    p^_l are kept per key in cache.state and turned by the keys' positions every forward (by place in a
+    rolling cache); keys the layer's mask hides get no edge."""
+
+    def new_layer(self):
+        return _GrapeAPLayer(self.n_embd, self.n_head, self.p_head_dim)
+
+    def edges(self, p_q, p_k):
+        """psi_h(t, l) = m_h log sigmoid(p_t . R_l p^_l / p_head_dim) [B, H, Tq, Tk] from the queries' probes p_t
+        [B, H, Tq, pd] and the keys' turned probes R_l p^_l [B, H, Tk, pd], float32."""
+        return self.slopes[:, None, None] * F.logsigmoid(p_q @ p_k.transpose(-1, -2) / self.p_head_dim)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        B, Tq, _ = x.shape
+        pd = self.p_head_dim
+        with torch.autocast(x.device.type, enabled=False):
+            p = layer.probe(x.float()).view(B, Tq, self.n_head, pd).transpose(1, 2)  # [B, H, Tq, pd]: p_t
+            pn = F.rms_norm(p, (pd,))  # p^: the key side's probes
+            if cache is not None:
+                if 'grape_probe' in cache.state:
+                    pn = torch.cat((cache.state['grape_probe'], pn), 2)
+                cache.state['grape_probe'] = pn
+            cos, sin = cos_sin(angles(ctx.k_pos[-pn.size(2):], pn.new_ones(pd // 2)))  # every plane at l radians
+            pk = apply_rotary(pn, cos, -sin)  # R_l p^_l, the authors' direction
+
+        def run(q1, k1, v1, a):  # query rows a.s.. and the keys a.lo.. they can see
+            Tq1, Tk1 = q1.size(2), k1.size(2)
+            with torch.autocast(x.device.type, enabled=False):
+                psi = self.edges(p[:, :, a.s:a.s + Tq1], pk[:, :, a.lo:a.lo + Tk1])
+                psi = psi.masked_fill(~a.visibility(Tq1, Tk1, x.device), 0.0)
+                after = psi.flip(-1).cumsum(-1).flip(-1)  # sum_{l >= j}
+                bias = F.pad(after[..., 1:], (0, 1))  # sum_{l > j} psi(t, l); psi is 0 past the query
+
+            def mod(score, b, h, i, j):
+                return score + bias[b, h, i, j]
+            return a(q1, k1, v1, mod)
+        return attend.rows(run, q, k, v)
 

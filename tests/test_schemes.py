@@ -803,6 +803,288 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
             assert torch.allclose(flex, dense, atol=1e-5), name
 
 
+# --- RoPE's successors, 2025-26: GRAPE-M, GRAPE-A, GRAPE-AP, FoPE, RoPE++, Selective RoPE ------------------
+# References below are written from the papers' and the authors' code's formulas in float64 and share no code
+# with positional.py.
+
+def softplus64(x):
+    return torch.nn.functional.softplus(x.double())
+
+
+def alibi_published(n):
+    """ALiBi's slopes for a power of two n: 2^(-8h/n), h = 1..n."""
+    return torch.tensor([2.0 ** (-8.0 * h / n) for h in range(1, n + 1)], dtype=torch.float64)
+
+
+def turn_planes(x, ang):
+    """Half-split planes (x_i, x_{i+d/2}) of x [..., T, d] turned by +ang [..., T, d/2] (HF's direction), float64."""
+    x, ang = x.double(), ang.double()
+    d = x.size(-1) // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat((x1 * ang.cos() - x2 * ang.sin(), x1 * ang.sin() + x2 * ang.cos()), -1)
+
+
+def layer_hooks(pe, layer, q, k, x, q_pos, k_pos, cache=None):
+    """What CausalSelfAttention does up to the attention: context, layer_context, transform_qk."""
+    ctx = pe.layer_context(x, pe.context(q_pos, k_pos), layer, cache)
+    return pe.transform_qk(q, k, ctx, layer), ctx
+
+
+def attn_reference(q, k, v, bias=None, off=0):
+    """softmax(q_i . k_j / sqrt(d) + bias(b, h, i, j)) over keys j <= i + off, float64, per pair."""
+    B, H, Tq, d = q.shape
+    out = torch.zeros(B, H, Tq, v.size(-1), dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(Tq):
+                logits = [(q[b, h, i].double() @ k[b, h, j].double()).item() / math.sqrt(d)
+                          + (bias(b, h, i, j) if bias else 0.0) for j in range(i + off + 1)]
+                out[b, h, i] = softmax_attend(logits, [v[b, h, j].double() for j in range(i + off + 1)])
+    return out
+
+
+def grape_layer_model(name, **opts):
+    m = tiny_model(name, pos_options=opts)
+    return m, m.transformer.h[0].attn
+
+
+def test_grape_m_turns_planes_the_authors_way_per_pair():
+    """q_n -> plane i turned by -n f_i, (x1, x2) -> (x1 cos + x2 sin, -x1 sin + x2 cos), f_i = exp(log_freq_i / 16)
+    (learned, per head here): logits against that formula, positions far from 0, keys of a cache."""
+    pe = P.REGISTRY['grape_m'](tiny_config('grape_m'), per_head=True)
+    layer = pe.new_layer()
+    assert layer.log_freq.shape == (4, 4) and isinstance(layer.log_freq, torch.nn.Parameter)
+    inv = torch.tensor([10000.0 ** (-2 * i / 8) for i in range(4)], dtype=torch.float64)
+    assert torch.allclose(layer.log_freq.double() / 16, inv.log().expand(4, 4), atol=1e-6)  # RoPE's, times 16
+    with torch.no_grad():
+        layer.log_freq.add_(torch.randn(4, 4))
+    f = (layer.log_freq.detach().double() / 16).exp()  # [H, d/2]
+    q, k, _ = qkv(1, 4, 6, 11, 8, seed=7)
+    q_pos, k_pos = torch.arange(205, 211), torch.arange(200, 211)
+    (qq, kk), _ = layer_hooks(pe, layer, q, k, None, q_pos, k_pos)
+    got = (qq @ kk.transpose(-1, -2)).double()
+    d = 4
+    for h in range(4):
+        for i, n in enumerate(q_pos.tolist()):
+            for j, m in enumerate(k_pos.tolist()):
+                want = 0.0
+                for c in range(d):
+                    a, b = n * f[h, c].item(), m * f[h, c].item()
+                    q1, q2 = q[0, h, i, c].item(), q[0, h, i, c + d].item()
+                    k1, k2 = k[0, h, j, c].item(), k[0, h, j, c + d].item()
+                    rq = (q1 * math.cos(a) + q2 * math.sin(a), -q1 * math.sin(a) + q2 * math.cos(a))
+                    rk = (k1 * math.cos(b) + k2 * math.sin(b), -k1 * math.sin(b) + k2 * math.cos(b))
+                    want += rq[0] * rk[0] + rq[1] * rk[1]
+                assert abs(got[0, h, i, j].item() - want) < 1e-3, (h, i, j)
+
+
+def reflect_planes(m):
+    """Negate the second half of every head's query and key rows of each layer's projection (c_attn)."""
+    with torch.no_grad():
+        for blk in m.transformer.h:
+            attn = blk.attn
+            w = attn.c_attn.weight.view(3, attn.n_head, 2, attn.hd // 2, -1)  # q | k | v, heads, halves
+            w[:2, :, 1] *= -1
+
+
+def test_grape_m_at_its_initial_spectrum_is_rope_with_each_plane_reflected():
+    """The authors turn each plane by -n f_i, HF's RoPE by +n f_i: a reflection of each plane (the second half
+    of q and k negated) maps one onto the other. With the initial spectrum (RoPE's, base 10000), grape_m equals
+    `rope` exactly then, and differs without the reflection."""
+    x = torch.randint(0, 37, (2, 40))
+    rope, grape = tiny_model('rope', seed=3), tiny_model('grape_m', seed=3)
+    with torch.no_grad():
+        for blk in rope.transformer.h:
+            blk.attn.c_attn.weight.mul_(20)  # sharp attention: the direction of the turn shows
+        grape.load_state_dict({n: p for n, p in rope.state_dict().items()}, strict=False)
+        plain = grape(x)[0]
+        reflect_planes(grape)
+        assert torch.allclose(rope(x)[0], grape(x)[0], atol=1e-5)
+        assert not torch.allclose(rope(x)[0], plain, atol=1e-3)
+
+
+def test_grape_m_contextual_phases_per_pair_and_through_a_cache():
+    """omega_t = sigmoid((w . x_t + b) / 16), Phi_t = sum_{tau < t} omega_tau, plane i turned by -Phi_t f_i
+    (per head here); a forward in two parts through a cache gives the same q and k."""
+    pe = P.REGISTRY['grape_m'].variant(None, {'contextual': True})(tiny_config('grape_m'), contextual=True,
+                                                                    ctx_per_head=True)
+    layer = pe.new_layer()
+    assert (layer.omega.weight == 0).all() and layer.omega.bias[0].item() == pytest.approx(math.log(math.expm1(1e-3)))
+    with torch.no_grad():
+        layer.omega.weight.normal_(std=2.0)
+        layer.log_freq.add_(torch.randn(4))
+    T = 9
+    q, k, _ = qkv(2, 4, T, T, 8, seed=8)
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(9))
+    pos = torch.arange(T)
+    (qq, kk), _ = layer_hooks(pe, layer, q, k, x, pos, pos)
+    W, bias = layer.omega.weight.detach().double(), layer.omega.bias.detach().double()
+    omega = torch.sigmoid((x.double() @ W.t() + bias) / 16)  # [B, T, H]
+    phi = omega.cumsum(1) - omega  # exclusive
+    f = layer.log_freq.detach().double().exp()  # stored unscaled in the contextual form
+    ang = -phi.permute(0, 2, 1)[..., None] * f  # [B, H, T, d/2]: the authors' -angle
+    assert torch.allclose(qq.double(), turn_planes(q, ang), atol=1e-5)
+    assert torch.allclose(kk.double(), turn_planes(k, ang), atol=1e-5)
+    cache = M.LayerKV()
+    (q1, k1), _ = layer_hooks(pe, layer, q[:, :, :4], k[:, :, :4], x[:, :4], pos[:4], pos[:4], cache)
+    cache.append(k1, k1)
+    (q2, k2), _ = layer_hooks(pe, layer, q[:, :, 4:], k[:, :, 4:], x[:, 4:], pos[4:], pos, cache)
+    assert torch.allclose(torch.cat((q1, q2), 2), qq, atol=1e-5)
+    assert torch.allclose(torch.cat((k1, k2), 2), kk, atol=1e-5)
+
+
+def test_grape_m_contextual_at_init_is_the_fixed_form_with_frequencies_times_sigmoid_b_over_16():
+    """w = 0 at init, so omega = sigmoid(b / 16) for every token (0.394 for the authors' b = softplus^-1(1e-3)):
+    Phi_t = 0.394 t, the non-contextual grape_m with every frequency times 0.394."""
+    x = torch.randint(0, 37, (2, 40))
+    ctx_m, fixed = tiny_model('grape_m', seed=4, pos_options={'contextual': True}), tiny_model('grape_m', seed=4)
+    c = 1 / (1 + math.exp(-math.log(math.expm1(1e-3)) / 16))
+    assert c == pytest.approx(0.3937, abs=1e-4)
+    with torch.no_grad():
+        for blk in ctx_m.transformer.h:
+            blk.attn.c_attn.weight.mul_(20)  # sharp attention: the angles show
+        fixed.load_state_dict({n: p for n, p in ctx_m.state_dict().items() if 'pe_layer' not in n}, strict=False)
+        for a, b in zip(ctx_m.transformer.h, fixed.transformer.h):
+            b.attn.pe_layer.log_freq.copy_((a.attn.pe_layer.log_freq + math.log(c)) * 16)
+        assert torch.allclose(ctx_m(x)[0], fixed(x)[0], atol=1e-5)
+        for blk in ctx_m.transformer.h:
+            blk.attn.pe_layer.omega.weight.normal_()
+        assert not torch.allclose(ctx_m(x)[0], fixed(x)[0], atol=1e-3)  # with w != 0 the phases follow x
+
+
+@pytest.mark.parametrize('variant', ['query_key', 'key', 'query'])
+def test_grape_a_bias_matches_the_authors_formula(variant):
+    """b_ij = -(i - j) softplus(omega_h) m_h gate, gate = softplus(v^.q_i/sqrt(d)) + softplus(u^.k_j/sqrt(d))
+    (or one of the two), u^ = u/|u|, m_h ALiBi's slopes; over a cache's keys."""
+    pe = P.REGISTRY['grape_a'](tiny_config('grape_a'), variant=variant)
+    layer = pe.new_layer()
+    assert torch.allclose(softplus64(layer.omega), torch.ones(4, dtype=torch.float64))  # softplus(omega) = 1 at init
+    assert hasattr(layer, 'u') == (variant != 'query') and hasattr(layer, 'v') == (variant != 'key')
+    with torch.no_grad():
+        layer.omega.normal_()
+    q, k, _ = qkv(2, 4, 5, 12, 8, seed=10)
+    q_pos, k_pos = torch.arange(7, 12), torch.arange(12)
+    ctx = pe.context(q_pos, k_pos)
+    bias = A.dense_bias(pe.score_mod(q, k, ctx, layer), 2, 4, 5, 12, 'cpu')
+    m, w = alibi_published(4), softplus64(layer.omega.detach())
+    for b in range(2):
+        for h in range(4):
+            for i in range(5):
+                for j in range(12):
+                    if k_pos[j] > q_pos[i]:
+                        assert bias[b, h, i, j] == float('-inf')
+                        continue
+                    gate = 0.0
+                    if variant != 'query':
+                        u = layer.u[h].detach().double()
+                        gate += softplus64(u @ k[b, h, j].double() / u.norm() / math.sqrt(8)).item()
+                    if variant != 'key':
+                        vv = layer.v[h].detach().double()
+                        gate += softplus64(vv @ q[b, h, i].double() / vv.norm() / math.sqrt(8)).item()
+                    want = -(q_pos[i] - k_pos[j]).item() * w[h].item() * m[h].item() * gate
+                    assert bias[b, h, i, j].item() == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize('variant, share', [('key', 1 / math.log(2)), ('query', 1 / math.log(2)),
+                                            ('query_key', 1 / (2 * math.log(2)))])
+def test_grape_a_is_alibi_at_neutral_gates_with_the_matching_omega(variant, share):
+    """With u (and v) along dim 0 and every head's dim-0 query and key weights zero, each gate is softplus(0) =
+    ln 2; softplus(omega_h) = 1/ln 2 (1/(2 ln 2) for the sum of two gates) then gives ALiBi's slopes exactly.
+    At init (softplus(omega) = 1) the slopes are ALiBi's times ln 2 (2 ln 2): not ALiBi."""
+    x = torch.randint(0, 37, (2, 40))
+    alibi, grape = tiny_model('alibi', seed=5), tiny_model('grape_a', seed=5, pos_options={'variant': variant})
+    with torch.no_grad():
+        for m in (alibi, grape):
+            for blk in m.transformer.h:
+                w = blk.attn.c_attn.weight.view(3, 4, 8, -1)
+                w[:2, :, 0] = 0  # dim 0 of every query and key head
+        grape.load_state_dict({n: p for n, p in alibi.state_dict().items()}, strict=False)
+        for blk in grape.transformer.h:
+            lay = blk.attn.pe_layer
+            for name in ('u', 'v'):
+                if hasattr(lay, name):
+                    getattr(lay, name).copy_(torch.eye(8)[0].expand(4, 8) * 3.0)
+        at_init = grape(x)[0]
+        for blk in grape.transformer.h:
+            blk.attn.pe_layer.omega.fill_(math.log(math.expm1(share)))
+        assert torch.allclose(grape(x)[0], alibi(x)[0], atol=1e-5)
+        assert not torch.allclose(at_init, alibi(x)[0], atol=1e-3)
+
+
+def grape_ap_reference(q, k, v, p, off, alpha):
+    """GRAPE-AP, the authors' code written out: probes p_t = W_p x_t per head (pd dims), p^ = p / rms(p),
+    R_l p^ turned by -l in every plane, psi(t, l) = alpha_h log sigmoid(p_t . R_l p^_l / pd),
+    logit_tj = q_t . k_j / sqrt(d) + sum_{l=j+1..t} psi(t, l)."""
+    B, H, Tq, d = q.shape
+    pd = p.size(-1)
+    pn = p / (p.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float32).eps).sqrt()
+    T = p.size(2)
+    ang = torch.arange(T, dtype=torch.float64)[:, None].expand(T, pd // 2)
+    pk = turn_planes(pn, -ang)
+
+    def psi(b, h, t, l):
+        z = (p[b, h, t] @ pk[b, h, l]).item() / pd
+        return alpha[h] * math.log(1 / (1 + math.exp(-z)))
+
+    def bias(b, h, i, j):
+        t = i + off
+        return sum(psi(b, h, t, l) for l in range(j + 1, t + 1))
+    return attn_reference(q, k, v, bias, off)
+
+
+def test_grape_ap_matches_the_path_integral_per_pair_with_and_without_a_cache():
+    pe = P.REGISTRY['grape_a'].variant(None, {'variant': 'path'})(tiny_config('grape_a'), variant='path')
+    layer = pe.new_layer()
+    assert layer.probe.weight.shape == (4 * 8, 32) and abs(layer.probe.weight.std().item() - 0.5 / math.sqrt(32)) < 0.02
+    with torch.no_grad():
+        layer.probe.weight.normal_(std=0.5)
+    T, split = 10, 6
+    q, k, v = qkv(2, 4, T, T, 8, seed=11)
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(12), dtype=torch.float64).float()
+    p = (x.double() @ layer.probe.weight.detach().double().t()).view(2, T, 4, 8).transpose(1, 2)
+    want = grape_ap_reference(q, k, v, p, 0, alibi_published(4).tolist())
+    pos = torch.arange(T)
+    with torch.no_grad():
+        got = run_hooks(pe, layer, q, k, v, x, pos, pos)
+        assert torch.allclose(got.double(), want, atol=1e-5)
+        cache = M.LayerKV()
+        k1, v1 = cache.append(k[:, :, :split], v[:, :, :split])
+        a = run_hooks(pe, layer, q[:, :, :split], k1, v1, x[:, :split], pos[:split], pos[:split], cache)
+        k2, v2 = cache.append(k[:, :, split:], v[:, :, split:])
+        b = run_hooks(pe, layer, q[:, :, split:], k2, v2, x[:, split:], pos[split:], pos, cache)
+    assert cache.state['grape_probe'].shape == (2, 4, T, 8)
+    assert torch.allclose(torch.cat((a, b), 2).double(), want, atol=1e-5)
+    with torch.no_grad():  # zero probes: every edge is m_h log(1/2), ALiBi with slopes m_h ln 2
+        layer.probe.weight.zero_()
+        got = run_hooks(pe, layer, q, k, v, x, pos, pos)
+    m = alibi_published(4)
+    want = attn_reference(q, k, v, lambda b, h, i, j: -m[h].item() * math.log(2) * (i - j))
+    assert torch.allclose(got.double(), want, atol=1e-5)
+
+
+def test_grape_ap_with_endpoint_independent_edges_is_fox(monkeypatch):
+    """The paper's appendix C: with psi(t, l) = log f_l for every endpoint t, the path sum
+    sum_{l=j+1..t} psi is FoX's bias; GRAPE-AP's path sum, fed FoX's log gates as its edges, gives the `fox`
+    scheme's output and the FoX formula."""
+    ap = P.REGISTRY['grape_a'].variant(None, {'variant': 'path'})(tiny_config('grape_a'), variant='path')
+    fox = P.REGISTRY['fox'](tiny_config('fox'))
+    fox_layer = fox.new_layer()
+    with torch.no_grad():
+        fox_layer.fgate.weight.normal_(std=0.5), fox_layer.fgate.bias.uniform_(-1, 3)
+    T = 9
+    q, k, v = qkv(2, 4, T, T, 8, seed=13)
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(14))
+    log_f = fox_log_gates(fox_layer, x)  # [B][H][T] lists, from the formula
+    edges = torch.tensor(log_f, dtype=torch.float32)  # [B, H, T]
+    monkeypatch.setattr(ap, 'edges', lambda pq, pk: edges[:, :, None, :pk.size(2)].expand(-1, -1, pq.size(2), -1))
+    pos = torch.arange(T)
+    with torch.no_grad():
+        got = run_hooks(ap, ap.new_layer(), q, k, v, x, pos, pos)
+        fox_out = run_hooks(fox, fox_layer, q, k, v, x, pos, pos)
+    assert torch.allclose(got, fox_out, atol=1e-5)
+    assert torch.allclose(got.double(), fox_reference(q, k, v, log_f, 0), atol=1e-5)
+
+
 # --- options, configs, docstrings, learned parameters -----------------------------
 
 def test_bad_options_are_clear_errors():
@@ -849,8 +1131,8 @@ HOOKS = ('embed', 'context', 'new_layer', 'heads', 'layer_context', 'transform_q
 
 
 def variant_classes():
-    """The classes a registered scheme builds for some options (its `variant`: ExtendedRoPE), each with
-    the registered class it stands for."""
+    """The classes a registered scheme builds for some options (its `variant`: ExtendedRoPE, GrapeAP,
+    GrapeMContextual), each with the registered class it stands for."""
     out, todo = {}, list(P.PositionalEncoding.__subclasses__())
     while todo:
         c = todo.pop()
@@ -872,7 +1154,7 @@ def test_docs_hook_table_says_which_schemes_use_each_hook():
             if len(cells) == 4 and m and m.group(1) in HOOKS:
                 table[m.group(1)] = cells[3]
     base, variants = P.PositionalEncoding, variant_classes()
-    assert 'ExtendedRoPE' in variants
+    assert {'ExtendedRoPE', 'GrapeAP', 'GrapeMContextual'} <= set(variants)
     for hook, used in table.items():
         names = set(re.findall(r'[a-z_0-9]+|[A-Z]\w+', used)) & (set(P.REGISTRY) | set(variants))
         want = {n for n, c in P.REGISTRY.items() if getattr(c, hook) != getattr(base, hook)}
