@@ -30,7 +30,7 @@ Contents:
   q/k transforms   rope (+ ExtendedRoPE: Self-Extend, ReRoPE), xpos, mrope, rope2d, xl, pope
   score biases     alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta
   own attention    fox, cope, stick_breaking
-  RoPE's successors, 2025-26: grape_m, grape_a (+ GrapeAP)
+  RoPE's successors, 2025-26: grape_m, grape_a (+ GrapeAP), fope, ropepp
 The maths of RoPE context extension (config.rope_scaling) is in rope_scaling.py.
 Adding a scheme = a subclass here decorated with @register('name'), config/name.py and a test.
 """
@@ -1559,4 +1559,148 @@ class GrapeAP(_GrapeABase):
                 return score + bias[b, h, i, j]
             return a(q1, k1, v1, mod)
         return attend.rows(run, q, k, v)
+
+
+class _FopeLayer(nn.Module):
+    def __init__(self, sin_coef, cos_coef, learnable):
+        super().__init__()
+        for name, t in (('sin_coef', sin_coef), ('cos_coef', cos_coef)):  # [H, n_freq, planes]
+            if learnable:
+                setattr(self, name, nn.Parameter(t))
+            else:  # frozen, and drawn at random: saved with the checkpoint
+                self.register_buffer(name, t)
+
+
+@register('fope')
+class FoPE(PositionalEncoding):
+    """Fourier Position Embedding, FoPE (Hua et al., arXiv 2412.17739, ICML 2025), as the code of OpenMOSS/rope_pp
+    builds it (rope_pp/modeling_llama_fope.py, FourierEmbedding; settings of train_fope.py). Each of the first
+    `planes` half-split planes of a head gets a Fourier series over a set of frequencies instead of RoPE's one:
+        S_c(t) = sum_i A[h, i, c] sin(t f_i),   C_c(t) = sum_i B[h, i, c] cos(t f_i)
+        plane c of q at t: (x1, x2) -> (x1 C_c(t) - x2 S_c(t), x2 C_c(t) + x1 S_c(t))      (k likewise at its t)
+    the code's `x cos + rotate_half(x) sin` with its Fourier sin and cos in place of RoPE's. The frequencies are
+    RoPE's spectrum over D = max(fourier_dim = 128, head_dim) dims, f_i = base^(-2i/D), base 10000; the floor
+    clamp sets every f_i whose period 2 pi / f_i is longer than the training length L (block_size) to 0, and
+    the zeros are dropped (the code's fourier_ignore_zero), so n_freq = #{i: f_i >= 2 pi / L} frequencies are
+    left (21 at D = 128, L = 128). planes = min(n_freq, head_dim / 4) by default (the code's output_dim).
+    As the authors' training config: A (sin) and B (cos) are separate, one pair per head (per KV head; nanoPE's
+    heads are all KV heads) and per layer, initialised as xavier_normal (gain 0.3, on the [H, n_freq, planes]
+    tensor, as the code) plus a step identity (A[h, c * ceil(n_freq / planes), c] += 1), and frozen (option
+    learnable=True trains them). The other head_dim/2 - planes planes get sin = cos = 1 (the code pads with 1):
+    (x1, x2) -> (x1 - x2, x1 + x2), which is no position and doubles those planes' share of q . k. Identity
+    coefficients over every plane (planes = head_dim / 2 = n_freq, D = head_dim, no clamp, init='eye') make
+    FoPE exactly `rope` (tested); zero coefficients do not (they zero those planes).
+    The transform is not a rotation, and depends on the token's own position only: keys are cached transformed.
+    Angles float32 (the code's rope_full_precision). The FoPE paper was read through its abstract and summaries
+    only; every setting here is the code's. Options (defaults in parentheses): base (10000), fourier_dim (128),
+    planes (min(n_freq, head_dim/4)), floor_clamp (True), learnable (False), init ('eye_xavier_norm' | 'eye'),
+    init_gain (0.3)."""
+
+    def __init__(self, config, base=10000.0, fourier_dim=128, planes=None, floor_clamp=True, learnable=False,
+                 init='eye_xavier_norm', init_gain=0.3):
+        super().__init__(config)
+        if self.head_dim % 2:
+            raise ValueError(f"fope works on planes of 2 dims: head_dim must be even, got {self.head_dim}; "
+                             f"change n_embd/n_head")
+        if isinstance(fourier_dim, bool) or not isinstance(fourier_dim, int) or fourier_dim < 2 or fourier_dim % 2:
+            raise ValueError(f"fope fourier_dim must be an even integer >= 2, got {fourier_dim!r}")
+        self.base, self.init_gain = _positive('fope base', base), _positive('fope init_gain', init_gain)
+        self.floor_clamp, self.learnable = _flag('fope floor_clamp', floor_clamp), _flag('fope learnable', learnable)
+        self.init = _choice('fope', 'init', init, ('eye_xavier_norm', 'eye'))
+        D = max(fourier_dim, self.head_dim)
+        f = 1.0 / self.base ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+        if self.floor_clamp:
+            f = f[f >= 2 * math.pi / config.block_size]  # clamped to 0, and the zeros dropped
+        if not f.numel():
+            raise ValueError(f"fope: no frequency of base {base} over {D} dims has a period within the training "
+                             f"length {config.block_size}; use floor_clamp=False or a longer block_size")
+        self.n_freq, P = f.numel(), self.head_dim // 2
+        self.planes = min(self.n_freq, self.head_dim // 4) if planes is None else planes
+        n = self.planes
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= min(self.n_freq, P):
+            raise ValueError(f"fope planes must be an integer in 1..{min(self.n_freq, P)} (at most head_dim/2 = {P} "
+                             f"planes and the {self.n_freq} frequencies left), got {planes!r}")
+        self.register_buffer('freq', f, persistent=False)
+
+    def step_eye(self):
+        """[n_freq, planes]: 1 at (c * ceil(n_freq / planes), c), the code's get_step_eye."""
+        eye, step = torch.zeros(self.n_freq, self.planes), -(-self.n_freq // self.planes)
+        for c in range(self.planes):
+            if c * step < self.n_freq:
+                eye[c * step, c] = 1.0
+        return eye
+
+    def new_layer(self):
+        coefs = []
+        for _ in range(2):
+            t = torch.zeros(self.n_head, self.n_freq, self.planes)
+            if self.init == 'eye_xavier_norm':
+                nn.init.xavier_normal_(t, gain=self.init_gain)
+            coefs.append(t + self.step_eye())
+        return _FopeLayer(*coefs, self.learnable)
+
+    def tables(self, pos, layer):
+        """cos and sin tables [H, T, head_dim] at positions pos: the Fourier series, padded with 1."""
+        ang = angles(pos, self.freq)  # [T, n_freq], float32
+        pad = (0, self.head_dim // 2 - self.planes)
+        s = F.pad(torch.einsum('ti,hic->htc', ang.sin(), layer.sin_coef.float()), pad, value=1.0)
+        c = F.pad(torch.einsum('ti,hic->htc', ang.cos(), layer.cos_coef.float()), pad, value=1.0)
+        return torch.cat((c, c), -1), torch.cat((s, s), -1)
+
+    def transform_qk(self, q, k, ctx, layer):
+        with torch.autocast(q.device.type, enabled=False):
+            cos, sin = self.tables(ctx.q_pos, layer)
+            kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], layer)
+        return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
+
+
+@register('ropepp')
+class RoPEPP(RoPE):
+    """RoPE++ (Liu et al., arXiv 2512.07525; code OpenMOSS/rope_pp, rope_pp/modeling_llama_rope_pp.py): RoPE keeps
+    only the real part of the complex score; RoPE++ adds heads that use the imaginary part. With z_q, z_k the
+    complex pairs (first half + i second half) of a head's q and k, theta_c = base^(-2c/d) and t, s the query's
+    and key's positions, both kinds of head share the rotated keys and the values:
+        real head:       Re( sum_c z_q,c conj(z_k,c) e^{i (t - s) theta_c} ) / sqrt(d)     (= `rope`'s logit)
+        imaginary head:  Im( sum_c z_q,c conj(z_k,c) e^{i (t - s) theta_c} ) / sqrt(d)
+    The authors get the imaginary head from the query turned by a further -pi/2 (q sin - rotate_half(q) cos),
+    which gives +Im as written; this follows their sign. Query head g makes attention heads 2g (real) and
+    2g + 1 (imaginary), interleaved re_0, im_0, re_1, ..., and both read key/value head g (their repeat_kv).
+        variant='eh' (default; the authors' imag1, their script's default): equal heads. n_head/2 query and
+        key/value heads, n_head attention heads: half the q/k/v projections and half the KV cache of `rope`.
+        variant='ec' (imag2): equal cache. n_head query and key/value heads, 2 n_head attention heads: the KV
+        cache of `rope`, and an output projection twice as wide (2 n_embd -> n_embd).
+    How the model supports it: the scheme's heads() says (query heads, key/value heads, attention heads); model.py
+    sizes its q/k/v projection and its output projection from them (one attribute, no scheme names), transform_qk
+    returns 2x the query heads with the keys unchanged, and attention.attend lets query head h read key/value
+    head h // 2. QK-norm, sink logits and attn_scaling act per attention head. The authors' models use GQA
+    (8 query, 4 KV heads); nanoPE has none, so each RoPE++ query head has its own KV head.
+    Rotation, frequencies and rope_scaling as `rope` (half-split, base 10000; the static rope_scaling types
+    apply to both kinds of head, as the authors' long-context runs; Self-Extend and ReRoPE, which compute their
+    own attention, are refused). Options (defaults in parentheses): variant ('eh' | 'ec'; 'eh'), base (10000),
+    scaling (None)."""
+
+    @classmethod
+    def variant(cls, config, options):
+        return cls
+
+    def __init__(self, config, variant='eh', base=10000.0, scaling=None):
+        self.form = _choice('ropepp', 'variant', variant, ('eh', 'ec'))
+        if variant == 'eh' and config.n_head % 2:
+            raise ValueError(f"ropepp variant 'eh' halves the query and key/value heads: n_head must be even, got "
+                             f"{config.n_head}; change n_head or use variant='ec'")
+        super().__init__(config, base=base, scaling=scaling)
+        if self.scaling is not None and self.scaling['type'] in EXTENSION_TYPES:
+            raise ValueError(f"ropepp: rope_scaling type {self.scaling['type']!r} computes its own attention, which "
+                             f"has no imaginary heads; use a static type (linear, ntk, yarn, llama3, longrope) or "
+                             f"dynamic")
+
+    def heads(self):
+        H = self.n_head
+        return (H // 2, H // 2, H) if self.form == 'eh' else (H, H, 2 * H)
+
+    def transform_qk(self, q, k, ctx, layer):
+        cos, sin = ctx.extra['cos'], ctx.extra['sin']
+        kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, ctx.extra['inv']))
+        real, imag = apply_rotary(q, cos, sin), apply_rotary(q, sin, -cos)  # imag: turned a further -pi/2
+        return torch.stack((real, imag), 2).flatten(1, 2), apply_rotary(k, kcos, ksin)
 

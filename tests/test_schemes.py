@@ -1085,6 +1085,128 @@ def test_grape_ap_with_endpoint_independent_edges_is_fox(monkeypatch):
     assert torch.allclose(got.double(), fox_reference(q, k, v, log_f, 0), atol=1e-5)
 
 
+def test_fope_frequencies_clamp_and_defaults_as_the_authors_config():
+    """D = max(128, head_dim) dims of RoPE's spectrum, f_i = 10000^(-2i/D); periods longer than L dropped;
+    planes = min(n_freq, head_dim/4); coefficients per head and layer, frozen (buffers, saved), step identity
+    plus xavier noise of gain 0.3."""
+    cfg = tiny_config('fope', n_embd=128, n_head=4, block_size=128)
+    pe = P.REGISTRY['fope'](cfg)
+    f = [10000.0 ** (-2 * i / 128) for i in range(64)]
+    kept = [x for x in f if 2 * math.pi / x <= 128]
+    assert pe.n_freq == len(kept) == 21 and pe.planes == 8
+    assert pe.freq.tolist() == pytest.approx(kept, rel=1e-6)
+    layer = pe.new_layer()
+    assert not list(layer.parameters()) and set(layer.state_dict()) == {'sin_coef', 'cos_coef'}
+    step = math.ceil(21 / 8)  # 3
+    for coef in (layer.sin_coef, layer.cos_coef):
+        assert coef.shape == (4, 21, 8)
+        eye = torch.zeros(21, 8)
+        for c in range(7):  # c = 7 would sit at row 21, past the 21 frequencies: no 1 there (the code's guard)
+            eye[c * step, c] = 1.0
+        noise = coef - eye
+        assert abs(noise.std().item() - 0.3 * math.sqrt(2 / (21 * 8 + 4 * 8))) < 0.01  # xavier on [H, n, planes]
+    assert not torch.equal(layer.sin_coef, layer.cos_coef)  # separate sin and cos coefficients
+    learn = P.REGISTRY['fope'](cfg, learnable=True).new_layer()
+    assert {n for n, _ in learn.named_parameters()} == {'sin_coef', 'cos_coef'}
+
+
+def test_fope_transform_matches_the_fourier_series_per_pair():
+    """Plane c < planes: (x1, x2) -> (x1 C_c - x2 S_c, x2 C_c + x1 S_c), S_c(t) = sum_i A[h,i,c] sin(t f_i),
+    C_c(t) = sum_i B[h,i,c] cos(t f_i); the other planes (x1, x2) -> (x1 - x2, x2 + x1)."""
+    cfg = tiny_config('fope', block_size=64)
+    pe = P.REGISTRY['fope'](cfg)
+    layer = pe.new_layer()
+    f = [x for x in (10000.0 ** (-2 * i / 128) for i in range(64)) if 2 * math.pi / x <= 64]
+    assert pe.planes == 2 and pe.n_freq == len(f)
+    q, k, _ = qkv(1, 4, 5, 5, 8, seed=15)
+    pos = torch.arange(100, 105)
+    (qq, _), _ = layer_hooks(pe, layer, q, k, None, pos, pos)
+    A, Bc = layer.sin_coef.double(), layer.cos_coef.double()
+    for h in range(4):
+        for ti, t in enumerate(pos.tolist()):
+            for c in range(4):
+                if c < 2:
+                    S = sum(A[h, i, c].item() * math.sin(t * fi) for i, fi in enumerate(f))
+                    C = sum(Bc[h, i, c].item() * math.cos(t * fi) for i, fi in enumerate(f))
+                else:
+                    S = C = 1.0
+                x1, x2 = q[0, h, ti, c].item(), q[0, h, ti, c + 4].item()
+                assert qq[0, h, ti, c].item() == pytest.approx(x1 * C - x2 * S, abs=1e-4)
+                assert qq[0, h, ti, c + 4].item() == pytest.approx(x2 * C + x1 * S, abs=1e-4)
+
+
+def test_fope_with_identity_coefficients_over_every_plane_is_rope():
+    x = torch.randint(0, 37, (2, 40))
+    opts = {'fourier_dim': 8, 'floor_clamp': False, 'planes': 4, 'init': 'eye'}
+    rope, fope = tiny_model('rope', seed=6), tiny_model('fope', seed=6, pos_options=opts)
+    with torch.no_grad():
+        for blk in rope.transformer.h:
+            blk.attn.c_attn.weight.mul_(20)  # sharp attention: the positions show
+        fope.load_state_dict(rope.state_dict(), strict=False)
+        assert torch.allclose(rope(x)[0], fope(x)[0], atol=1e-5)
+        default = tiny_model('fope', seed=6)
+        default.load_state_dict(rope.state_dict(), strict=False)
+        assert not torch.allclose(rope(x)[0], default(x)[0], atol=1e-3)
+
+
+def ropepp_reference(q, k, v, T, base=10000.0):
+    """RoPE++ per pair: z = x[:d/2] + i x[d/2:], theta_c = base^(-2c/d); query head g gives attention heads 2g
+    (Re) and 2g + 1 (Im) of sum_c z_q conj(z_k) e^{i (t - s) theta_c} / sqrt(d), both over key/value head g."""
+    B, G, _, d = q.shape
+    P_ = d // 2
+    th = [base ** (-2 * c / d) for c in range(P_)]
+    zq = torch.complex(q[..., :P_].double(), q[..., P_:].double())
+    zk = torch.complex(k[..., :P_].double(), k[..., P_:].double())
+    out = torch.zeros(B, 2 * G, T, v.size(-1), dtype=torch.float64)
+    for b in range(B):
+        for g in range(G):
+            for t in range(T):
+                terms = [sum(zq[b, g, t, c] * zk[b, g, s, c].conj() * complex(math.cos((t - s) * th[c]),
+                                                                               math.sin((t - s) * th[c]))
+                             for c in range(P_)) / math.sqrt(d) for s in range(t + 1)]
+                vs = [v[b, g, s].double() for s in range(t + 1)]
+                out[b, 2 * g, t] = softmax_attend([z.real.item() for z in terms], vs)
+                out[b, 2 * g + 1, t] = softmax_attend([z.imag.item() for z in terms], vs)
+    return out
+
+
+@pytest.mark.parametrize('variant', ['eh', 'ec'])
+def test_ropepp_heads_are_the_real_and_imaginary_parts_per_pair(variant):
+    """Through the model's layer: the q/k/v projection has n_head/2 (eh) or n_head (ec) heads, and the
+    attention output fed to c_proj is the reference's real and imaginary heads, interleaved."""
+    m, attn = grape_layer_model('ropepp', variant=variant)
+    G = 2 if variant == 'eh' else 4
+    assert (attn.q_heads, attn.kv_heads, attn.n_head) == (G, G, 2 * G)
+    assert attn.c_attn.weight.shape == (3 * G * 8, 32) and attn.c_proj.weight.shape == (32, 2 * G * 8)
+    T = 12
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(16))
+    with torch.no_grad():
+        attn.c_attn.weight.mul_(10)
+        q, k, v = (t.view(2, T, G, 8).transpose(1, 2) for t in attn.c_attn(x).split(G * 8, dim=2))
+        seen = []
+        attn.c_proj.register_forward_hook(lambda mod, inp, out: seen.append(inp[0]))
+        pe = m.pe.at(0)
+        attn(x, pe, pe.context(torch.arange(T), torch.arange(T), T))
+    want = ropepp_reference(q, k, v, T)
+    assert torch.allclose(seen[0].double(), want.transpose(1, 2).reshape(2, T, 2 * G * 8), atol=1e-5)
+
+
+def test_ropepp_real_heads_are_ropes():
+    """ec: with `rope`'s q/k/v projection, attention heads 0, 2, 4, 6 give rope's heads 0..3."""
+    x = torch.randint(0, 37, (2, 20))
+    rope, pp = tiny_model('rope', seed=7, n_layer=1), tiny_model('ropepp', seed=7, n_layer=1,
+                                                                   pos_options={'variant': 'ec'})
+    got, ref = [], []
+    pp.load_state_dict({n: p for n, p in rope.state_dict().items() if 'c_proj' not in n or 'mlp' in n}, strict=False)
+    pp.transformer.h[0].attn.c_proj.register_forward_hook(lambda mod, inp, out: got.append(inp[0]))
+    rope.transformer.h[0].attn.c_proj.register_forward_hook(lambda mod, inp, out: ref.append(inp[0]))
+    with torch.no_grad():
+        pp(x), rope(x)
+    heads = got[0].view(2, 20, 8, 8)
+    assert torch.allclose(heads[:, :, 0::2], ref[0].view(2, 20, 4, 8), atol=1e-6)
+    assert not torch.allclose(heads[:, :, 1::2], ref[0].view(2, 20, 4, 8), atol=1e-3)
+
+
 # --- options, configs, docstrings, learned parameters -----------------------------
 
 def test_bad_options_are_clear_errors():
