@@ -30,7 +30,7 @@ Contents:
   q/k transforms   rope (+ ExtendedRoPE: Self-Extend, ReRoPE), xpos, mrope, rope2d, xl, pope
   score biases     alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta
   own attention    fox, cope, stick_breaking
-  RoPE's successors, 2025-26: grape_m, grape_a (+ GrapeAP), fope, ropepp
+  RoPE's successors, 2025-26: grape_m, grape_a (+ GrapeAP), fope, ropepp, selective_rope
 The maths of RoPE context extension (config.rope_scaling) is in rope_scaling.py.
 Adding a scheme = a subclass here decorated with @register('name'), config/name.py and a test.
 """
@@ -1704,3 +1704,145 @@ class RoPEPP(RoPE):
         real, imag = apply_rotary(q, cos, sin), apply_rotary(q, sin, -cos)  # imag: turned a further -pi/2
         return torch.stack((real, imag), 2).flatten(1, 2), apply_rotary(k, kcos, ksin)
 
+
+class _SelectiveLayer(nn.Module):
+    def __init__(self, n_embd, n_head, P, rank, d_conv, temperature, temp_learnable, phase_gate, bias, forget_gate):
+        super().__init__()
+        self.down = nn.Linear(n_embd, rank, bias=False)  # the low-rank projection of x^: n_embd -> rank -> H * P
+        self.up = nn.Linear(rank, n_head * P, bias=False)
+        self.conv = nn.Parameter(torch.empty(n_head * P, d_conv))  # a causal depthwise convolution, no bias
+        for w in (self.down.weight, self.up.weight, self.conv):  # the authors' model init: N(0, 0.02)
+            nn.init.normal_(w, std=0.02)
+        if temp_learnable:
+            self.temperature = nn.Parameter(temperature)
+        else:
+            self.register_buffer('temperature', temperature, persistent=False)
+        if phase_gate:  # sigmoid(W x^ + b), one per head; bias 0
+            self.gate = nn.Linear(n_embd, n_head)
+            nn.init.normal_(self.gate.weight, std=0.02)
+            nn.init.zeros_(self.gate.bias)
+        if bias:  # phi + exp(phi_bias)
+            self.phi_bias = nn.Parameter(torch.zeros(n_head, P))
+        if forget_gate:  # FoX's gate: log sigmoid(w_h . x_t + b_h)
+            self.fgate = nn.Linear(n_embd, n_head)
+            nn.init.normal_(self.fgate.weight, std=0.02)
+            nn.init.zeros_(self.fgate.bias)
+
+
+@register('selective_rope')
+class SelectiveRoPE(PositionalEncoding):
+    """Selective RoPE (Movahedi, Carstensen et al., arXiv 2511.17388, ICLR 2026; code timurcarstensen/selective-rope,
+    src/selective_rope/modules/rotary.py, SelectiveRoPE; settings of configs/language_modeling/model/
+    position_embedding/selective_rope.yaml): RoPE whose angles are a prefix sum of input-dependent frequencies.
+    For token t with layer input x_t (the attention's normalised input, which q, k, v are projected from), per
+    head h and plane c (half-split, c < d/2):
+        x^_t   = x_t split into H chunks of n_embd/H, each divided by sqrt(|chunk|^2 + 1e-6)   (fla's l2_norm)
+        u_t    = W_up W_down x^_t                 rank 32, no biases: [H * d/2]
+        phi_t  = sum_{k<K} w_k u_{t-K+1+k}         causal depthwise convolution, width K = 4, no bias, the last
+                                                  tap on the current token, zeros before the first
+        phi_t <- phi_t + exp(beta)                 option bias (beta per head and plane, 0 at init)
+        phi_t <- phi_t * sigmoid(g . x^_t + b_g)   option phase_gate (one gate per head)
+        Theta_t = tau * sum_{s<=t} phi_s           inclusive prefix sum, float32
+        q_t, k_t turned by Theta_t like `rope`: (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos) (HF's direction)
+    tau_c = temp_max / temp_theta^(2c/d), temp_theta = 500000, temp_max = 1, not learned (the LM config).
+    phi == 1 (e.g. bias=True with W_up = 0) turns token t by tau (t + 1): `rope` with base temp_theta at
+    positions shifted by one, the same logits (tested). Init as the authors' model: every weight N(0, 0.02),
+    biases 0, so the angles start near 0. The LM config has no phase gate and no bias (both off here too).
+    Option forget_gate=True adds a forget gate, logit_ij += sum_{l=j+1..i} log f_l with f_l = sigmoid(w_h . x_l
+    + b_h) (FoX, arXiv 2503.02130, nanoPE's `fox`, bias 0): the paper pairs Selective RoPE with FoX's gate for
+    softmax attention; the authors' public code has no such softmax layer, so the gate is FoX's own.
+    Not here: the code's full-rank and 'gla'/'low-rank' gate parametrisations, skip_conv, and its Triton kernels.
+    The angles need x: they are made in layer_context, once per layer and forward. KV cache: each key's angle is
+    fixed once made, so keys are cached transformed; cache.carry keeps the running sum sum_{s<=t} phi_s and the
+    convolution's last K - 1 inputs (a window or chunk may drop every key, not the convolution's past). A rolling
+    cache (attention sinks) numbers keys by place: u (and the gates) are kept per key in cache.state and the
+    convolution and sums run again over the kept keys. The forget gate's log f is kept per key (as FoX).
+    Because phi_l reads x_{l-K+1..l}, a query's logits also read the K - 2 tokens before its first visible
+    key in a window or chunk (x_lookback), as in the authors' layer with a window.
+    Options (defaults in parentheses): rank (32), d_conv (4), temp_theta (500000), temp_max (1.0), temp_learnable
+    (False), phase_gate (False), bias (False), forget_gate (False)."""
+
+    def __init__(self, config, rank=32, d_conv=4, temp_theta=500000.0, temp_max=1.0, temp_learnable=False,
+                 phase_gate=False, bias=False, forget_gate=False):
+        super().__init__(config)
+        if self.head_dim % 2:
+            raise ValueError(f"selective_rope rotates planes of 2 dims: head_dim must be even, got {self.head_dim}; "
+                             f"change n_embd/n_head")
+        for name, val in (('rank', rank), ('d_conv', d_conv)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"selective_rope {name} must be an integer >= 1, got {val!r}")
+        self.rank, self.d_conv = rank, d_conv
+        self.temp_theta, self.temp_max = _positive('selective_rope temp_theta', temp_theta), \
+            _positive('selective_rope temp_max', temp_max)
+        self.temp_learnable = _flag('selective_rope temp_learnable', temp_learnable)
+        self.phase_gate, self.bias = _flag('selective_rope phase_gate', phase_gate), _flag('selective_rope bias', bias)
+        self.forget_gate = _flag('selective_rope forget_gate', forget_gate)
+        self.x_lookback = max(0, d_conv - 2)
+
+    def new_layer(self):
+        d = self.head_dim
+        temp = self.temp_max / self.temp_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        return _SelectiveLayer(self.n_embd, self.n_head, d // 2, self.rank, self.d_conv, temp, self.temp_learnable,
+                               self.phase_gate, self.bias, self.forget_gate)
+
+    def increments(self, u, g, layer, left):
+        """phi [B, H, T, d/2] from u [B, H, T, d/2] and the gate g [B, H, T] (or None), with `left`
+        [B, H, K - 1, d/2] the convolution's inputs before the first token."""
+        B, H, T, P = u.shape
+        w = layer.conv.float().view(H, P, self.d_conv)  # channel h * P + c
+        full = torch.cat((left, u), 2)
+        phi = sum(w[None, :, None, :, k] * full[:, :, k:k + T] for k in range(self.d_conv))
+        if self.bias:
+            phi = phi + layer.phi_bias.float().exp()[None, :, None]
+        return phi if g is None else phi * g[..., None]
+
+    def layer_context(self, x, ctx, layer, cache):
+        B, T, C = x.shape
+        H, P, K = self.n_head, self.head_dim // 2, self.d_conv
+        with torch.autocast(x.device.type, enabled=False):
+            xf = x.float()
+            chunks = xf.view(B, T, H, C // H)
+            xn = (chunks * torch.rsqrt(chunks.pow(2).sum(-1, keepdim=True) + 1e-6)).view(B, T, C)
+            u = layer.up(layer.down(xn)).view(B, T, H, P).transpose(1, 2)  # [B, H, T, P]
+            g = torch.sigmoid(layer.gate(xn)).transpose(1, 2) if self.phase_gate else None  # [B, H, T]
+            extra = {}
+            if self.forget_gate:  # log f per key, summed again over the kept keys every forward (as FoX)
+                log_f = F.logsigmoid(layer.fgate(xf)).transpose(1, 2)  # [B, H, T]
+                if cache is not None:
+                    if 'sel_log_f' in cache.state:
+                        log_f = torch.cat((cache.state['sel_log_f'], log_f), 2)
+                    cache.state['sel_log_f'] = log_f
+                c = log_f.cumsum(-1)
+                extra.update(sel_c=c, sel_cq=c[..., c.size(-1) - T:])
+            zeros = u.new_zeros(B, H, K - 1, P)
+            if cache is None or not cache.raw_keys:
+                left = zeros if cache is None else cache.carry.get('sel_tail', zeros)
+                phi = self.increments(u, g, layer, left)
+                s = phi.cumsum(2)
+                if cache is not None:
+                    if 'sel_sum' in cache.carry:
+                        s = s + cache.carry['sel_sum']
+                    cache.carry['sel_sum'] = s[:, :, -1:]
+                    cache.carry['sel_tail'] = torch.cat((left, u), 2)[:, :, T:]  # the last K - 1 inputs
+                q_tab = k_tab = cos_sin(s * layer.temperature.float())
+            else:  # a rolling cache: by place, over the kept keys and the new tokens
+                for name, t in (('sel_u', u), ('sel_gate', g)):
+                    if t is not None:
+                        cache.state[name] = torch.cat((cache.state[name], t), 2) if name in cache.state else t
+                phi = self.increments(cache.state['sel_u'], cache.state.get('sel_gate'), layer, zeros)
+                k_tab = cos_sin(phi.cumsum(2) * layer.temperature.float())
+                q_tab = tuple(t[:, :, t.size(2) - T:] for t in k_tab)
+        return _layer_context(ctx, sel_q=q_tab, sel_k=k_tab, **extra)
+
+    def transform_qk(self, q, k, ctx, layer):
+        (cos, sin), (kcos, ksin) = ctx.extra['sel_q'], ctx.extra['sel_k']
+        return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
+
+    def score_mod(self, q, k, ctx, layer):
+        if not self.forget_gate:
+            return None
+        c, c_q = ctx.extra['sel_c'], ctx.extra['sel_cq']
+
+        def mod(score, b, h, i, j):
+            return score + (c_q[b, h, i] - c[b, h, j])
+        return mod

@@ -1207,6 +1207,109 @@ def test_ropepp_real_heads_are_ropes():
     assert not torch.allclose(heads[:, :, 1::2], ref[0].view(2, 20, 4, 8), atol=1e-3)
 
 
+def selective_reference(layer, x, off=0, K=4, bias=False, gate=False):
+    """Selective RoPE's angles [B, H, T, d/2] from the authors' rotary.py, written out in float64."""
+    B, T, C = x.shape
+    H = 4
+    xd = x.double().view(B, T, H, C // H)
+    xn = (xd / (xd.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()).view(B, T, C)
+    u = xn @ layer.down.weight.double().t() @ layer.up.weight.double().t()  # [B, T, H * P]
+    w = layer.conv.detach().double()  # [H * P, K]
+    phi = torch.zeros_like(u)
+    for t in range(T):
+        for kk in range(K):
+            s = t - K + 1 + kk
+            if s >= 0:
+                phi[:, t] += w[:, kk] * u[:, s]
+    phi = phi.view(B, T, H, -1)
+    if bias:
+        phi = phi + layer.phi_bias.detach().double().exp()
+    if gate:
+        phi = phi * torch.sigmoid(xn @ layer.gate.weight.double().t() + layer.gate.bias.double())[..., None]
+    P_ = phi.size(-1)
+    tau = torch.tensor([1.0 / 500000 ** (2 * c / (2 * P_)) for c in range(P_)], dtype=torch.float64)
+    return (phi.cumsum(1) * tau).permute(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize('opts', [{}, {'bias': True, 'phase_gate': True}])
+def test_selective_rope_angles_per_pair_and_through_a_cache(opts):
+    """q and k of token t turned by tau * sum_{s<=t} phi_s (HF's direction), phi from the low-rank projection of
+    the per-head L2-normalised x and a width-4 causal convolution; a cache in three forwards (the convolution's
+    inputs and the running sum in cache.carry) gives the same q and k."""
+    pe = P.REGISTRY['selective_rope'](tiny_config('selective_rope'), **opts)
+    layer = pe.new_layer()
+    assert layer.down.weight.shape == (32, 32) and layer.up.weight.shape == (16, 32) and layer.conv.shape == (16, 4)
+    with torch.no_grad():
+        for p_ in layer.parameters():
+            p_.normal_(std=1.0)  # angles up to tens of radians
+    T = 11
+    q, k, _ = qkv(2, 4, T, T, 8, seed=17)
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(18))
+    pos = torch.arange(T)
+    with torch.no_grad():
+        (qq, kk), _ = layer_hooks(pe, layer, q, k, x, pos, pos)
+        ang = selective_reference(layer, x, bias=opts.get('bias', False), gate=opts.get('phase_gate', False))
+        assert torch.allclose(qq.double(), turn_planes(q, ang), atol=1e-4)
+        assert torch.allclose(kk.double(), turn_planes(k, ang), atol=1e-4)
+        cache, outs = M.LayerKV(), []
+        for a, b in ((0, 2), (2, 3), (3, T)):
+            (q1, k1), _ = layer_hooks(pe, layer, q[:, :, a:b], k[:, :, a:b], x[:, a:b], pos[a:b], pos[:b], cache)
+            cache.append(k1, k1)
+            outs.append((q1, k1))
+    assert set(cache.carry) == {'sel_sum', 'sel_tail'} and cache.carry['sel_tail'].shape == (2, 4, 3, 4)
+    assert torch.allclose(torch.cat([o[0] for o in outs], 2), qq, atol=1e-4)
+    assert torch.allclose(torch.cat([o[1] for o in outs], 2), kk, atol=1e-4)
+
+
+def test_selective_rope_with_unit_frequencies_is_rope_at_base_temp_theta():
+    """phi == 1 (bias on, so phi = 0 + e^0, with W_up = 0) turns token t by tau (t + 1), tau_c = theta^(-2c/d):
+    the logits of `rope` with base theta."""
+    x = torch.randint(0, 37, (2, 40))
+    opts = {'bias': True, 'temp_theta': 10000.0}
+    rope, sel = tiny_model('rope', seed=8), tiny_model('selective_rope', seed=8, pos_options=opts)
+    with torch.no_grad():
+        for blk in rope.transformer.h:
+            blk.attn.c_attn.weight.mul_(20)  # sharp attention: the positions show
+        sel.load_state_dict(rope.state_dict(), strict=False)
+        plain = sel(x)[0]
+        for blk in sel.transformer.h:
+            blk.attn.pe_layer.up.weight.zero_()
+        assert torch.allclose(rope(x)[0], sel(x)[0], atol=1e-5)
+        assert not torch.allclose(rope(x)[0], plain, atol=1e-3)
+
+
+def test_selective_rope_forget_gate_is_fox_when_the_angles_are_zero():
+    x = torch.randint(0, 37, (2, 30))
+    fox, sel = tiny_model('fox', seed=9), tiny_model('selective_rope', seed=9, pos_options={'forget_gate': True})
+    with torch.no_grad():
+        for a, b in zip(fox.transformer.h, sel.transformer.h):
+            a.attn.pe_layer.fgate.weight.normal_(std=0.5)
+            b.attn.pe_layer.fgate.load_state_dict(a.attn.pe_layer.fgate.state_dict())
+            b.attn.pe_layer.up.weight.zero_()  # phi = 0: no rotation
+        sel.load_state_dict({n: p for n, p in fox.state_dict().items() if 'pe_layer' not in n}, strict=False)
+        assert torch.allclose(fox(x)[0], sel(x)[0], atol=1e-5)
+
+
+def test_selective_rope_reads_exactly_d_conv_minus_2_tokens_before_a_window():
+    """A query's angle differences sum phi over its visible keys after the first, and phi_l reads x_{l-3..l}:
+    the 2 tokens just before the window change its logits, the 3rd does not."""
+    m = tiny_model('selective_rope', n_layer=1, sliding_window=5).eval()
+    assert m.pe.at(0).x_lookback == 2
+    with torch.no_grad():
+        lay = m.transformer.h[0].attn.pe_layer
+        for p_ in (lay.down.weight, lay.up.weight, lay.conv):
+            p_.normal_(std=1.0)
+        lay.temperature.mul_(100)
+    x = torch.randint(0, 37, (1, 16), generator=torch.Generator().manual_seed(3))
+    t, first = 12, 8  # the window of token 12: 8..12
+    with torch.no_grad():
+        base = m(x)[0][0, t]
+        for u, moves in ((first - 1, True), (first - 2, True), (first - 3, False)):
+            y = x.clone()
+            y[0, u] = (y[0, u] + 1) % 37
+            assert ((m(y)[0][0, t] - base).abs().max() > 1e-4) == moves, u
+
+
 # --- options, configs, docstrings, learned parameters -----------------------------
 
 def test_bad_options_are_clear_errors():
