@@ -29,7 +29,7 @@ def dense_bias(pe, layer, q, q_pos, k_pos):
     return A.dense_bias(pe.score_mod(q, k, ctx, layer), q.size(0), q.size(1), len(q_pos), len(k_pos), q.device)
 
 
-NEW = ['fox', 'cope', 'pope', 'stick_breaking', 'deberta']
+NEW = ['fox', 'cope', 'pope', 'stick_breaking', 'deberta', 'grape_m', 'grape_a', 'fope', 'ropepp', 'selective_rope']
 
 
 def sig(x):
@@ -1310,6 +1310,107 @@ def test_selective_rope_reads_exactly_d_conv_minus_2_tokens_before_a_window():
             assert ((m(y)[0][0, t] - base).abs().max() > 1e-4) == moves, u
 
 
+# the variants the registry-wide tests (defaults only) do not reach, and the defaults at 16 x block_size
+SUCCESSORS = [('grape_m', {}), ('grape_m', {'contextual': True, 'ctx_per_head': True, 'per_head': True}),
+              ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('grape_a', {'variant': 'query'}),
+              ('grape_a', {'variant': 'path'}), ('fope', {}), ('ropepp', {}), ('ropepp', {'variant': 'ec'}),
+              ('selective_rope', {}), ('selective_rope', {'phase_gate': True, 'bias': True, 'forget_gate': True})]
+IDS = [n + ''.join(f"-{k}={v}" for k, v in o.items()) for n, o in SUCCESSORS]
+
+
+@pytest.mark.parametrize('name, opts', SUCCESSORS, ids=IDS)
+def test_successor_variants_cache_windows_sinks_and_16x(name, opts):
+    """Causality; KV-cache decoding equals a full forward (ordinary, windowed, chunked, and a rolling cache with
+    nothing evicted); a forward at 16 x block_size is finite and its first block_size logits are a plain
+    forward's; the tables of the angles are float32 under bf16 autocast."""
+    from conftest import assert_causal, assert_kv_cache_matches_full_forward
+    m = tiny_model(name, pos_options=opts).eval()
+    assert_causal(m)
+    assert_kv_cache_matches_full_forward(m)
+    x = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(2))
+    for mask in (dict(sliding_window=5), dict(attention_chunk_size=7)):
+        w = tiny_model(name, pos_options=opts, **mask).eval()
+        with torch.no_grad():
+            full = w(x)[0]
+            cache = w.new_cache()
+            steps = [w(x[:, :7], cache=cache)[0]] + [w(x[:, t:t + 1], cache=cache)[0] for t in range(7, 40)]
+        assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5), mask
+    with torch.no_grad():
+        full = m(x)[0]
+        cache = m.new_cache(window=100, sink=0)
+        steps = [m(x[:, :5], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(5, 40)]
+        assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+        long = torch.randint(0, 37, (1, 16 * 16), generator=torch.Generator().manual_seed(4))
+        logits = m(long)[0]
+        assert torch.isfinite(logits).all() and torch.allclose(logits[:, :16], m(long[:, :16])[0], atol=1e-5)
+    seen = []
+    pe = m.pe.at(0)
+    real = pe.transform_qk
+
+    def spy(q, k, ctx, layer):
+        seen.extend(t for v in ctx.extra.values() for t in (v if isinstance(v, tuple) else (v,))
+                    if torch.is_tensor(t) and t.is_floating_point())
+        return real(q, k, ctx, layer)
+    pe.transform_qk = spy
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        m(x)
+    assert all(t.dtype == torch.float32 for t in seen)
+
+
+@pytest.mark.parametrize('name, opts', [s for s in SUCCESSORS if s not in (('grape_m', {}), ('grape_a', {}),
+                                                                             ('fope', {}), ('ropepp', {}),
+                                                                             ('selective_rope', {}))],
+                         ids=lambda v: v if isinstance(v, str) else ''.join(f"{k}={w}" for k, w in v.items()))
+def test_successor_variants_compile_without_graph_breaks_and_flex_equals_dense(name, opts):
+    """What test_model.py checks for every registered default, for the variants: one graph for a training
+    forward and a no-grad FlexAttention forward; compiled FlexAttention equals the dense path; the rolling-cache
+    (attention sinks) step equals a plain forward over the kept tokens at places 0..n."""
+    x = torch.randint(0, 37, (2, 64))
+    for backend, grad in (('auto', True), ('flex', False)):
+        torch._dynamo.reset()
+        m = tiny_model(name, block_size=64, attn_backend=backend, pos_options=opts).train(grad)
+        with torch.set_grad_enabled(grad):
+            ex = torch._dynamo.explain(m)(x, x)
+        assert ex.graph_break_count == 0 and ex.graph_count == 1, [str(b.reason)[:200] for b in ex.break_reasons]
+    torch._dynamo.reset()
+    from conftest import assert_flex_equals_dense
+    assert_flex_equals_dense(tiny_model(name, block_size=64, pos_options=opts).eval())
+    torch._dynamo.reset()
+    sink, window, T = 3, 5, 20
+    m = tiny_model(name, n_layer=1, pos_options=opts).eval()
+    x = torch.randint(0, 37, (1, T), generator=torch.Generator().manual_seed(0))
+    cache = m.new_cache(window=window, sink=sink)
+    with torch.no_grad():
+        m(x[:, :sink + window + 1], cache=cache)
+        for t in range(sink + window + 1, T):
+            kept = list(range(sink)) + list(range(t - window, t))
+            logits, _ = m(x[:, t:t + 1], cache=cache)
+            assert torch.allclose(logits[0, -1], m(x[:, kept + [t]])[0][0, -1], atol=1e-5), t
+
+
+def test_successors_bad_options_are_one_line_that_names_the_fix():
+    cases = [('grape_a', {'variant': 'both'}, "variant must be one of 'query_key', 'key', 'query', 'path'"),
+             ('grape_a', {'p_head_dim': 3}, 'p_head_dim'), ('grape_a', {'omega_init': -1}, 'omega_init'),
+             ('grape_m', {'omega_scale': 0}, 'omega_scale must be a number > 0'),
+             ('grape_m', {'contextual': 'yes'}, 'contextual must be True or False'),
+             ('ropepp', {'variant': 'ee'}, "variant must be one of 'eh', 'ec'"),
+             ('fope', {'planes': 9}, 'planes must be an integer in 1..4'),
+             ('fope', {'init': 'xavier'}, 'init must be one of'),
+             ('fope', {'fourier_dim': 7}, 'fourier_dim must be an even integer'),
+             ('selective_rope', {'d_conv': 0}, 'd_conv must be an integer >= 1'),
+             ('selective_rope', {'temp_theta': -1.0}, 'temp_theta must be a number > 0')]
+    for name, opts, msg in cases:
+        with pytest.raises(ValueError, match=re.escape(msg)) as e:
+            M.GPT(tiny_config(name, pos_options=opts))
+        assert '\n' not in str(e.value), name
+    with pytest.raises(ValueError, match="n_head must be even, got 3; change n_head or use variant='ec'"):
+        M.GPT(tiny_config('ropepp', n_embd=24, n_head=3))
+    with pytest.raises(ValueError, match='use a static type'):
+        M.GPT(tiny_config('ropepp', rope_scaling={'type': 'self_extend', 'window': 4, 'group': 2}))
+    with pytest.raises(ValueError, match='floor_clamp=False or a longer block_size'):
+        M.GPT(tiny_config('fope', block_size=1, pos_options={'base': 1e9}))
+
+
 # --- options, configs, docstrings, learned parameters -----------------------------
 
 def test_bad_options_are_clear_errors():
@@ -1333,11 +1434,17 @@ def test_configs_select_the_schemes():
 
 def test_every_new_scheme_documents_paper_formula_defaults():
     arxiv = {'fox': '2503.02130', 'cope': '2405.18719', 'pope': '2509.10534', 'stick_breaking': '2410.17980',
-             'deberta': '2006.03654'}
+             'deberta': '2006.03654', 'grape_m': '2512.07805', 'grape_a': '2512.07805', 'fope': '2412.17739',
+             'ropepp': '2512.07525', 'selective_rope': '2511.17388'}
     for name, aid in arxiv.items():
         doc = P.REGISTRY[name].__doc__
         assert aid in doc and 'Option' in doc and ('efault' in doc), name
     assert 'causal restriction' in P.REGISTRY['deberta'].__doc__
+    code = {'grape_m': 'model-architectures/GRAPE', 'grape_a': 'model-architectures/GRAPE', 'fope': 'OpenMOSS/rope_pp',
+            'ropepp': 'OpenMOSS/rope_pp', 'selective_rope': 'timurcarstensen/selective-rope'}
+    for name, repo in code.items():  # the authors' code each follows, where paper and code differ
+        assert repo in P.REGISTRY[name].__doc__, name
+    assert '2512.07805' in P.GrapeAP.__doc__ and 'llama-mha-grape-ap-v1.py' in P.GrapeAP.__doc__
 
 
 @pytest.mark.parametrize('name', ['t5', 'shaw', 'xl', 'kerple_log', 'kerple_power', 'fire'])
