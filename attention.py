@@ -6,7 +6,8 @@ sink logits and logit scaling), and one entry point that runs it on SDPA, FlexAt
 
 q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv] -> y [B, H, Tq, Dv]. The queries are the last Tq of the
 Tk keys (a KV cache holds the first Tk - Tq), and `mask` says which keys each query sees (Mask: causal, a
-sliding window, a chunk).
+sliding window, a chunk). k and v may have fewer heads than q, H / g each (grouped keys, RoPE++): query
+head h then reads key/value head h // g (HF's repeat_kv).
   mod(score, b, h, i, j)  an additive logit bias in FlexAttention's score_mod form
   vmod(lse)               a term [B, H, Tq, Dv] added to the output, given each row's logsumexp
   sinks [H]               sink logits (gpt-oss): one logit per head in every row's softmax denominator, with
@@ -330,6 +331,9 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
     """Attention of the queries over the keys `mask` lets them see, with an optional score bias
     `mod(score, b, h, i, j)`, an optional value term `vmod(lse) -> [B, H, Tq, Dv]` added to the
     output (lse = each row's logsumexp) and optional sink logits `sinks` [H]."""
+    if k.size(1) != q.size(1):  # grouped keys and values: query head h reads key/value head h // g
+        g = q.size(1) // k.size(1)
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     Dv = v.size(-1)
     if Dv < q.size(-1):  # zero columns change nothing, and let SDPA's fused kernels run
         v = F.pad(v, (0, q.size(-1) - Dv))

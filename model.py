@@ -74,13 +74,15 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, spec, pe):
         super().__init__()
-        self.n_head, hd = config.n_head, config.n_embd // config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.hd = hd = config.n_embd // config.n_head
+        scheme = pe.at(spec.index)
+        # query, key/value and attention heads: n_head each, unless the scheme says otherwise (RoPE++)
+        self.q_heads, self.kv_heads, self.n_head = scheme.heads()
+        self.c_attn = nn.Linear(config.n_embd, (self.q_heads + 2 * self.kv_heads) * hd, bias=config.bias)
+        self.c_proj = nn.Linear(self.n_head * hd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
         self.backend = config.attn_backend
-        scheme = pe.at(spec.index)
         self.pe_layer = scheme.new_layer()  # this layer's positional parameters, if any
         self.mask = attention.Mask(spec.sliding_window, spec.attention_chunk_size)
         self.scaling = spec.attn_scaling
@@ -108,11 +110,14 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, pe, ctx, cache=None):
         B, T, C = x.size()
         # 1. project
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        hd, kv = self.hd, self.kv_heads * self.hd
+        q, k, v = self.c_attn(x).split((self.q_heads * hd, kv, kv), dim=2)
+        q, k, v = (t.view(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hs)
         # 2. QK-norm, before the positions: the one well-defined place once a scheme changes q and k (xPos, xl)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        # this layer's positions where they depend on its input x (the shared ctx otherwise)
+        ctx = pe.layer_context(x, ctx, self.pe_layer, cache)
         # 3. positions and the cache: keys are cached as transform_qk made them; or cached raw and all of
         # them transformed every forward (xPos, a rolling cache); or left to the scheme (cache_keys='scheme')
         mode = pe.cache_keys
@@ -135,7 +140,7 @@ class CausalSelfAttention(nn.Module):
                 q, mod = attention.scale_logits(q, mod, s)
             vmod = pe.value_mod(q, k, ctx, self.pe_layer, attention.masked(mod, mask, q.size(2), k.size(2)))
             y = attend(q, k, v, mod, vmod)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * hd)  # (B, T, attention heads x hs)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -456,15 +461,17 @@ class LayerKV:
     an earlier step saved for backward would break that backward.
     `state` belongs to the positional scheme: per-key tensors it keeps next to the keys
     (e.g. FoX's log forget gates), one entry per key along dim 2, appended by the scheme;
-    keep() and evict() drop them with their keys. `carry` is the scheme's too: what it carries
-    from one forward to the next that belongs to no key (PaTH's convolution inputs), never dropped."""
+    keep() and evict() drop them with their keys. `carry` belongs to the scheme too: per-layer
+    tensors that are not per key (a running sum of angles, a convolution's last inputs), which
+    keep() and evict() leave as they are."""
 
     def __init__(self, raw_keys=False):
         self.k = self.v = None
         self.n = 0
         self.start = 0
         self.raw_keys = raw_keys  # keys not position-transformed (transformed every forward)
-        self.state, self.carry = {}, {}
+        self.state = {}
+        self.carry = {}
 
     def __getitem__(self, i):
         return None if self.k is None else (self.k, self.v)[i][:, :, :self.n]

@@ -5,6 +5,9 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
   embed(x, pos)                  -> x         token embeddings, once before block 0
   context(q_pos, k_pos, n_pos)   -> Context   per-forward tables, shared by the layers that have these keys
   new_layer()                    -> module    one layer's parameters, handed back as `layer`
+  heads()                        -> (q, kv, attention)  head counts of a layer (n_head each; RoPE++)
+  layer_context(x, ctx, layer, cache) -> Context   this layer's Context where positions depend on its
+                                              input x (GRAPE-M contextual, Selective RoPE); ctx otherwise
   transform_qk(q, k, ctx, layer) -> (q, k)    rotate, scale or extend queries and keys
   score_mod(q, k, ctx, layer)    -> f | None  additive logit bias f(score, b, h, i, j)
   value_mod(q, k, ctx, layer, f) -> g | None  g(lse) added to the output (Shaw's values)
@@ -27,6 +30,7 @@ Contents:
   q/k transforms   rope (+ ExtendedRoPE: Self-Extend, ReRoPE), xpos, mrope, rope2d, xl, pope
   score biases     alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta
   own attention    fox, cope, stick_breaking
+  RoPE's successors, 2025-26: grape_m, grape_a (+ GrapeAP), fope, ropepp, selective_rope
 The maths of RoPE context extension (config.rope_scaling) is in rope_scaling.py.
 Adding a scheme = a subclass here decorated with @register('name'), config/name.py and a test.
 """
@@ -84,6 +88,7 @@ class PositionalEncoding(nn.Module):
     scaling = None                 # the rope_scaling dict it applies, resolved and checked, or None
     cache_keys = 'transformed'     # 'transformed' | 'raw' | 'scheme' (see the module docstring)
     softmax = 'attend'             # 'attend' | 'own' | None (see the module docstring)
+    x_lookback = 0                 # tokens before a query's first visible key whose input x its logits read
 
     def __init__(self, config):
         super().__init__()
@@ -127,6 +132,19 @@ class PositionalEncoding(nn.Module):
 
     def new_layer(self):
         return None
+
+    def heads(self):
+        """(query heads, key/value heads, attention heads) of a layer: the model projects that many query
+        and key/value heads, transform_qk may return more query heads than key heads (grouped: query head h
+        reads key/value head h // g), and the attention's output has `attention heads` heads."""
+        return self.n_head, self.n_head, self.n_head
+
+    def layer_context(self, x, ctx, layer, cache):
+        """This layer's Context, for a scheme whose positions depend on the layer's input x [B, Tq, C]
+        (the shared ctx otherwise). Called every layer before transform_qk; what it returns is the ctx that
+        layer's transform_qk, score_mod, value_mod and attention get. cache: the layer's KV cache before this
+        forward's keys are appended (None without one)."""
+        return ctx
 
     def transform_qk(self, q, k, ctx, layer):
         return q, k
@@ -1368,7 +1386,8 @@ class PaTH(PositionalEncoding):
     KV cache (cache_keys = 'scheme'): the cache holds each key moved through the last token's H; a new token t
     first rewrites every cached key k <- k - beta_t (k . w_t) w_t, then appends its own key as it is, so decoding
     costs O(n d) for n cached keys (a segment of new tokens: the segment's product, in WY form). The
-    convolution's last inputs ride in cache.carry. A query reads x up to width - 1 tokens before its window.
+    convolution's last inputs ride in cache.carry. A query reads x up to width - 2 tokens before the first
+    key it sees (x_lookback: the first Householder a key's product takes is its successor's).
     Options: rank (32), conv (3: the convolution's width; 0 for none), chunk (64)."""
     cache_keys = 'scheme'
     forget_gate = False
@@ -1379,6 +1398,7 @@ class PaTH(PositionalEncoding):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{self.name} {name} must be an integer >= {lo}, got {v!r}")
         self.rank, self.conv, self.chunk = rank, conv, chunk
+        self.x_lookback = max(0, conv - 2)  # H_{j+1}, the first a key j's product takes, reads x_{j+1-(conv-1)}..
 
     def new_layer(self):
         return _PathLayer(self.n_embd, self.n_head, self.rank, self.conv, self.forget_gate)
@@ -1477,3 +1497,605 @@ class Wall(PositionalEncoding):
                 C = gs.cumsum(-1)
                 A = A + C[..., C.size(-1) - T:, None] - C[..., None, :]
         return _logit_attend(q, k, v, A, attend)
+
+
+# --- RoPE's successors, 2025-26: GRAPE (multiplicative and additive), FoPE, RoPE++, Selective RoPE
+
+
+def _softplus_inverse(y):
+    """The x with softplus(x) = y, for y > 0."""
+    return math.log(math.expm1(float(y)))
+
+
+def _layer_context(ctx, **extra):
+    """A copy of the shared ctx with this layer's tables added to its extra (the shared one is left alone)."""
+    return Context(ctx.q_pos, ctx.k_pos, dict(ctx.extra, **extra), ctx.n_pos)
+
+
+def _flag(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _choice(scheme, name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{scheme} {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+class _GrapeMLayer(nn.Module):
+    def __init__(self, log_freq, learnable):
+        super().__init__()
+        if learnable:
+            self.log_freq = nn.Parameter(log_freq)  # [d/2] or [H, d/2]: the frequencies' logs, times the scale
+        else:
+            self.register_buffer('log_freq', log_freq, persistent=False)
+
+
+@register('grape_m')
+class GrapeM(PositionalEncoding):
+    """Multiplicative GRAPE, GRAPE-M (Group RepresentAtional Position Encoding; Zhang et al., arXiv 2512.07805,
+    ICLR 2026; code model-architectures/GRAPE, model/llama-mha-grape-m-nonctx.py and -ctx.py). A position n acts
+    on q and k by G(n) = exp(n L), L a sum of rank-2 skew generators; on d/2 commuting planes (the canonical
+    half-split pairs (i, i + d/2)) this is a rotation of plane i by the angle n f_i, so q_n . k_m depends on
+    n - m only. Here, as in the authors' non-contextual model:
+        plane i of q at n:  (x1, x2) -> (x1 cos(n f_i) + x2 sin(n f_i), -x1 sin(n f_i) + x2 cos(n f_i))
+    and likewise for k at m, f_i = exp(log_freq_i / s), learned per layer (one spectrum shared by the heads;
+    per_head=True gives each head its own), initialised to RoPE's log-uniform spectrum base^(-2i/d), base
+    10000, and stored times s = log_freq_scale = 16 (the authors' device for a smaller effective learning
+    rate; s = 1 when frozen).
+    Direction: the authors' code turns each plane by -n f_i, the opposite of HF's RoPE (and of nanoPE's
+    `rope`), as their own RoPE baseline does; this follows their code. So grape_m at its initial spectrum is
+    `rope` with every second-half dim of q and k negated (a reflection of each plane, which reverses the
+    turn): the logits are equal when the second half of each head's query and key weights changes sign
+    (tested), or, equivalently, `rope` with the frequencies negated. The paper's G(n) = exp(n theta L) with
+    J = [[0, -1], [1, 0]] turns each plane by +n theta (HF's direction; its Prop. 3.1: canonical planes and the
+    log-uniform spectrum give RoPE exactly); the code turns by -n theta.
+    Contextual form (option contextual=True; the authors' "ctx" model, their Type I): one phase per token
+    from the layer input x, omega_t = sigmoid((w . x_t + b) / 16) (scalar, shared by the heads; ctx_per_head
+    gives one per head), Phi_t = sum_{tau < t} omega_tau (exclusive prefix sum), and plane i turns by
+    Phi_t f_i. w = 0, b = softplus^-1(init_omega = 1e-3) at init, as the authors' code: their comments and
+    the paper use softplus, the code uses sigmoid, so omega starts at sigmoid(-6.9 / 16) = 0.39, not 1e-3;
+    this follows the code. In their contextual model the frequencies are stored unscaled (s = 1). With w = 0
+    the contextual form is the non-contextual one with every frequency times sigmoid(b / 16) (tested).
+    Not here: the authors' QK-RMSNorm after the rotation (their layers always normalise; nanoPE's qk_norm,
+    off by default, runs before the positions), and their non-commuting and learned-basis forms (no code).
+    Frequencies and angles are float32. Options (defaults in parentheses): base (10000), learnable (True),
+    per_head (False), log_freq_scale (16), contextual (False), omega_scale (16), init_omega (1e-3),
+    ctx_per_head (False)."""
+
+    @classmethod
+    def variant(cls, config, options):
+        """contextual=True builds GrapeMContextual."""
+        return GrapeMContextual if options.get('contextual') is True else cls
+
+    def __init__(self, config, base=10000.0, learnable=True, per_head=False, log_freq_scale=16.0,
+                 contextual=False, omega_scale=16.0, init_omega=1e-3, ctx_per_head=False):
+        super().__init__(config)
+        if self.head_dim % 2:
+            raise ValueError(f"grape_m rotates planes of 2 dims: head_dim must be even, got {self.head_dim}; "
+                             f"change n_embd/n_head")
+        self.base = _positive('grape_m base', base)
+        self.learnable, self.per_head = _flag('grape_m learnable', learnable), _flag('grape_m per_head', per_head)
+        self.contextual = _flag('grape_m contextual', contextual)
+        self.ctx_per_head = _flag('grape_m ctx_per_head', ctx_per_head)
+        self.omega_scale = _positive('grape_m omega_scale', omega_scale)
+        self.init_omega = _positive('grape_m init_omega', init_omega)
+        scale = _positive('grape_m log_freq_scale', log_freq_scale)
+        self.scale = scale if learnable and not contextual else 1.0  # the contextual model stores them unscaled
+        inv = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        self.register_buffer('inv_freq', inv, persistent=False)
+
+    def new_layer(self):
+        log = self.inv_freq.log() * self.scale
+        return _GrapeMLayer(log.repeat(self.n_head, 1) if self.per_head else log, self.learnable)
+
+    def freq(self, layer):
+        """The layer's frequencies f [d/2] or [H, d/2], float32."""
+        return torch.exp(layer.log_freq.float() / self.scale)
+
+    @staticmethod
+    def tables(phase, freq):
+        """cos and sin tables [..., T, d] of the angles phase * f: phase [T] (positions) or [B, G, T]."""
+        f = freq if freq.dim() == 1 else freq[:, None, :]  # [H, 1, d/2] against [T] or [B, G, T]
+        return cos_sin(phase.float()[..., None] * f)
+
+    def transform_qk(self, q, k, ctx, layer):
+        f = self.freq(layer)
+        cos, sin = self.tables(ctx.q_pos, f)
+        kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], f)
+        return apply_rotary(q, cos, -sin), apply_rotary(k, kcos, -ksin)  # the authors' turn: -angle
+
+
+class _GrapeMContextualLayer(_GrapeMLayer):
+    def __init__(self, log_freq, learnable, n_embd, n_out, init_omega):
+        super().__init__(log_freq, learnable)
+        self.omega = nn.Linear(n_embd, n_out)  # omega_t = sigmoid((w . x_t + b) / omega_scale)
+        nn.init.zeros_(self.omega.weight)
+        nn.init.constant_(self.omega.bias, _softplus_inverse(init_omega))
+
+
+def _running_sum(inc, cache, name):
+    """Inclusive prefix sums over the tokens of per-token increments inc [B, G, Tq, n] of this forward's tokens,
+    continued across a KV cache -> (sums at the queries, sums at the keys transform_qk sees, the increments at
+    those keys), float32. An ordinary cache keeps the running sum in cache.carry (its keys are cached transformed,
+    each at the sum it had); a rolling cache (raw keys, re-indexed by place every forward) keeps the increments
+    per key in cache.state and sums the kept ones again, so positions are places in the cache."""
+    if cache is None:
+        s = inc.cumsum(2)
+        return s, s, inc
+    if not cache.raw_keys:
+        s = inc.cumsum(2)
+        if name in cache.carry:
+            s = s + cache.carry[name]
+        cache.carry[name] = s[:, :, -1:]
+        return s, s, inc
+    T = inc.size(2)
+    if name in cache.state:
+        inc = torch.cat((cache.state[name], inc), 2)
+    cache.state[name] = inc
+    s = inc.cumsum(2)
+    return s[:, :, s.size(2) - T:], s, inc
+
+
+class GrapeMContextual(GrapeM):
+    """grape_m with contextual=True (see GrapeM): one phase increment omega_t per token from the layer input x,
+    Phi_t = sum_{tau < t} omega_tau, plane i turned by -Phi_t f_i (the authors' direction). The phases need x,
+    so they are made in layer_context, once per layer and forward; the KV cache keeps keys transformed and the
+    running sum in cache.carry (a rolling cache: omega per key in cache.state, summed again by place)."""
+    name = 'grape_m'
+
+    def new_layer(self):
+        log = self.inv_freq.log() * self.scale
+        return _GrapeMContextualLayer(log.repeat(self.n_head, 1) if self.per_head else log, self.learnable,
+                                      self.n_embd, self.n_head if self.ctx_per_head else 1, self.init_omega)
+
+    def layer_context(self, x, ctx, layer, cache):
+        with torch.autocast(x.device.type, enabled=False):
+            omega = torch.sigmoid(layer.omega(x.float()) / self.omega_scale).transpose(1, 2)[..., None]  # [B, G, Tq, 1]
+            s_q, s_k, inc_k = _running_sum(omega, cache, 'grape_omega')
+            f = self.freq(layer)
+            q_tab = self.tables((s_q - omega)[..., 0], f)  # exclusive: Phi_t = sum_{tau < t} omega_tau
+            k_tab = q_tab if s_k is s_q else self.tables((s_k - inc_k)[..., 0], f)
+        return _layer_context(ctx, grape_q=q_tab, grape_k=k_tab)
+
+    def transform_qk(self, q, k, ctx, layer):
+        cos, sin = ctx.extra['grape_q']
+        kcos, ksin = ctx.extra['grape_k']
+        return apply_rotary(q, cos, -sin), apply_rotary(k, kcos, -ksin)
+
+
+class _GrapeALayer(nn.Module):
+    def __init__(self, n_head, head_dim, omega_init, query, key):
+        super().__init__()
+        self.omega = nn.Parameter(torch.full((n_head,), _softplus_inverse(max(omega_init, 1e-8))))
+        if key:  # u_h: the key gate's direction, N(0, 1/d) (the authors keep it out of their model-wide init)
+            self.u = nn.Parameter(torch.randn(n_head, head_dim) / math.sqrt(head_dim))
+        if query:  # v_h: the query gate's
+            self.v = nn.Parameter(torch.randn(n_head, head_dim) / math.sqrt(head_dim))
+
+
+class _GrapeABase(PositionalEncoding):
+    """Options and checks shared by grape_a's gated forms (GrapeA) and its path-integral form (GrapeAP)."""
+    VARIANTS = ('query_key', 'key', 'query', 'path')
+    name = 'grape_a'
+
+    def __init__(self, config, variant='query_key', omega_init=1.0, p_head_dim=8):
+        super().__init__(config)
+        self.form = _choice('grape_a', 'variant', variant, self.VARIANTS)
+        if isinstance(omega_init, bool) or not isinstance(omega_init, (int, float)) or omega_init < 0:
+            raise ValueError(f"grape_a omega_init (the initial softplus(omega_h), a slope multiplier) must be a "
+                             f"number >= 0, got {omega_init!r}")
+        self.omega_init = float(omega_init)
+        if isinstance(p_head_dim, bool) or not isinstance(p_head_dim, int) or p_head_dim < 2 or p_head_dim % 2:
+            raise ValueError(f"grape_a p_head_dim (the path probes' dims per head) must be an even integer >= 2, "
+                             f"got {p_head_dim!r}")
+        self.p_head_dim = p_head_dim
+        self.register_buffer('slopes', alibi_slopes(config.n_head), persistent=False)
+
+
+@register('grape_a')
+class GrapeA(_GrapeABase):
+    """Additive GRAPE, GRAPE-A (Zhang et al., arXiv 2512.07805, ICLR 2026, section 4; code model-architectures/GRAPE,
+    model/llama-mha-grape-a-{querykeygated,keygated,querygated}.py): a unipotent action in GL(d+2) whose score is
+    q_i . k_j plus a content-gated linear bias. As the authors' code, added to the scaled logit:
+        b_ij = -(i - j) * softplus(omega_h) * m_h * gate_ij
+        query_key (default; GRAPE-A-QK, eq. 4.6): gate = softplus(v^_h . q_i / sqrt(d)) + softplus(u^_h . k_j / sqrt(d))
+        key:                                      gate = softplus(u^_h . k_j / sqrt(d))
+        query:                                    gate = softplus(v^_h . q_i / sqrt(d))
+    u^ = u / max(|u|, 1e-6) (likewise v), q and k as the attention has them (after qk_norm when set; the authors'
+    layers always apply QK-RMSNorm first), m_h the ALiBi slopes (alibi_slopes; the paper's eq. 4.6 has one omega
+    and no slopes: the code multiplies by both), omega_h per head and layer with softplus(omega_h) = omega_init
+    = 1 at init, u, v ~ N(0, 1/d) per head and layer. Gates are >= 0, so the bias never rewards distance.
+    Equalities (tested): with neutral gates (u^ . k = 0, so the key gate is softplus(0) = ln 2) the key- and
+    query-gated forms are ALiBi when softplus(omega_h) = 1/ln 2, and the query_key form when softplus(omega_h)
+    = 1/(2 ln 2); at init (softplus(omega) = 1) a neutral gate gives ALiBi's slopes times ln 2 (2 ln 2).
+    variant='path' is GRAPE-AP (GrapeAP), whose edges can be FoX's gates. Options (defaults in parentheses):
+    variant ('query_key'), omega_init (1.0), p_head_dim (8, GRAPE-AP only). Runs as a score_mod: the gates are
+    tabulated per query and per key and the distance comes from the positions, so FlexAttention, windows and
+    every cache work unchanged."""
+
+    @classmethod
+    def variant(cls, config, options):
+        """variant='path' builds GrapeAP."""
+        return GrapeAP if options.get('variant') == 'path' else cls
+
+    def new_layer(self):
+        return _GrapeALayer(self.n_head, self.head_dim, self.omega_init,
+                            query=self.form != 'key', key=self.form != 'query')
+
+    @staticmethod
+    def gate(t, w):
+        """softplus(w^_h . t / sqrt(d)) for t [B, H, T, d] and directions w [H, d] -> [B, H, T], float32."""
+        w = F.normalize(w.float(), dim=-1, eps=1e-6)
+        return F.softplus(torch.einsum('bhtd,hd->bht', t.float(), w) / math.sqrt(t.size(-1)))
+
+    def score_mod(self, q, k, ctx, layer):
+        with torch.autocast(q.device.type, enabled=False):  # a bias: float32
+            rate = F.softplus(layer.omega.float()) * self.slopes  # [H]: softplus(omega_h) m_h
+            gq = self.gate(q, layer.v) if self.form != 'key' else None  # [B, H, Tq]
+            gk = self.gate(k, layer.u) if self.form != 'query' else None  # [B, H, Tk]
+        if gq is None:
+            def mod(score, b, h, i, j):
+                return score - rate[h] * ctx.dist(i, j) * gk[b, h, j]
+        elif gk is None:
+            def mod(score, b, h, i, j):
+                return score - rate[h] * ctx.dist(i, j) * gq[b, h, i]
+        else:
+            def mod(score, b, h, i, j):
+                return score - rate[h] * ctx.dist(i, j) * (gq[b, h, i] + gk[b, h, j])
+        return mod
+
+
+class _GrapeAPLayer(nn.Module):
+    def __init__(self, n_embd, n_head, p_head_dim):
+        super().__init__()
+        self.probe = nn.Linear(n_embd, n_head * p_head_dim, bias=False)  # p_t = W_p x_t, per head
+        nn.init.normal_(self.probe.weight, std=0.5 / math.sqrt(n_embd))  # the authors' model-wide init
+
+
+class GrapeAP(_GrapeABase):
+    """grape_a with variant='path': Path-Integral Additive GRAPE, GRAPE-AP (arXiv 2512.07805, section 5; code
+    model-architectures/GRAPE, model/llama-mha-grape-ap-v1.py). Per head h, probes p_t = W_p x_t (p_head_dim = 8
+    dims per head, the authors' training config; x the layer input) and, as the code:
+        psi_h(t, l) = m_h * log sigmoid( p_t . R_l p^_l / p_head_dim ),    p^ = rms_norm(p) (no weight)
+        b_h(t, j)   = sum_{l = j+1..t} psi_h(t, l)                          added to the scaled logit
+    R_l turns every plane of the probe by l radians (RoPE with base 1), in the authors' direction (-l, as their
+    GRAPE-M); m_h the ALiBi slopes, fixed. Where paper and code differ this follows the code: the paper's
+    eq. 5.1 normalises both probes and turns by exp(l J) (+l), with a per-head alpha_h; the code normalises only
+    the key-side probe p^_l, turns by -l, and uses the ALiBi slopes for alpha_h. W_p ~ N(0, 0.5/sqrt(n_embd)).
+    With edges that do not depend on the endpoint t, psi_h(t, l) = log f_l, b is FoX's sum_{l=j+1..t} log f_l
+    (the paper's appendix C): the path sum is tested to equal `fox` there. With W_p = 0 every edge is
+    m_h log(1/2), i.e. ALiBi with slopes m_h ln 2 (tested).
+    Runs through `attention` as CoPE does: psi and b are dense [B, H, Tq, Tk] float32 tables (query chunks
+    without gradients), then a score_mod indexes b once, so FlexAttention can run it. The key-side probes
+    p^_l are kept per key in cache.state and turned by the keys' positions every forward (by place in a
+    rolling cache); keys the layer's mask hides get no edge."""
+
+    def new_layer(self):
+        return _GrapeAPLayer(self.n_embd, self.n_head, self.p_head_dim)
+
+    def edges(self, p_q, p_k):
+        """psi_h(t, l) = m_h log sigmoid(p_t . R_l p^_l / p_head_dim) [B, H, Tq, Tk] from the queries' probes p_t
+        [B, H, Tq, pd] and the keys' turned probes R_l p^_l [B, H, Tk, pd], float32."""
+        return self.slopes[:, None, None] * F.logsigmoid(p_q @ p_k.transpose(-1, -2) / self.p_head_dim)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        B, Tq, _ = x.shape
+        pd = self.p_head_dim
+        with torch.autocast(x.device.type, enabled=False):
+            p = layer.probe(x.float()).view(B, Tq, self.n_head, pd).transpose(1, 2)  # [B, H, Tq, pd]: p_t
+            pn = F.rms_norm(p, (pd,))  # p^: the key side's probes
+            if cache is not None:
+                if 'grape_probe' in cache.state:
+                    pn = torch.cat((cache.state['grape_probe'], pn), 2)
+                cache.state['grape_probe'] = pn
+            cos, sin = cos_sin(angles(ctx.k_pos[-pn.size(2):], pn.new_ones(pd // 2)))  # every plane at l radians
+            pk = apply_rotary(pn, cos, -sin)  # R_l p^_l, the authors' direction
+
+        def run(q1, k1, v1, a):  # query rows a.s.. and the keys a.lo.. they can see
+            Tq1, Tk1 = q1.size(2), k1.size(2)
+            with torch.autocast(x.device.type, enabled=False):
+                psi = self.edges(p[:, :, a.s:a.s + Tq1], pk[:, :, a.lo:a.lo + Tk1])
+                psi = psi.masked_fill(~a.visibility(Tq1, Tk1, x.device), 0.0)
+                after = psi.flip(-1).cumsum(-1).flip(-1)  # sum_{l >= j}
+                bias = F.pad(after[..., 1:], (0, 1))  # sum_{l > j} psi(t, l); psi is 0 past the query
+
+            def mod(score, b, h, i, j):
+                return score + bias[b, h, i, j]
+            return a(q1, k1, v1, mod)
+        return attend.rows(run, q, k, v)
+
+
+class _FopeLayer(nn.Module):
+    def __init__(self, sin_coef, cos_coef, learnable):
+        super().__init__()
+        for name, t in (('sin_coef', sin_coef), ('cos_coef', cos_coef)):  # [H, n_freq, planes]
+            if learnable:
+                setattr(self, name, nn.Parameter(t))
+            else:  # frozen, and drawn at random: saved with the checkpoint
+                self.register_buffer(name, t)
+
+
+@register('fope')
+class FoPE(PositionalEncoding):
+    """Fourier Position Embedding, FoPE (Hua et al., arXiv 2412.17739, ICML 2025), as the code of OpenMOSS/rope_pp
+    builds it (rope_pp/modeling_llama_fope.py, FourierEmbedding; settings of train_fope.py). Each of the first
+    `planes` half-split planes of a head gets a Fourier series over a set of frequencies instead of RoPE's one:
+        S_c(t) = sum_i A[h, i, c] sin(t f_i),   C_c(t) = sum_i B[h, i, c] cos(t f_i)
+        plane c of q at t: (x1, x2) -> (x1 C_c(t) - x2 S_c(t), x2 C_c(t) + x1 S_c(t))      (k likewise at its t)
+    the code's `x cos + rotate_half(x) sin` with its Fourier sin and cos in place of RoPE's. The frequencies are
+    RoPE's spectrum over D = max(fourier_dim = 128, head_dim) dims, f_i = base^(-2i/D), base 10000; the floor
+    clamp sets every f_i whose period 2 pi / f_i is longer than the training length L (block_size) to 0, and
+    the zeros are dropped (the code's fourier_ignore_zero), so n_freq = #{i: f_i >= 2 pi / L} frequencies are
+    left (21 at D = 128, L = 128). planes = min(n_freq, head_dim / 4) by default (the code's output_dim).
+    As the authors' training config: A (sin) and B (cos) are separate, one pair per head (per KV head; nanoPE's
+    heads are all KV heads) and per layer, initialised as xavier_normal (gain 0.3, on the [H, n_freq, planes]
+    tensor, as the code) plus a step identity (A[h, c * ceil(n_freq / planes), c] += 1), and frozen (option
+    learnable=True trains them). The other head_dim/2 - planes planes get sin = cos = 1 (the code pads with 1):
+    (x1, x2) -> (x1 - x2, x1 + x2), which is no position and doubles those planes' share of q . k. Identity
+    coefficients over every plane (planes = head_dim / 2 = n_freq, D = head_dim, no clamp, init='eye') make
+    FoPE exactly `rope` (tested); zero coefficients do not (they zero those planes).
+    The transform is not a rotation, and depends on the token's own position only: keys are cached transformed.
+    Angles float32 (the code's rope_full_precision). The FoPE paper was read through its abstract and summaries
+    only; every setting here is the code's. Options (defaults in parentheses): base (10000), fourier_dim (128),
+    planes (min(n_freq, head_dim/4)), floor_clamp (True), learnable (False), init ('eye_xavier_norm' | 'eye'),
+    init_gain (0.3)."""
+
+    def __init__(self, config, base=10000.0, fourier_dim=128, planes=None, floor_clamp=True, learnable=False,
+                 init='eye_xavier_norm', init_gain=0.3):
+        super().__init__(config)
+        if self.head_dim % 2:
+            raise ValueError(f"fope works on planes of 2 dims: head_dim must be even, got {self.head_dim}; "
+                             f"change n_embd/n_head")
+        if isinstance(fourier_dim, bool) or not isinstance(fourier_dim, int) or fourier_dim < 2 or fourier_dim % 2:
+            raise ValueError(f"fope fourier_dim must be an even integer >= 2, got {fourier_dim!r}")
+        self.base, self.init_gain = _positive('fope base', base), _positive('fope init_gain', init_gain)
+        self.floor_clamp, self.learnable = _flag('fope floor_clamp', floor_clamp), _flag('fope learnable', learnable)
+        self.init = _choice('fope', 'init', init, ('eye_xavier_norm', 'eye'))
+        D = max(fourier_dim, self.head_dim)
+        f = 1.0 / self.base ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+        if self.floor_clamp:
+            f = f[f >= 2 * math.pi / config.block_size]  # clamped to 0, and the zeros dropped
+        if not f.numel():
+            raise ValueError(f"fope: no frequency of base {base} over {D} dims has a period within the training "
+                             f"length {config.block_size}; use floor_clamp=False or a longer block_size")
+        self.n_freq, P = f.numel(), self.head_dim // 2
+        self.planes = min(self.n_freq, self.head_dim // 4) if planes is None else planes
+        n = self.planes
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= min(self.n_freq, P):
+            raise ValueError(f"fope planes must be an integer in 1..{min(self.n_freq, P)} (at most head_dim/2 = {P} "
+                             f"planes and the {self.n_freq} frequencies left), got {planes!r}")
+        self.register_buffer('freq', f, persistent=False)
+
+    def step_eye(self):
+        """[n_freq, planes]: 1 at (c * ceil(n_freq / planes), c), the code's get_step_eye."""
+        eye, step = torch.zeros(self.n_freq, self.planes), -(-self.n_freq // self.planes)
+        for c in range(self.planes):
+            if c * step < self.n_freq:
+                eye[c * step, c] = 1.0
+        return eye
+
+    def new_layer(self):
+        coefs = []
+        for _ in range(2):
+            t = torch.zeros(self.n_head, self.n_freq, self.planes)
+            if self.init == 'eye_xavier_norm':
+                nn.init.xavier_normal_(t, gain=self.init_gain)
+            coefs.append(t + self.step_eye())
+        return _FopeLayer(*coefs, self.learnable)
+
+    def tables(self, pos, layer):
+        """cos and sin tables [H, T, head_dim] at positions pos: the Fourier series, padded with 1."""
+        ang = angles(pos, self.freq)  # [T, n_freq], float32
+        pad = (0, self.head_dim // 2 - self.planes)
+        s = F.pad(torch.einsum('ti,hic->htc', ang.sin(), layer.sin_coef.float()), pad, value=1.0)
+        c = F.pad(torch.einsum('ti,hic->htc', ang.cos(), layer.cos_coef.float()), pad, value=1.0)
+        return torch.cat((c, c), -1), torch.cat((s, s), -1)
+
+    def transform_qk(self, q, k, ctx, layer):
+        with torch.autocast(q.device.type, enabled=False):
+            cos, sin = self.tables(ctx.q_pos, layer)
+            kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], layer)
+        return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
+
+
+@register('ropepp')
+class RoPEPP(RoPE):
+    """RoPE++ (Liu et al., arXiv 2512.07525; code OpenMOSS/rope_pp, rope_pp/modeling_llama_rope_pp.py): RoPE keeps
+    only the real part of the complex score; RoPE++ adds heads that use the imaginary part. With z_q, z_k the
+    complex pairs (first half + i second half) of a head's q and k, theta_c = base^(-2c/d) and t, s the query's
+    and key's positions, both kinds of head share the rotated keys and the values:
+        real head:       Re( sum_c z_q,c conj(z_k,c) e^{i (t - s) theta_c} ) / sqrt(d)     (= `rope`'s logit)
+        imaginary head:  Im( sum_c z_q,c conj(z_k,c) e^{i (t - s) theta_c} ) / sqrt(d)
+    The authors get the imaginary head from the query turned by a further -pi/2 (q sin - rotate_half(q) cos),
+    which gives +Im as written; this follows their sign. Query head g makes attention heads 2g (real) and
+    2g + 1 (imaginary), interleaved re_0, im_0, re_1, ..., and both read key/value head g (their repeat_kv).
+        variant='eh' (default; the authors' imag1, their script's default): equal heads. n_head/2 query and
+        key/value heads, n_head attention heads: half the q/k/v projections and half the KV cache of `rope`.
+        variant='ec' (imag2): equal cache. n_head query and key/value heads, 2 n_head attention heads: the KV
+        cache of `rope`, and an output projection twice as wide (2 n_embd -> n_embd).
+    How the model supports it: the scheme's heads() says (query heads, key/value heads, attention heads); model.py
+    sizes its q/k/v projection and its output projection from them (one attribute, no scheme names), transform_qk
+    returns 2x the query heads with the keys unchanged, and attention.attend lets query head h read key/value
+    head h // 2. QK-norm, sink logits and attn_scaling act per attention head. The authors' models use GQA
+    (8 query, 4 KV heads); nanoPE has none, so each RoPE++ query head has its own KV head.
+    Rotation, frequencies and rope_scaling as `rope` (half-split, base 10000; the static rope_scaling types
+    apply to both kinds of head, as the authors' long-context runs; Self-Extend and ReRoPE, which compute their
+    own attention, are refused). Options (defaults in parentheses): variant ('eh' | 'ec'; 'eh'), base (10000),
+    scaling (None)."""
+
+    @classmethod
+    def variant(cls, config, options):
+        return cls
+
+    def __init__(self, config, variant='eh', base=10000.0, scaling=None):
+        self.form = _choice('ropepp', 'variant', variant, ('eh', 'ec'))
+        if variant == 'eh' and config.n_head % 2:
+            raise ValueError(f"ropepp variant 'eh' halves the query and key/value heads: n_head must be even, got "
+                             f"{config.n_head}; change n_head or use variant='ec'")
+        super().__init__(config, base=base, scaling=scaling)
+        if self.scaling is not None and self.scaling['type'] in EXTENSION_TYPES:
+            raise ValueError(f"ropepp: rope_scaling type {self.scaling['type']!r} computes its own attention, which "
+                             f"has no imaginary heads; use a static type (linear, ntk, yarn, llama3, longrope) or "
+                             f"dynamic")
+
+    def heads(self):
+        H = self.n_head
+        return (H // 2, H // 2, H) if self.form == 'eh' else (H, H, 2 * H)
+
+    def transform_qk(self, q, k, ctx, layer):
+        cos, sin = ctx.extra['cos'], ctx.extra['sin']
+        kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, ctx.extra['inv']))
+        real, imag = apply_rotary(q, cos, sin), apply_rotary(q, sin, -cos)  # imag: turned a further -pi/2
+        return torch.stack((real, imag), 2).flatten(1, 2), apply_rotary(k, kcos, ksin)
+
+
+class _SelectiveLayer(nn.Module):
+    def __init__(self, n_embd, n_head, P, rank, d_conv, temperature, temp_learnable, phase_gate, bias, forget_gate):
+        super().__init__()
+        self.down = nn.Linear(n_embd, rank, bias=False)  # the low-rank projection of x^: n_embd -> rank -> H * P
+        self.up = nn.Linear(rank, n_head * P, bias=False)
+        self.conv = nn.Parameter(torch.empty(n_head * P, d_conv))  # a causal depthwise convolution, no bias
+        for w in (self.down.weight, self.up.weight, self.conv):  # the authors' model init: N(0, 0.02)
+            nn.init.normal_(w, std=0.02)
+        if temp_learnable:
+            self.temperature = nn.Parameter(temperature)
+        else:
+            self.register_buffer('temperature', temperature, persistent=False)
+        if phase_gate:  # sigmoid(W x^ + b), one per head; bias 0
+            self.gate = nn.Linear(n_embd, n_head)
+            nn.init.normal_(self.gate.weight, std=0.02)
+            nn.init.zeros_(self.gate.bias)
+        if bias:  # phi + exp(phi_bias)
+            self.phi_bias = nn.Parameter(torch.zeros(n_head, P))
+        if forget_gate:  # FoX's gate: log sigmoid(w_h . x_t + b_h)
+            self.fgate = nn.Linear(n_embd, n_head)
+            nn.init.normal_(self.fgate.weight, std=0.02)
+            nn.init.zeros_(self.fgate.bias)
+
+
+@register('selective_rope')
+class SelectiveRoPE(PositionalEncoding):
+    """Selective RoPE (Movahedi, Carstensen et al., arXiv 2511.17388, ICLR 2026; code timurcarstensen/selective-rope,
+    src/selective_rope/modules/rotary.py, SelectiveRoPE; settings of configs/language_modeling/model/
+    position_embedding/selective_rope.yaml): RoPE whose angles are a prefix sum of input-dependent frequencies.
+    For token t with layer input x_t (the attention's normalised input, which q, k, v are projected from), per
+    head h and plane c (half-split, c < d/2):
+        x^_t   = x_t split into H chunks of n_embd/H, each divided by sqrt(|chunk|^2 + 1e-6)   (fla's l2_norm)
+        u_t    = W_up W_down x^_t                 rank 32, no biases: [H * d/2]
+        phi_t  = sum_{k<K} w_k u_{t-K+1+k}         causal depthwise convolution, width K = 4, no bias, the last
+                                                  tap on the current token, zeros before the first
+        phi_t <- phi_t + exp(beta)                 option bias (beta per head and plane, 0 at init)
+        phi_t <- phi_t * sigmoid(g . x^_t + b_g)   option phase_gate (one gate per head)
+        Theta_t = tau * sum_{s<=t} phi_s           inclusive prefix sum, float32
+        q_t, k_t turned by Theta_t like `rope`: (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos) (HF's direction)
+    tau_c = temp_max / temp_theta^(2c/d), temp_theta = 500000, temp_max = 1, not learned (the LM config).
+    phi == 1 (e.g. bias=True with W_up = 0) turns token t by tau (t + 1): `rope` with base temp_theta at
+    positions shifted by one, the same logits (tested). Init as the authors' model: every weight N(0, 0.02),
+    biases 0, so the angles start near 0. The LM config has no phase gate and no bias (both off here too).
+    Option forget_gate=True adds a forget gate, logit_ij += sum_{l=j+1..i} log f_l with f_l = sigmoid(w_h . x_l
+    + b_h) (FoX, arXiv 2503.02130, nanoPE's `fox`, bias 0): the paper pairs Selective RoPE with FoX's gate for
+    softmax attention; the authors' public code has no such softmax layer, so the gate is FoX's own.
+    Not here: the code's full-rank and 'gla'/'low-rank' gate parametrisations, skip_conv, and its Triton kernels.
+    The angles need x: they are made in layer_context, once per layer and forward. KV cache: each key's angle is
+    fixed once made, so keys are cached transformed; cache.carry keeps the running sum sum_{s<=t} phi_s and the
+    convolution's last K - 1 inputs (a window or chunk may drop every key, not the convolution's past). A rolling
+    cache (attention sinks) numbers keys by place: u (and the gates) are kept per key in cache.state and the
+    convolution and sums run again over the kept keys. The forget gate's log f is kept per key (as FoX).
+    Because phi_l reads x_{l-K+1..l}, a query's logits also read the K - 2 tokens before its first visible
+    key in a window or chunk (x_lookback), as in the authors' layer with a window.
+    Options (defaults in parentheses): rank (32), d_conv (4), temp_theta (500000), temp_max (1.0), temp_learnable
+    (False), phase_gate (False), bias (False), forget_gate (False)."""
+
+    def __init__(self, config, rank=32, d_conv=4, temp_theta=500000.0, temp_max=1.0, temp_learnable=False,
+                 phase_gate=False, bias=False, forget_gate=False):
+        super().__init__(config)
+        if self.head_dim % 2:
+            raise ValueError(f"selective_rope rotates planes of 2 dims: head_dim must be even, got {self.head_dim}; "
+                             f"change n_embd/n_head")
+        for name, val in (('rank', rank), ('d_conv', d_conv)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"selective_rope {name} must be an integer >= 1, got {val!r}")
+        self.rank, self.d_conv = rank, d_conv
+        self.temp_theta, self.temp_max = _positive('selective_rope temp_theta', temp_theta), \
+            _positive('selective_rope temp_max', temp_max)
+        self.temp_learnable = _flag('selective_rope temp_learnable', temp_learnable)
+        self.phase_gate, self.bias = _flag('selective_rope phase_gate', phase_gate), _flag('selective_rope bias', bias)
+        self.forget_gate = _flag('selective_rope forget_gate', forget_gate)
+        self.x_lookback = max(0, d_conv - 2)
+
+    def new_layer(self):
+        d = self.head_dim
+        temp = self.temp_max / self.temp_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        return _SelectiveLayer(self.n_embd, self.n_head, d // 2, self.rank, self.d_conv, temp, self.temp_learnable,
+                               self.phase_gate, self.bias, self.forget_gate)
+
+    def increments(self, u, g, layer, left):
+        """phi [B, H, T, d/2] from u [B, H, T, d/2] and the gate g [B, H, T] (or None), with `left`
+        [B, H, K - 1, d/2] the convolution's inputs before the first token."""
+        B, H, T, P = u.shape
+        w = layer.conv.float().view(H, P, self.d_conv)  # channel h * P + c
+        full = torch.cat((left, u), 2)
+        phi = sum(w[None, :, None, :, k] * full[:, :, k:k + T] for k in range(self.d_conv))
+        if self.bias:
+            phi = phi + layer.phi_bias.float().exp()[None, :, None]
+        return phi if g is None else phi * g[..., None]
+
+    def layer_context(self, x, ctx, layer, cache):
+        B, T, C = x.shape
+        H, P, K = self.n_head, self.head_dim // 2, self.d_conv
+        with torch.autocast(x.device.type, enabled=False):
+            xf = x.float()
+            chunks = xf.view(B, T, H, C // H)
+            xn = (chunks * torch.rsqrt(chunks.pow(2).sum(-1, keepdim=True) + 1e-6)).view(B, T, C)
+            u = layer.up(layer.down(xn)).view(B, T, H, P).transpose(1, 2)  # [B, H, T, P]
+            g = torch.sigmoid(layer.gate(xn)).transpose(1, 2) if self.phase_gate else None  # [B, H, T]
+            extra = {}
+            if self.forget_gate:  # log f per key, summed again over the kept keys every forward (as FoX)
+                log_f = F.logsigmoid(layer.fgate(xf)).transpose(1, 2)  # [B, H, T]
+                if cache is not None:
+                    if 'sel_log_f' in cache.state:
+                        log_f = torch.cat((cache.state['sel_log_f'], log_f), 2)
+                    cache.state['sel_log_f'] = log_f
+                c = log_f.cumsum(-1)
+                extra.update(sel_c=c, sel_cq=c[..., c.size(-1) - T:])
+            zeros = u.new_zeros(B, H, K - 1, P)
+            if cache is None or not cache.raw_keys:
+                left = zeros if cache is None else cache.carry.get('sel_tail', zeros)
+                phi = self.increments(u, g, layer, left)
+                s = phi.cumsum(2)
+                if cache is not None:
+                    if 'sel_sum' in cache.carry:
+                        s = s + cache.carry['sel_sum']
+                    cache.carry['sel_sum'] = s[:, :, -1:]
+                    cache.carry['sel_tail'] = torch.cat((left, u), 2)[:, :, T:]  # the last K - 1 inputs
+                q_tab = k_tab = cos_sin(s * layer.temperature.float())
+            else:  # a rolling cache: by place, over the kept keys and the new tokens
+                for name, t in (('sel_u', u), ('sel_gate', g)):
+                    if t is not None:
+                        cache.state[name] = torch.cat((cache.state[name], t), 2) if name in cache.state else t
+                phi = self.increments(cache.state['sel_u'], cache.state.get('sel_gate'), layer, zeros)
+                k_tab = cos_sin(phi.cumsum(2) * layer.temperature.float())
+                q_tab = tuple(t[:, :, t.size(2) - T:] for t in k_tab)
+        return _layer_context(ctx, sel_q=q_tab, sel_k=k_tab, **extra)
+
+    def transform_qk(self, q, k, ctx, layer):
+        (cos, sin), (kcos, ksin) = ctx.extra['sel_q'], ctx.extra['sel_k']
+        return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
+
+    def score_mod(self, q, k, ctx, layer):
+        if not self.forget_gate:
+            return None
+        c, c_q = ctx.extra['sel_c'], ctx.extra['sel_cq']
+
+        def mod(score, b, h, i, j):
+            return score + (c_q[b, h, i] - c[b, h, j])
+        return mod

@@ -29,7 +29,7 @@ def dense_bias(pe, layer, q, q_pos, k_pos):
     return A.dense_bias(pe.score_mod(q, k, ctx, layer), q.size(0), q.size(1), len(q_pos), len(k_pos), q.device)
 
 
-NEW = ['fox', 'cope', 'pope', 'stick_breaking', 'deberta']
+NEW = ['fox', 'cope', 'pope', 'stick_breaking', 'deberta', 'grape_m', 'grape_a', 'fope', 'ropepp', 'selective_rope']
 
 
 def sig(x):
@@ -803,6 +803,614 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
             assert torch.allclose(flex, dense, atol=1e-5), name
 
 
+# --- RoPE's successors, 2025-26: GRAPE-M, GRAPE-A, GRAPE-AP, FoPE, RoPE++, Selective RoPE ------------------
+# References below are written from the papers' and the authors' code's formulas in float64 and share no code
+# with positional.py.
+
+def softplus64(x):
+    return torch.nn.functional.softplus(x.double())
+
+
+def alibi_published(n):
+    """ALiBi's slopes for a power of two n: 2^(-8h/n), h = 1..n."""
+    return torch.tensor([2.0 ** (-8.0 * h / n) for h in range(1, n + 1)], dtype=torch.float64)
+
+
+def turn_planes(x, ang):
+    """Half-split planes (x_i, x_{i+d/2}) of x [..., T, d] turned by +ang [..., T, d/2] (HF's direction), float64."""
+    x, ang = x.double(), ang.double()
+    d = x.size(-1) // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat((x1 * ang.cos() - x2 * ang.sin(), x1 * ang.sin() + x2 * ang.cos()), -1)
+
+
+def layer_hooks(pe, layer, q, k, x, q_pos, k_pos, cache=None):
+    """What CausalSelfAttention does up to the attention: context, layer_context, transform_qk."""
+    ctx = pe.layer_context(x, pe.context(q_pos, k_pos), layer, cache)
+    return pe.transform_qk(q, k, ctx, layer), ctx
+
+
+def attn_reference(q, k, v, bias=None, off=0):
+    """softmax(q_i . k_j / sqrt(d) + bias(b, h, i, j)) over keys j <= i + off, float64, per pair."""
+    B, H, Tq, d = q.shape
+    out = torch.zeros(B, H, Tq, v.size(-1), dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(Tq):
+                logits = [(q[b, h, i].double() @ k[b, h, j].double()).item() / math.sqrt(d)
+                          + (bias(b, h, i, j) if bias else 0.0) for j in range(i + off + 1)]
+                out[b, h, i] = softmax_attend(logits, [v[b, h, j].double() for j in range(i + off + 1)])
+    return out
+
+
+def grape_layer_model(name, **opts):
+    m = tiny_model(name, pos_options=opts)
+    return m, m.transformer.h[0].attn
+
+
+def test_grape_m_turns_planes_the_authors_way_per_pair():
+    """q_n -> plane i turned by -n f_i, (x1, x2) -> (x1 cos + x2 sin, -x1 sin + x2 cos), f_i = exp(log_freq_i / 16)
+    (learned, per head here): logits against that formula, positions far from 0, keys of a cache."""
+    pe = P.REGISTRY['grape_m'](tiny_config('grape_m'), per_head=True)
+    layer = pe.new_layer()
+    assert layer.log_freq.shape == (4, 4) and isinstance(layer.log_freq, torch.nn.Parameter)
+    inv = torch.tensor([10000.0 ** (-2 * i / 8) for i in range(4)], dtype=torch.float64)
+    assert torch.allclose(layer.log_freq.double() / 16, inv.log().expand(4, 4), atol=1e-6)  # RoPE's, times 16
+    with torch.no_grad():
+        layer.log_freq.add_(torch.randn(4, 4))
+    f = (layer.log_freq.detach().double() / 16).exp()  # [H, d/2]
+    q, k, _ = qkv(1, 4, 6, 11, 8, seed=7)
+    q_pos, k_pos = torch.arange(205, 211), torch.arange(200, 211)
+    (qq, kk), _ = layer_hooks(pe, layer, q, k, None, q_pos, k_pos)
+    got = (qq @ kk.transpose(-1, -2)).double()
+    d = 4
+    for h in range(4):
+        for i, n in enumerate(q_pos.tolist()):
+            for j, m in enumerate(k_pos.tolist()):
+                want = 0.0
+                for c in range(d):
+                    a, b = n * f[h, c].item(), m * f[h, c].item()
+                    q1, q2 = q[0, h, i, c].item(), q[0, h, i, c + d].item()
+                    k1, k2 = k[0, h, j, c].item(), k[0, h, j, c + d].item()
+                    rq = (q1 * math.cos(a) + q2 * math.sin(a), -q1 * math.sin(a) + q2 * math.cos(a))
+                    rk = (k1 * math.cos(b) + k2 * math.sin(b), -k1 * math.sin(b) + k2 * math.cos(b))
+                    want += rq[0] * rk[0] + rq[1] * rk[1]
+                assert abs(got[0, h, i, j].item() - want) < 1e-3, (h, i, j)
+
+
+def reflect_planes(m):
+    """Negate the second half of every head's query and key rows of each layer's projection (c_attn)."""
+    with torch.no_grad():
+        for blk in m.transformer.h:
+            attn = blk.attn
+            w = attn.c_attn.weight.view(3, attn.n_head, 2, attn.hd // 2, -1)  # q | k | v, heads, halves
+            w[:2, :, 1] *= -1
+
+
+def test_grape_m_at_its_initial_spectrum_is_rope_with_each_plane_reflected():
+    """The authors turn each plane by -n f_i, HF's RoPE by +n f_i: a reflection of each plane (the second half
+    of q and k negated) maps one onto the other. With the initial spectrum (RoPE's, base 10000), grape_m equals
+    `rope` exactly then, and differs without the reflection."""
+    x = torch.randint(0, 37, (2, 40))
+    rope, grape = tiny_model('rope', seed=3), tiny_model('grape_m', seed=3)
+    with torch.no_grad():
+        for blk in rope.transformer.h:
+            blk.attn.c_attn.weight.mul_(20)  # sharp attention: the direction of the turn shows
+        grape.load_state_dict({n: p for n, p in rope.state_dict().items()}, strict=False)
+        plain = grape(x)[0]
+        reflect_planes(grape)
+        assert torch.allclose(rope(x)[0], grape(x)[0], atol=1e-5)
+        assert not torch.allclose(rope(x)[0], plain, atol=1e-3)
+
+
+def test_grape_m_contextual_phases_per_pair_and_through_a_cache():
+    """omega_t = sigmoid((w . x_t + b) / 16), Phi_t = sum_{tau < t} omega_tau, plane i turned by -Phi_t f_i
+    (per head here); a forward in two parts through a cache gives the same q and k."""
+    pe = P.REGISTRY['grape_m'].variant(None, {'contextual': True})(tiny_config('grape_m'), contextual=True,
+                                                                    ctx_per_head=True)
+    layer = pe.new_layer()
+    assert (layer.omega.weight == 0).all() and layer.omega.bias[0].item() == pytest.approx(math.log(math.expm1(1e-3)))
+    with torch.no_grad():
+        layer.omega.weight.normal_(std=2.0)
+        layer.log_freq.add_(torch.randn(4))
+    T = 9
+    q, k, _ = qkv(2, 4, T, T, 8, seed=8)
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(9))
+    pos = torch.arange(T)
+    (qq, kk), _ = layer_hooks(pe, layer, q, k, x, pos, pos)
+    W, bias = layer.omega.weight.detach().double(), layer.omega.bias.detach().double()
+    omega = torch.sigmoid((x.double() @ W.t() + bias) / 16)  # [B, T, H]
+    phi = omega.cumsum(1) - omega  # exclusive
+    f = layer.log_freq.detach().double().exp()  # stored unscaled in the contextual form
+    ang = -phi.permute(0, 2, 1)[..., None] * f  # [B, H, T, d/2]: the authors' -angle
+    assert torch.allclose(qq.double(), turn_planes(q, ang), atol=1e-5)
+    assert torch.allclose(kk.double(), turn_planes(k, ang), atol=1e-5)
+    cache = M.LayerKV()
+    (q1, k1), _ = layer_hooks(pe, layer, q[:, :, :4], k[:, :, :4], x[:, :4], pos[:4], pos[:4], cache)
+    cache.append(k1, k1)
+    (q2, k2), _ = layer_hooks(pe, layer, q[:, :, 4:], k[:, :, 4:], x[:, 4:], pos[4:], pos, cache)
+    assert torch.allclose(torch.cat((q1, q2), 2), qq, atol=1e-5)
+    assert torch.allclose(torch.cat((k1, k2), 2), kk, atol=1e-5)
+
+
+def test_grape_m_contextual_at_init_is_the_fixed_form_with_frequencies_times_sigmoid_b_over_16():
+    """w = 0 at init, so omega = sigmoid(b / 16) for every token (0.394 for the authors' b = softplus^-1(1e-3)):
+    Phi_t = 0.394 t, the non-contextual grape_m with every frequency times 0.394."""
+    x = torch.randint(0, 37, (2, 40))
+    ctx_m, fixed = tiny_model('grape_m', seed=4, pos_options={'contextual': True}), tiny_model('grape_m', seed=4)
+    c = 1 / (1 + math.exp(-math.log(math.expm1(1e-3)) / 16))
+    assert c == pytest.approx(0.3937, abs=1e-4)
+    with torch.no_grad():
+        for blk in ctx_m.transformer.h:
+            blk.attn.c_attn.weight.mul_(20)  # sharp attention: the angles show
+        fixed.load_state_dict({n: p for n, p in ctx_m.state_dict().items() if 'pe_layer' not in n}, strict=False)
+        for a, b in zip(ctx_m.transformer.h, fixed.transformer.h):
+            b.attn.pe_layer.log_freq.copy_((a.attn.pe_layer.log_freq + math.log(c)) * 16)
+        assert torch.allclose(ctx_m(x)[0], fixed(x)[0], atol=1e-5)
+        for blk in ctx_m.transformer.h:
+            blk.attn.pe_layer.omega.weight.normal_()
+        assert not torch.allclose(ctx_m(x)[0], fixed(x)[0], atol=1e-3)  # with w != 0 the phases follow x
+
+
+@pytest.mark.parametrize('variant', ['query_key', 'key', 'query'])
+def test_grape_a_bias_matches_the_authors_formula(variant):
+    """b_ij = -(i - j) softplus(omega_h) m_h gate, gate = softplus(v^.q_i/sqrt(d)) + softplus(u^.k_j/sqrt(d))
+    (or one of the two), u^ = u/|u|, m_h ALiBi's slopes; over a cache's keys."""
+    pe = P.REGISTRY['grape_a'](tiny_config('grape_a'), variant=variant)
+    layer = pe.new_layer()
+    assert torch.allclose(softplus64(layer.omega), torch.ones(4, dtype=torch.float64))  # softplus(omega) = 1 at init
+    assert hasattr(layer, 'u') == (variant != 'query') and hasattr(layer, 'v') == (variant != 'key')
+    with torch.no_grad():
+        layer.omega.normal_()
+    q, k, _ = qkv(2, 4, 5, 12, 8, seed=10)
+    q_pos, k_pos = torch.arange(7, 12), torch.arange(12)
+    ctx = pe.context(q_pos, k_pos)
+    bias = A.dense_bias(pe.score_mod(q, k, ctx, layer), 2, 4, 5, 12, 'cpu')
+    m, w = alibi_published(4), softplus64(layer.omega.detach())
+    for b in range(2):
+        for h in range(4):
+            for i in range(5):
+                for j in range(12):
+                    if k_pos[j] > q_pos[i]:
+                        assert bias[b, h, i, j] == float('-inf')
+                        continue
+                    gate = 0.0
+                    if variant != 'query':
+                        u = layer.u[h].detach().double()
+                        gate += softplus64(u @ k[b, h, j].double() / u.norm() / math.sqrt(8)).item()
+                    if variant != 'key':
+                        vv = layer.v[h].detach().double()
+                        gate += softplus64(vv @ q[b, h, i].double() / vv.norm() / math.sqrt(8)).item()
+                    want = -(q_pos[i] - k_pos[j]).item() * w[h].item() * m[h].item() * gate
+                    assert bias[b, h, i, j].item() == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize('variant, share', [('key', 1 / math.log(2)), ('query', 1 / math.log(2)),
+                                            ('query_key', 1 / (2 * math.log(2)))])
+def test_grape_a_is_alibi_at_neutral_gates_with_the_matching_omega(variant, share):
+    """With u (and v) along dim 0 and every head's dim-0 query and key weights zero, each gate is softplus(0) =
+    ln 2; softplus(omega_h) = 1/ln 2 (1/(2 ln 2) for the sum of two gates) then gives ALiBi's slopes exactly.
+    At init (softplus(omega) = 1) the slopes are ALiBi's times ln 2 (2 ln 2): not ALiBi."""
+    x = torch.randint(0, 37, (2, 40))
+    alibi, grape = tiny_model('alibi', seed=5), tiny_model('grape_a', seed=5, pos_options={'variant': variant})
+    with torch.no_grad():
+        for m in (alibi, grape):
+            for blk in m.transformer.h:
+                w = blk.attn.c_attn.weight.view(3, 4, 8, -1)
+                w[:2, :, 0] = 0  # dim 0 of every query and key head
+        grape.load_state_dict({n: p for n, p in alibi.state_dict().items()}, strict=False)
+        for blk in grape.transformer.h:
+            lay = blk.attn.pe_layer
+            for name in ('u', 'v'):
+                if hasattr(lay, name):
+                    getattr(lay, name).copy_(torch.eye(8)[0].expand(4, 8) * 3.0)
+        at_init = grape(x)[0]
+        for blk in grape.transformer.h:
+            blk.attn.pe_layer.omega.fill_(math.log(math.expm1(share)))
+        assert torch.allclose(grape(x)[0], alibi(x)[0], atol=1e-5)
+        assert not torch.allclose(at_init, alibi(x)[0], atol=1e-3)
+
+
+def grape_ap_reference(q, k, v, p, off, alpha):
+    """GRAPE-AP, the authors' code written out: probes p_t = W_p x_t per head (pd dims), p^ = p / rms(p),
+    R_l p^ turned by -l in every plane, psi(t, l) = alpha_h log sigmoid(p_t . R_l p^_l / pd),
+    logit_tj = q_t . k_j / sqrt(d) + sum_{l=j+1..t} psi(t, l)."""
+    B, H, Tq, d = q.shape
+    pd = p.size(-1)
+    pn = p / (p.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float32).eps).sqrt()
+    T = p.size(2)
+    ang = torch.arange(T, dtype=torch.float64)[:, None].expand(T, pd // 2)
+    pk = turn_planes(pn, -ang)
+
+    def psi(b, h, t, l):
+        z = (p[b, h, t] @ pk[b, h, l]).item() / pd
+        return alpha[h] * math.log(1 / (1 + math.exp(-z)))
+
+    def bias(b, h, i, j):
+        t = i + off
+        return sum(psi(b, h, t, l) for l in range(j + 1, t + 1))
+    return attn_reference(q, k, v, bias, off)
+
+
+def test_grape_ap_matches_the_path_integral_per_pair_with_and_without_a_cache():
+    pe = P.REGISTRY['grape_a'].variant(None, {'variant': 'path'})(tiny_config('grape_a'), variant='path')
+    layer = pe.new_layer()
+    assert layer.probe.weight.shape == (4 * 8, 32) and abs(layer.probe.weight.std().item() - 0.5 / math.sqrt(32)) < 0.02
+    with torch.no_grad():
+        layer.probe.weight.normal_(std=0.5)
+    T, split = 10, 6
+    q, k, v = qkv(2, 4, T, T, 8, seed=11)
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(12), dtype=torch.float64).float()
+    p = (x.double() @ layer.probe.weight.detach().double().t()).view(2, T, 4, 8).transpose(1, 2)
+    want = grape_ap_reference(q, k, v, p, 0, alibi_published(4).tolist())
+    pos = torch.arange(T)
+    with torch.no_grad():
+        got = run_hooks(pe, layer, q, k, v, x, pos, pos)
+        assert torch.allclose(got.double(), want, atol=1e-5)
+        cache = M.LayerKV()
+        k1, v1 = cache.append(k[:, :, :split], v[:, :, :split])
+        a = run_hooks(pe, layer, q[:, :, :split], k1, v1, x[:, :split], pos[:split], pos[:split], cache)
+        k2, v2 = cache.append(k[:, :, split:], v[:, :, split:])
+        b = run_hooks(pe, layer, q[:, :, split:], k2, v2, x[:, split:], pos[split:], pos, cache)
+    assert cache.state['grape_probe'].shape == (2, 4, T, 8)
+    assert torch.allclose(torch.cat((a, b), 2).double(), want, atol=1e-5)
+    with torch.no_grad():  # zero probes: every edge is m_h log(1/2), ALiBi with slopes m_h ln 2
+        layer.probe.weight.zero_()
+        got = run_hooks(pe, layer, q, k, v, x, pos, pos)
+    m = alibi_published(4)
+    want = attn_reference(q, k, v, lambda b, h, i, j: -m[h].item() * math.log(2) * (i - j))
+    assert torch.allclose(got.double(), want, atol=1e-5)
+
+
+def test_grape_ap_with_endpoint_independent_edges_is_fox(monkeypatch):
+    """The paper's appendix C: with psi(t, l) = log f_l for every endpoint t, the path sum
+    sum_{l=j+1..t} psi is FoX's bias; GRAPE-AP's path sum, fed FoX's log gates as its edges, gives the `fox`
+    scheme's output and the FoX formula."""
+    ap = P.REGISTRY['grape_a'].variant(None, {'variant': 'path'})(tiny_config('grape_a'), variant='path')
+    fox = P.REGISTRY['fox'](tiny_config('fox'))
+    fox_layer = fox.new_layer()
+    with torch.no_grad():
+        fox_layer.fgate.weight.normal_(std=0.5), fox_layer.fgate.bias.uniform_(-1, 3)
+    T = 9
+    q, k, v = qkv(2, 4, T, T, 8, seed=13)
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(14))
+    log_f = fox_log_gates(fox_layer, x)  # [B][H][T] lists, from the formula
+    edges = torch.tensor(log_f, dtype=torch.float32)  # [B, H, T]
+    monkeypatch.setattr(ap, 'edges', lambda pq, pk: edges[:, :, None, :pk.size(2)].expand(-1, -1, pq.size(2), -1))
+    pos = torch.arange(T)
+    with torch.no_grad():
+        got = run_hooks(ap, ap.new_layer(), q, k, v, x, pos, pos)
+        fox_out = run_hooks(fox, fox_layer, q, k, v, x, pos, pos)
+    assert torch.allclose(got, fox_out, atol=1e-5)
+    assert torch.allclose(got.double(), fox_reference(q, k, v, log_f, 0), atol=1e-5)
+
+
+def test_fope_frequencies_clamp_and_defaults_as_the_authors_config():
+    """D = max(128, head_dim) dims of RoPE's spectrum, f_i = 10000^(-2i/D); periods longer than L dropped;
+    planes = min(n_freq, head_dim/4); coefficients per head and layer, frozen (buffers, saved), step identity
+    plus xavier noise of gain 0.3."""
+    cfg = tiny_config('fope', n_embd=128, n_head=4, block_size=128)
+    pe = P.REGISTRY['fope'](cfg)
+    f = [10000.0 ** (-2 * i / 128) for i in range(64)]
+    kept = [x for x in f if 2 * math.pi / x <= 128]
+    assert pe.n_freq == len(kept) == 21 and pe.planes == 8
+    assert pe.freq.tolist() == pytest.approx(kept, rel=1e-6)
+    layer = pe.new_layer()
+    assert not list(layer.parameters()) and set(layer.state_dict()) == {'sin_coef', 'cos_coef'}
+    step = math.ceil(21 / 8)  # 3
+    for coef in (layer.sin_coef, layer.cos_coef):
+        assert coef.shape == (4, 21, 8)
+        eye = torch.zeros(21, 8)
+        for c in range(7):  # c = 7 would sit at row 21, past the 21 frequencies: no 1 there (the code's guard)
+            eye[c * step, c] = 1.0
+        noise = coef - eye
+        assert abs(noise.std().item() - 0.3 * math.sqrt(2 / (21 * 8 + 4 * 8))) < 0.01  # xavier on [H, n, planes]
+    assert not torch.equal(layer.sin_coef, layer.cos_coef)  # separate sin and cos coefficients
+    learn = P.REGISTRY['fope'](cfg, learnable=True).new_layer()
+    assert {n for n, _ in learn.named_parameters()} == {'sin_coef', 'cos_coef'}
+
+
+def test_fope_transform_matches_the_fourier_series_per_pair():
+    """Plane c < planes: (x1, x2) -> (x1 C_c - x2 S_c, x2 C_c + x1 S_c), S_c(t) = sum_i A[h,i,c] sin(t f_i),
+    C_c(t) = sum_i B[h,i,c] cos(t f_i); the other planes (x1, x2) -> (x1 - x2, x2 + x1)."""
+    cfg = tiny_config('fope', block_size=64)
+    pe = P.REGISTRY['fope'](cfg)
+    layer = pe.new_layer()
+    f = [x for x in (10000.0 ** (-2 * i / 128) for i in range(64)) if 2 * math.pi / x <= 64]
+    assert pe.planes == 2 and pe.n_freq == len(f)
+    q, k, _ = qkv(1, 4, 5, 5, 8, seed=15)
+    pos = torch.arange(100, 105)
+    (qq, _), _ = layer_hooks(pe, layer, q, k, None, pos, pos)
+    A, Bc = layer.sin_coef.double(), layer.cos_coef.double()
+    for h in range(4):
+        for ti, t in enumerate(pos.tolist()):
+            for c in range(4):
+                if c < 2:
+                    S = sum(A[h, i, c].item() * math.sin(t * fi) for i, fi in enumerate(f))
+                    C = sum(Bc[h, i, c].item() * math.cos(t * fi) for i, fi in enumerate(f))
+                else:
+                    S = C = 1.0
+                x1, x2 = q[0, h, ti, c].item(), q[0, h, ti, c + 4].item()
+                assert qq[0, h, ti, c].item() == pytest.approx(x1 * C - x2 * S, abs=1e-4)
+                assert qq[0, h, ti, c + 4].item() == pytest.approx(x2 * C + x1 * S, abs=1e-4)
+
+
+def test_fope_with_identity_coefficients_over_every_plane_is_rope():
+    x = torch.randint(0, 37, (2, 40))
+    opts = {'fourier_dim': 8, 'floor_clamp': False, 'planes': 4, 'init': 'eye'}
+    rope, fope = tiny_model('rope', seed=6), tiny_model('fope', seed=6, pos_options=opts)
+    with torch.no_grad():
+        for blk in rope.transformer.h:
+            blk.attn.c_attn.weight.mul_(20)  # sharp attention: the positions show
+        fope.load_state_dict(rope.state_dict(), strict=False)
+        assert torch.allclose(rope(x)[0], fope(x)[0], atol=1e-5)
+        default = tiny_model('fope', seed=6)
+        default.load_state_dict(rope.state_dict(), strict=False)
+        assert not torch.allclose(rope(x)[0], default(x)[0], atol=1e-3)
+
+
+def ropepp_reference(q, k, v, T, base=10000.0):
+    """RoPE++ per pair: z = x[:d/2] + i x[d/2:], theta_c = base^(-2c/d); query head g gives attention heads 2g
+    (Re) and 2g + 1 (Im) of sum_c z_q conj(z_k) e^{i (t - s) theta_c} / sqrt(d), both over key/value head g."""
+    B, G, _, d = q.shape
+    P_ = d // 2
+    th = [base ** (-2 * c / d) for c in range(P_)]
+    zq = torch.complex(q[..., :P_].double(), q[..., P_:].double())
+    zk = torch.complex(k[..., :P_].double(), k[..., P_:].double())
+    out = torch.zeros(B, 2 * G, T, v.size(-1), dtype=torch.float64)
+    for b in range(B):
+        for g in range(G):
+            for t in range(T):
+                terms = [sum(zq[b, g, t, c] * zk[b, g, s, c].conj() * complex(math.cos((t - s) * th[c]),
+                                                                               math.sin((t - s) * th[c]))
+                             for c in range(P_)) / math.sqrt(d) for s in range(t + 1)]
+                vs = [v[b, g, s].double() for s in range(t + 1)]
+                out[b, 2 * g, t] = softmax_attend([z.real.item() for z in terms], vs)
+                out[b, 2 * g + 1, t] = softmax_attend([z.imag.item() for z in terms], vs)
+    return out
+
+
+@pytest.mark.parametrize('variant', ['eh', 'ec'])
+def test_ropepp_heads_are_the_real_and_imaginary_parts_per_pair(variant):
+    """Through the model's layer: the q/k/v projection has n_head/2 (eh) or n_head (ec) heads, and the
+    attention output fed to c_proj is the reference's real and imaginary heads, interleaved."""
+    m, attn = grape_layer_model('ropepp', variant=variant)
+    G = 2 if variant == 'eh' else 4
+    assert (attn.q_heads, attn.kv_heads, attn.n_head) == (G, G, 2 * G)
+    assert attn.c_attn.weight.shape == (3 * G * 8, 32) and attn.c_proj.weight.shape == (32, 2 * G * 8)
+    T = 12
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(16))
+    with torch.no_grad():
+        attn.c_attn.weight.mul_(10)
+        q, k, v = (t.view(2, T, G, 8).transpose(1, 2) for t in attn.c_attn(x).split(G * 8, dim=2))
+        seen = []
+        attn.c_proj.register_forward_hook(lambda mod, inp, out: seen.append(inp[0]))
+        pe = m.pe.at(0)
+        attn(x, pe, pe.context(torch.arange(T), torch.arange(T), T))
+    want = ropepp_reference(q, k, v, T)
+    assert torch.allclose(seen[0].double(), want.transpose(1, 2).reshape(2, T, 2 * G * 8), atol=1e-5)
+
+
+def test_ropepp_real_heads_are_ropes():
+    """ec: with `rope`'s q/k/v projection, attention heads 0, 2, 4, 6 give rope's heads 0..3."""
+    x = torch.randint(0, 37, (2, 20))
+    rope, pp = tiny_model('rope', seed=7, n_layer=1), tiny_model('ropepp', seed=7, n_layer=1,
+                                                                   pos_options={'variant': 'ec'})
+    got, ref = [], []
+    pp.load_state_dict({n: p for n, p in rope.state_dict().items() if 'c_proj' not in n or 'mlp' in n}, strict=False)
+    pp.transformer.h[0].attn.c_proj.register_forward_hook(lambda mod, inp, out: got.append(inp[0]))
+    rope.transformer.h[0].attn.c_proj.register_forward_hook(lambda mod, inp, out: ref.append(inp[0]))
+    with torch.no_grad():
+        pp(x), rope(x)
+    heads = got[0].view(2, 20, 8, 8)
+    assert torch.allclose(heads[:, :, 0::2], ref[0].view(2, 20, 4, 8), atol=1e-6)
+    assert not torch.allclose(heads[:, :, 1::2], ref[0].view(2, 20, 4, 8), atol=1e-3)
+
+
+def selective_reference(layer, x, off=0, K=4, bias=False, gate=False):
+    """Selective RoPE's angles [B, H, T, d/2] from the authors' rotary.py, written out in float64."""
+    B, T, C = x.shape
+    H = 4
+    xd = x.double().view(B, T, H, C // H)
+    xn = (xd / (xd.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()).view(B, T, C)
+    u = xn @ layer.down.weight.double().t() @ layer.up.weight.double().t()  # [B, T, H * P]
+    w = layer.conv.detach().double()  # [H * P, K]
+    phi = torch.zeros_like(u)
+    for t in range(T):
+        for kk in range(K):
+            s = t - K + 1 + kk
+            if s >= 0:
+                phi[:, t] += w[:, kk] * u[:, s]
+    phi = phi.view(B, T, H, -1)
+    if bias:
+        phi = phi + layer.phi_bias.detach().double().exp()
+    if gate:
+        phi = phi * torch.sigmoid(xn @ layer.gate.weight.double().t() + layer.gate.bias.double())[..., None]
+    P_ = phi.size(-1)
+    tau = torch.tensor([1.0 / 500000 ** (2 * c / (2 * P_)) for c in range(P_)], dtype=torch.float64)
+    return (phi.cumsum(1) * tau).permute(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize('opts', [{}, {'bias': True, 'phase_gate': True}])
+def test_selective_rope_angles_per_pair_and_through_a_cache(opts):
+    """q and k of token t turned by tau * sum_{s<=t} phi_s (HF's direction), phi from the low-rank projection of
+    the per-head L2-normalised x and a width-4 causal convolution; a cache in three forwards (the convolution's
+    inputs and the running sum in cache.carry) gives the same q and k."""
+    pe = P.REGISTRY['selective_rope'](tiny_config('selective_rope'), **opts)
+    layer = pe.new_layer()
+    assert layer.down.weight.shape == (32, 32) and layer.up.weight.shape == (16, 32) and layer.conv.shape == (16, 4)
+    with torch.no_grad():
+        for p_ in layer.parameters():
+            p_.normal_(std=1.0)  # angles up to tens of radians
+    T = 11
+    q, k, _ = qkv(2, 4, T, T, 8, seed=17)
+    x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(18))
+    pos = torch.arange(T)
+    with torch.no_grad():
+        (qq, kk), _ = layer_hooks(pe, layer, q, k, x, pos, pos)
+        ang = selective_reference(layer, x, bias=opts.get('bias', False), gate=opts.get('phase_gate', False))
+        assert torch.allclose(qq.double(), turn_planes(q, ang), atol=1e-4)
+        assert torch.allclose(kk.double(), turn_planes(k, ang), atol=1e-4)
+        cache, outs = M.LayerKV(), []
+        for a, b in ((0, 2), (2, 3), (3, T)):
+            (q1, k1), _ = layer_hooks(pe, layer, q[:, :, a:b], k[:, :, a:b], x[:, a:b], pos[a:b], pos[:b], cache)
+            cache.append(k1, k1)
+            outs.append((q1, k1))
+    assert set(cache.carry) == {'sel_sum', 'sel_tail'} and cache.carry['sel_tail'].shape == (2, 4, 3, 4)
+    assert torch.allclose(torch.cat([o[0] for o in outs], 2), qq, atol=1e-4)
+    assert torch.allclose(torch.cat([o[1] for o in outs], 2), kk, atol=1e-4)
+
+
+def test_selective_rope_with_unit_frequencies_is_rope_at_base_temp_theta():
+    """phi == 1 (bias on, so phi = 0 + e^0, with W_up = 0) turns token t by tau (t + 1), tau_c = theta^(-2c/d):
+    the logits of `rope` with base theta."""
+    x = torch.randint(0, 37, (2, 40))
+    opts = {'bias': True, 'temp_theta': 10000.0}
+    rope, sel = tiny_model('rope', seed=8), tiny_model('selective_rope', seed=8, pos_options=opts)
+    with torch.no_grad():
+        for blk in rope.transformer.h:
+            blk.attn.c_attn.weight.mul_(20)  # sharp attention: the positions show
+        sel.load_state_dict(rope.state_dict(), strict=False)
+        plain = sel(x)[0]
+        for blk in sel.transformer.h:
+            blk.attn.pe_layer.up.weight.zero_()
+        assert torch.allclose(rope(x)[0], sel(x)[0], atol=1e-5)
+        assert not torch.allclose(rope(x)[0], plain, atol=1e-3)
+
+
+def test_selective_rope_forget_gate_is_fox_when_the_angles_are_zero():
+    x = torch.randint(0, 37, (2, 30))
+    fox, sel = tiny_model('fox', seed=9), tiny_model('selective_rope', seed=9, pos_options={'forget_gate': True})
+    with torch.no_grad():
+        for a, b in zip(fox.transformer.h, sel.transformer.h):
+            a.attn.pe_layer.fgate.weight.normal_(std=0.5)
+            b.attn.pe_layer.fgate.load_state_dict(a.attn.pe_layer.fgate.state_dict())
+            b.attn.pe_layer.up.weight.zero_()  # phi = 0: no rotation
+        sel.load_state_dict({n: p for n, p in fox.state_dict().items() if 'pe_layer' not in n}, strict=False)
+        assert torch.allclose(fox(x)[0], sel(x)[0], atol=1e-5)
+
+
+def test_selective_rope_reads_exactly_d_conv_minus_2_tokens_before_a_window():
+    """A query's angle differences sum phi over its visible keys after the first, and phi_l reads x_{l-3..l}:
+    the 2 tokens just before the window change its logits, the 3rd does not."""
+    m = tiny_model('selective_rope', n_layer=1, sliding_window=5).eval()
+    assert m.pe.at(0).x_lookback == 2
+    with torch.no_grad():
+        lay = m.transformer.h[0].attn.pe_layer
+        for p_ in (lay.down.weight, lay.up.weight, lay.conv):
+            p_.normal_(std=1.0)
+        lay.temperature.mul_(100)
+    x = torch.randint(0, 37, (1, 16), generator=torch.Generator().manual_seed(3))
+    t, first = 12, 8  # the window of token 12: 8..12
+    with torch.no_grad():
+        base = m(x)[0][0, t]
+        for u, moves in ((first - 1, True), (first - 2, True), (first - 3, False)):
+            y = x.clone()
+            y[0, u] = (y[0, u] + 1) % 37
+            assert ((m(y)[0][0, t] - base).abs().max() > 1e-4) == moves, u
+
+
+# the variants the registry-wide tests (defaults only) do not reach, and the defaults at 16 x block_size
+SUCCESSORS = [('grape_m', {}), ('grape_m', {'contextual': True, 'ctx_per_head': True, 'per_head': True}),
+              ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('grape_a', {'variant': 'query'}),
+              ('grape_a', {'variant': 'path'}), ('fope', {}), ('ropepp', {}), ('ropepp', {'variant': 'ec'}),
+              ('selective_rope', {}), ('selective_rope', {'phase_gate': True, 'bias': True, 'forget_gate': True})]
+IDS = [n + ''.join(f"-{k}={v}" for k, v in o.items()) for n, o in SUCCESSORS]
+
+
+@pytest.mark.parametrize('name, opts', SUCCESSORS, ids=IDS)
+def test_successor_variants_cache_windows_sinks_and_16x(name, opts):
+    """Causality; KV-cache decoding equals a full forward (ordinary, windowed, chunked, and a rolling cache with
+    nothing evicted); a forward at 16 x block_size is finite and its first block_size logits are a plain
+    forward's; the tables of the angles are float32 under bf16 autocast."""
+    from conftest import assert_causal, assert_kv_cache_matches_full_forward
+    m = tiny_model(name, pos_options=opts).eval()
+    assert_causal(m)
+    assert_kv_cache_matches_full_forward(m)
+    x = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(2))
+    for mask in (dict(sliding_window=5), dict(attention_chunk_size=7)):
+        w = tiny_model(name, pos_options=opts, **mask).eval()
+        with torch.no_grad():
+            full = w(x)[0]
+            cache = w.new_cache()
+            steps = [w(x[:, :7], cache=cache)[0]] + [w(x[:, t:t + 1], cache=cache)[0] for t in range(7, 40)]
+        assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5), mask
+    with torch.no_grad():
+        full = m(x)[0]
+        cache = m.new_cache(window=100, sink=0)
+        steps = [m(x[:, :5], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(5, 40)]
+        assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+        long = torch.randint(0, 37, (1, 16 * 16), generator=torch.Generator().manual_seed(4))
+        logits = m(long)[0]
+        assert torch.isfinite(logits).all() and torch.allclose(logits[:, :16], m(long[:, :16])[0], atol=1e-5)
+    seen = []
+    pe = m.pe.at(0)
+    real = pe.transform_qk
+
+    def spy(q, k, ctx, layer):
+        seen.extend(t for v in ctx.extra.values() for t in (v if isinstance(v, tuple) else (v,))
+                    if torch.is_tensor(t) and t.is_floating_point())
+        return real(q, k, ctx, layer)
+    pe.transform_qk = spy
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        m(x)
+    assert all(t.dtype == torch.float32 for t in seen)
+
+
+@pytest.mark.parametrize('name, opts', [s for s in SUCCESSORS if s not in (('grape_m', {}), ('grape_a', {}),
+                                                                             ('fope', {}), ('ropepp', {}),
+                                                                             ('selective_rope', {}))],
+                         ids=lambda v: v if isinstance(v, str) else ''.join(f"{k}={w}" for k, w in v.items()))
+def test_successor_variants_compile_without_graph_breaks_and_flex_equals_dense(name, opts):
+    """What test_model.py checks for every registered default, for the variants: one graph for a training
+    forward and a no-grad FlexAttention forward; compiled FlexAttention equals the dense path; the rolling-cache
+    (attention sinks) step equals a plain forward over the kept tokens at places 0..n."""
+    x = torch.randint(0, 37, (2, 64))
+    for backend, grad in (('auto', True), ('flex', False)):
+        torch._dynamo.reset()
+        m = tiny_model(name, block_size=64, attn_backend=backend, pos_options=opts).train(grad)
+        with torch.set_grad_enabled(grad):
+            ex = torch._dynamo.explain(m)(x, x)
+        assert ex.graph_break_count == 0 and ex.graph_count == 1, [str(b.reason)[:200] for b in ex.break_reasons]
+    torch._dynamo.reset()
+    from conftest import assert_flex_equals_dense
+    assert_flex_equals_dense(tiny_model(name, block_size=64, pos_options=opts).eval())
+    torch._dynamo.reset()
+    sink, window, T = 3, 5, 20
+    m = tiny_model(name, n_layer=1, pos_options=opts).eval()
+    x = torch.randint(0, 37, (1, T), generator=torch.Generator().manual_seed(0))
+    cache = m.new_cache(window=window, sink=sink)
+    with torch.no_grad():
+        m(x[:, :sink + window + 1], cache=cache)
+        for t in range(sink + window + 1, T):
+            kept = list(range(sink)) + list(range(t - window, t))
+            logits, _ = m(x[:, t:t + 1], cache=cache)
+            assert torch.allclose(logits[0, -1], m(x[:, kept + [t]])[0][0, -1], atol=1e-5), t
+
+
+def test_successors_bad_options_are_one_line_that_names_the_fix():
+    cases = [('grape_a', {'variant': 'both'}, "variant must be one of 'query_key', 'key', 'query', 'path'"),
+             ('grape_a', {'p_head_dim': 3}, 'p_head_dim'), ('grape_a', {'omega_init': -1}, 'omega_init'),
+             ('grape_m', {'omega_scale': 0}, 'omega_scale must be a number > 0'),
+             ('grape_m', {'contextual': 'yes'}, 'contextual must be True or False'),
+             ('ropepp', {'variant': 'ee'}, "variant must be one of 'eh', 'ec'"),
+             ('fope', {'planes': 9}, 'planes must be an integer in 1..4'),
+             ('fope', {'init': 'xavier'}, 'init must be one of'),
+             ('fope', {'fourier_dim': 7}, 'fourier_dim must be an even integer'),
+             ('selective_rope', {'d_conv': 0}, 'd_conv must be an integer >= 1'),
+             ('selective_rope', {'temp_theta': -1.0}, 'temp_theta must be a number > 0')]
+    for name, opts, msg in cases:
+        with pytest.raises(ValueError, match=re.escape(msg)) as e:
+            M.GPT(tiny_config(name, pos_options=opts))
+        assert '\n' not in str(e.value), name
+    with pytest.raises(ValueError, match="n_head must be even, got 3; change n_head or use variant='ec'"):
+        M.GPT(tiny_config('ropepp', n_embd=24, n_head=3))
+    with pytest.raises(ValueError, match='use a static type'):
+        M.GPT(tiny_config('ropepp', rope_scaling={'type': 'self_extend', 'window': 4, 'group': 2}))
+    with pytest.raises(ValueError, match='floor_clamp=False or a longer block_size'):
+        M.GPT(tiny_config('fope', block_size=1, pos_options={'base': 1e9}))
+
+
 # --- options, configs, docstrings, learned parameters -----------------------------
 
 def test_bad_options_are_clear_errors():
@@ -826,11 +1434,17 @@ def test_configs_select_the_schemes():
 
 def test_every_new_scheme_documents_paper_formula_defaults():
     arxiv = {'fox': '2503.02130', 'cope': '2405.18719', 'pope': '2509.10534', 'stick_breaking': '2410.17980',
-             'deberta': '2006.03654'}
+             'deberta': '2006.03654', 'grape_m': '2512.07805', 'grape_a': '2512.07805', 'fope': '2412.17739',
+             'ropepp': '2512.07525', 'selective_rope': '2511.17388'}
     for name, aid in arxiv.items():
         doc = P.REGISTRY[name].__doc__
         assert aid in doc and 'Option' in doc and ('efault' in doc), name
     assert 'causal restriction' in P.REGISTRY['deberta'].__doc__
+    code = {'grape_m': 'model-architectures/GRAPE', 'grape_a': 'model-architectures/GRAPE', 'fope': 'OpenMOSS/rope_pp',
+            'ropepp': 'OpenMOSS/rope_pp', 'selective_rope': 'timurcarstensen/selective-rope'}
+    for name, repo in code.items():  # the authors' code each follows, where paper and code differ
+        assert repo in P.REGISTRY[name].__doc__, name
+    assert '2512.07805' in P.GrapeAP.__doc__ and 'llama-mha-grape-ap-v1.py' in P.GrapeAP.__doc__
 
 
 @pytest.mark.parametrize('name', ['t5', 'shaw', 'xl', 'kerple_log', 'kerple_power', 'fire'])
@@ -844,22 +1458,39 @@ def test_learned_position_parameters_get_gradients(name):
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, n
 
 
+HOOKS = ('embed', 'context', 'new_layer', 'heads', 'layer_context', 'transform_qk', 'score_mod', 'value_mod',
+         'attention', 'cache_keys', 'softmax')
+
+
+def variant_classes():
+    """The classes a registered scheme builds for some options (its `variant`: ExtendedRoPE, GrapeAP,
+    GrapeMContextual), each with the registered class it stands for."""
+    out, todo = {}, list(P.PositionalEncoding.__subclasses__())
+    while todo:
+        c = todo.pop()
+        todo += c.__subclasses__()
+        if c.name in P.REGISTRY and P.REGISTRY[c.name] is not c and not c.__name__.startswith('_'):
+            out[c.__name__] = (c, P.REGISTRY[c.name])
+    return out
+
+
 def test_docs_hook_table_says_which_schemes_use_each_hook():
     """docs/schemes.md's hook table names, for every hook, exactly the registered schemes that override it
-    (and ExtendedRoPE where it does), so the 'used by' column cannot go stale."""
+    (and each variant class where it overrides its registered scheme's hook with one of its own), so the
+    'used by' column cannot go stale."""
     table = {}
     with open(os.path.join(ROOT, 'docs', 'schemes.md'), encoding='utf-8') as f:
         for line in f:
             cells = [c.strip() for c in line.strip().strip('|').split('|')]
             m = re.match(r"`(\w+)", cells[0])
-            if len(cells) == 4 and m and m.group(1) in ('embed', 'context', 'new_layer', 'transform_qk', 'score_mod',
-                                                        'value_mod', 'attention', 'cache_keys', 'softmax'):
+            if len(cells) == 4 and m and m.group(1) in HOOKS:
                 table[m.group(1)] = cells[3]
-    base = P.PositionalEncoding
+    base, variants = P.PositionalEncoding, variant_classes()
+    assert {'ExtendedRoPE', 'GrapeAP', 'GrapeMContextual'} <= set(variants)
     for hook, used in table.items():
-        names = set(re.findall(r'[a-z_0-9]+|ExtendedRoPE', used)) & (set(P.REGISTRY) | {'ExtendedRoPE'})
+        names = set(re.findall(r'[a-z_0-9]+|[A-Z]\w+', used)) & (set(P.REGISTRY) | set(variants))
         want = {n for n, c in P.REGISTRY.items() if getattr(c, hook) != getattr(base, hook)}
-        if getattr(P.ExtendedRoPE, hook) != getattr(P.RoPE, hook):
-            want.add('ExtendedRoPE')
-        assert names == want, hook
-    assert len(table) == 9
+        want |= {n for n, (c, parent) in variants.items()
+                 if getattr(c, hook) != getattr(parent, hook) and getattr(c, hook) != getattr(base, hook)}
+        assert names == want, (hook, names ^ want)
+    assert len(table) == len(HOOKS)

@@ -20,9 +20,12 @@ from conftest import (Validated, assert_causal, assert_flex_equals_dense, assert
 # --- independent references ---------------------------------------------------
 
 def split_heads(attn, x):
-    B, T, C = x.shape
-    q, k, v = attn.c_attn(x).split(C, dim=2)
-    return [t.view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2) for t in (q, k, v)]
+    """q, k, v [B, heads, T, hd] of a layer's projection: its query and key/value head counts (n_head each,
+    unless its scheme's heads() says otherwise)."""
+    B, T, _ = x.shape
+    hd = attn.hd
+    q, k, v = attn.c_attn(x).split((attn.q_heads * hd, attn.kv_heads * hd, attn.kv_heads * hd), dim=2)
+    return [t.view(B, T, -1, hd).transpose(1, 2) for t in (q, k, v)]
 
 
 def rope_rotate(x, pos, base):
