@@ -172,7 +172,7 @@ def seed_tables(title, grouped, cols, col_names, get, baseline, digits=3, higher
                    f"that excludes 0):\n")
     for c, name in zip(cols, col_names):
         places = agg[str(c)]['ranking']
-        out.append(f"- {name}: " + ', '.join(f"{p}. {lab}" for p, lab, _ in places))
+        out.append(f"- {name}: " + (', '.join(f"{p}. {lab}" for p, lab, _ in places) or 'no values'))
     return '\n'.join(o for o in out if o) + '\n', agg
 
 
@@ -216,15 +216,20 @@ def markdown_tables(evals, passkeys, baseline='rope'):
                 [f"ctx {c}" for c in ctxs], lambda r, c: dict(zip(r['last_k']['context'], r['last_k']['loss'])).get(c),
                 baseline)
             out.append(text)
-        lp = [r for r in evals if any(v is not None for v in (r.get('longppl') or {}).get('key_tokens', []))]
-        if lp:
-            first = lp[0]['longppl']
-            get = lambda r, m, key='loss': dict(zip(r['mults'], r['longppl'][key])).get(m)  # noqa: E731
+        lp = [r for r in evals if r.get('longppl')]
+        get = lambda r, m, key='loss': dict(zip(r['mults'], r['longppl'][key])).get(m)  # noqa: E731
+        # a length where no run found a key token has no LongPPL: it gets no column (and no columns, no table)
+        cols = [(m, n) for m, n in zip(mults, names) if any(get(r, m) is not None for r in lp)]
+        if lp and not cols:
+            out.append("LongPPL: no key tokens at any length (the long context never beat the short one by "
+                       f"{lp[0]['longppl']['alpha']:g} nats): no table.\n")
+        if cols:
+            first, (ms, ns) = lp[0]['longppl'], zip(*cols)
             text, agg['longppl'] = seed_tables(
                 f"LongPPL: loss on the key tokens (nats; LongPPL = exp), the last {first['k']} targets of each "
                 f"non-overlapping window, keys where the long context beats the last {first['short']} tokens alone "
                 f"by > {first['alpha']:g} nats and its loss is < {-first['beta']:g}; evaluator: the model itself",
-                groups(lp), mults, names, get, baseline)
+                groups(lp), list(ms), list(ns), get, baseline)
             out.append(text)
             mean = lambda rs, m, key: _fmt(summarize([get(r, m, key) for r in rs])['mean'], 0)  # noqa: E731
             rows = [[lab, str(len(rs))] + [f"{mean(rs, m, 'key_tokens')} / {mean(rs, m, 'candidates')}"

@@ -1,6 +1,7 @@
 """Evaluation protocols, passkey generator/checker, and the compare report."""
 import json
 import math
+import os
 import re
 
 import numpy as np
@@ -403,7 +404,8 @@ def test_eval_records_the_standard_error_of_each_mean_loss():
 
 def test_compare_report_has_longppl_over_seeds(tmp_path):
     """LongPPL's loss per length over seeds with the paired difference from rope, and the key-token counts
-    (mean over seeds) beside it; a length without LongPPL (1L) is '—'."""
+    (mean over seeds) beside it; a length where no run has a key token (1L) gets no column, and with no key
+    token anywhere the report says so in one line instead of a table of dashes."""
     import compare
     base = {'rope_scaling': None, 'block_size': 8, 'mults': [1, 2], 'lengths': [8, 16], 'nonoverlap': [2.0, 2.5]}
     runs = {('rope', 1): ([None, 0.5], [None, 10]), ('rope', 2): ([None, 0.7], [None, 14]),
@@ -418,10 +420,16 @@ def test_compare_report_has_longppl_over_seeds(tmp_path):
         dirs.append(str(d))
     md = open(compare.make_report(dirs, str(tmp_path / 'report'))).read()
     assert 'LongPPL: loss on the key tokens' in md and 'the last 8 tokens alone by > 2 nats and its loss is < 2' in md
-    assert '| rope | 2 | — | 0.600 ± 0.141 (0.500–0.700) |' in md
-    assert '| alibi | 2 | — | 0.300 ± 0.071 (0.250–0.350) |' in md
-    assert '| alibi | — | -0.300 [' in md  # 0.25 - 0.5 and 0.35 - 0.7: paired mean -0.3
+    assert '| run | n | 2L (16) |\n' in md and '| rope | 2 | 0.600 ± 0.141 (0.500–0.700) |' in md
+    assert '| alibi | 2 | 0.300 ± 0.071 (0.250–0.350) |' in md
+    assert '| alibi | -0.300 [' in md  # 0.25 - 0.5 and 0.35 - 0.7: paired mean -0.3
     assert '| rope | 2 | — / — | 12 / 64 |' in md and '| alibi | 2 | — / — | 35 / 64 |' in md
+    for d in dirs:
+        e = json.load(open(os.path.join(d, 'eval.json')))
+        e['longppl'].update(loss=[None, None], key_tokens=[None, 0])
+        json.dump(e, open(os.path.join(d, 'eval.json'), 'w'))
+    md = open(compare.make_report(dirs, str(tmp_path / 'report'))).read()
+    assert 'LongPPL: no key tokens at any length' in md and 'LongPPL: loss on the key tokens' not in md
 
 
 def test_compare_keeps_runs_apart_that_are_not_seeds_of_one_setting(tmp_path):
