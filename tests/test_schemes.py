@@ -47,6 +47,17 @@ def run_hooks(pe, layer, q, k, v, x, q_pos, k_pos, cache=None, backend='dense'):
     return pe.attention(qq, kk, v, x, ctx, layer, cache, A.Attend(backend=backend))
 
 
+def run_hooks_in_two_calls(pe, layer, q, k, v, x, split):
+    """The same tokens in two forwards through one KV cache (tokens :split, then split:): both outputs, joined
+    along time, and the cache, whose state holds what the scheme carried from the first call to the second."""
+    pos, cache = torch.arange(q.size(2)), M.LayerKV()
+    k1, v1 = cache.append(k[:, :, :split], v[:, :, :split])
+    a = run_hooks(pe, layer, q[:, :, :split], k1, v1, x[:, :split], pos[:split], pos[:split], cache)
+    k2, v2 = cache.append(k[:, :, split:], v[:, :, split:])
+    b = run_hooks(pe, layer, q[:, :, split:], k2, v2, x[:, split:], pos[split:], pos, cache)
+    return torch.cat((a, b), 2), cache
+
+
 def softmax_attend(logits, vs):
     """softmax over a list of scalar logits, then the weighted sum of the value vectors."""
     m = max(logits)
@@ -621,13 +632,9 @@ def test_fox_matches_per_pair_loop_with_and_without_cache():
         full = run_hooks(pe, layer, q, k, v, x, pos, pos)
         assert torch.allclose(full.double(), want, atol=1e-5)
         # the same tokens in two forwards through a cache: the gates of cached keys come from cache.state
-        cache = M.LayerKV()
-        k1, v1 = cache.append(k[:, :, :split], v[:, :, :split])
-        a = run_hooks(pe, layer, q[:, :, :split], k1, v1, x[:, :split], pos[:split], pos[:split], cache)
-        k2, v2 = cache.append(k[:, :, split:], v[:, :, split:])
-        b = run_hooks(pe, layer, q[:, :, split:], k2, v2, x[:, split:], pos[split:], pos, cache)
+        got, cache = run_hooks_in_two_calls(pe, layer, q, k, v, x, split)
     assert cache.state['fox_log_f'].shape == (2, 4, T)  # one log gate per key, aligned with the cache
-    assert torch.allclose(torch.cat((a, b), 2).double(), want, atol=1e-5)
+    assert torch.allclose(got.double(), want, atol=1e-5)
 
 
 def test_fox_defaults_and_no_other_position_signal():
@@ -1047,13 +1054,9 @@ def test_grape_ap_matches_the_path_integral_per_pair_with_and_without_a_cache():
     with torch.no_grad():
         got = run_hooks(pe, layer, q, k, v, x, pos, pos)
         assert torch.allclose(got.double(), want, atol=1e-5)
-        cache = M.LayerKV()
-        k1, v1 = cache.append(k[:, :, :split], v[:, :, :split])
-        a = run_hooks(pe, layer, q[:, :, :split], k1, v1, x[:, :split], pos[:split], pos[:split], cache)
-        k2, v2 = cache.append(k[:, :, split:], v[:, :, split:])
-        b = run_hooks(pe, layer, q[:, :, split:], k2, v2, x[:, split:], pos[split:], pos, cache)
+        got, cache = run_hooks_in_two_calls(pe, layer, q, k, v, x, split)
     assert cache.state['grape_probe'].shape == (2, 4, T, 8)
-    assert torch.allclose(torch.cat((a, b), 2).double(), want, atol=1e-5)
+    assert torch.allclose(got.double(), want, atol=1e-5)
     with torch.no_grad():  # zero probes: every edge is m_h log(1/2), ALiBi with slopes m_h ln 2
         layer.probe.weight.zero_()
         got = run_hooks(pe, layer, q, k, v, x, pos, pos)
