@@ -116,18 +116,19 @@ def test_flex_attention_equals_dense_on_cpu(scheme):
 def test_flex_backward_graph_validates_and_gradients_equal_dense(scheme, flex_with_grad_on_cpu, monkeypatch):
     """Training through FlexAttention, with attention dropout: (1) Inductor accepts the joint
     graph of every score_mod (two flex calls per layer: dropout's kept-keys pass and the lse
-    pass); (2) FlexAttention's own (eager) backward gives the dense path's loss and gradients."""
+    pass); (2) FlexAttention's own (eager) backward gives the dense path's loss and gradients.
+    One layer: every layer hands attention the same score_mod, and each one traced costs seconds."""
     x = torch.randint(0, 37, (2, 64), generator=torch.Generator().manual_seed(0))
     counts = []
-    m = tiny_model(scheme, block_size=64, attn_backend='flex', dropout=0.1)
+    kw = dict(block_size=64, dropout=0.1, n_layer=1)
+    m = tiny_model(scheme, attn_backend='flex', **kw)
     with pytest.raises(Validated):
         _, loss = torch.compile(m, backend=validating_backend(counts))(x, x)
         loss.backward()
     assert len(counts) == (2 * m.config.n_layer if _has_training_mod(scheme) else 0)
 
     monkeypatch.setitem(A._compiled, 'flex', fa.flex_attention)  # eager flex: its backward runs on CPU
-    assert_same_grads(flex_and_dense_grads(lambda be: tiny_model(scheme, block_size=64, attn_backend=be,
-                                                                  dropout=0.1), x))
+    assert_same_grads(flex_and_dense_grads(lambda be: tiny_model(scheme, attn_backend=be, **kw), x))
 
 
 @pytest.mark.parametrize('scheme', SCHEMES)
