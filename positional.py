@@ -1322,25 +1322,42 @@ def path_scores(q, k, w, beta, prev=None, chunk=64, keys=False):
     return torch.cat(rows, 2), torch.cat(moved, 2)
 
 
-def wall_scores(q, k, Pq, Pk, chunk=64):
-    """Wall's logits before the scale: A[i, j] = sum_n q_in k_jn exp(Pq_in - Pk_jn) for key j at or before query i
-    (0 above), the queries being the last Tq of the Tk keys; P a prefix sum of log gates <= 0, so every exponent
-    used is a difference <= 0 and nothing overflows however long the sequence: for query chunk [a, b) and the keys
-    before its first query r, exp(P_i - P_j) = exp(P_i - P_r) exp(P_r - P_j), both factors <= 1 (one matmul);
-    within the chunk, per pair. -> [B, H, Tq, Tk]."""
-    B, H, Tq, d = q.shape
-    off, rows = k.size(2) - Tq, []
-    for a in range(0, Tq, chunk):
-        b = min(a + chunk, Tq)
-        r = off + a  # the key index of the chunk's first query
-        Pr = Pk[:, :, r:r + 1]
-        kr = k[:, :, :r] * torch.exp(Pr - Pk[:, :, :r])
-        before = (q[:, :, a:b] * torch.exp(Pq[:, :, a:b] - Pr)) @ kr.transpose(-1, -2)
-        diff = Pq[:, :, a:b, None] - Pk[:, :, None, r:off + b]  # [B, H, b - a, b - a, d]
-        causal = torch.ones(b - a, b - a, dtype=torch.bool, device=q.device).tril()
-        diff = diff.masked_fill(~causal[..., None], float('-inf'))
-        inside = (q[:, :, a:b, None] * k[:, :, None, r:off + b] * diff.exp()).sum(-1)
-        rows.append(F.pad(torch.cat((before, inside), -1), (0, Tq - b)))
+def _wall_block(q, k, P):
+    """The lower triangle of Wall's logits (0 above it) for n = 2^m tokens that are both queries and keys
+    -> [B, H, n, n]. A binary tree: the diagonal is q_i . k_i (exp(0) = 1); at each level, every block's
+    lower-left quadrant (its second half's queries R against its first half's keys L) is one matmul through
+    R's first token m: exp(P_i - P_j) = exp(P_i - P_m) exp(P_m - P_j), both factors <= 1. No [n, n, d] tensor."""
+    B, H, n, d = q.shape
+    A = (q * k).sum(-1)[..., None, None]  # (B, H, n, 1, 1): blocks of 1
+    s = 1
+    while s < n:
+        q2, k2, P2 = (t.view(B, H, n // (2 * s), 2, s, d) for t in (q, k, P))  # pairs of blocks of s
+        Pm = P2[:, :, :, 1, :1]  # the reference: the right block's first P
+        cross = (q2[:, :, :, 1] * torch.exp(P2[:, :, :, 1] - Pm)) @ \
+            (k2[:, :, :, 0] * torch.exp(Pm - P2[:, :, :, 0])).transpose(-1, -2)  # (B, H, n/2s, s, s)
+        left, right = A[:, :, 0::2], A[:, :, 1::2]
+        A = torch.cat((torch.cat((left, torch.zeros_like(left)), -1), torch.cat((cross, right), -1)), -2)
+        s *= 2
+    return A.view(B, H, n, n)
+
+
+def wall_scores(q, k, P):
+    """Wall's logits before the scale: A[i, j] = sum_n q_in k_jn exp(P_in - P_jn) for key j at or before query i
+    (0 above), the queries being the last Tq of the Tk keys and P [B, H, Tk, d] the keys' prefix sums of log gates
+    <= 0. Every exponent used is a difference <= 0, so nothing overflows however long the sequence. The queries
+    go in runs of 2^m (the binary digits of Tq, largest first): the keys before a run's first query r through
+    r (exp(P_i - P_r) exp(P_r - P_j), one matmul), the run's own keys by _wall_block. -> [B, H, Tq, Tk]."""
+    Tq, Tk = q.size(2), k.size(2)
+    rows, a = [], 0
+    while a < Tq:
+        n = 1 << ((Tq - a).bit_length() - 1)
+        r = Tk - Tq + a  # the key index of the run's first query
+        Pr, Pq = P[:, :, r:r + 1], P[:, :, r:r + n]
+        kr = k[:, :, :r] * torch.exp(Pr - P[:, :, :r])
+        before = (q[:, :, a:a + n] * torch.exp(Pq - Pr)) @ kr.transpose(-1, -2)
+        own = _wall_block(q[:, :, a:a + n], k[:, :, r:r + n], Pq)
+        rows.append(F.pad(torch.cat((before, own), -1), (0, Tq - a - n)))
+        a += n
     return torch.cat(rows, 2)
 
 
@@ -1468,14 +1485,11 @@ class Wall(PositionalEncoding):
     Computed stably (wall_scores): every exponent is a difference of prefix sums <= 0, never exp(P) alone. The
     logits form a dense float32 [B, H, Tq, Tk] tensor (O(T^2) memory) read by attend as a bias. The KV cache keeps
     the raw keys and each key's g (cache.state): decoding costs O(n d).
-    Options: bias_init (8), scalar_gate (False), chunk (16: the per-pair part within a chunk costs chunk x d
-    per query; 16 trained the default model 4x faster than 64 on CPU)."""
+    Options: bias_init (8), scalar_gate (False)."""
 
-    def __init__(self, config, bias_init=8.0, scalar_gate=False, chunk=16):
+    def __init__(self, config, bias_init=8.0, scalar_gate=False):
         super().__init__(config)
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"wall chunk must be an integer >= 1, got {chunk!r}")
-        self.bias_init, self.scalar_gate, self.chunk = float(bias_init), bool(scalar_gate), chunk
+        self.bias_init, self.scalar_gate = float(bias_init), bool(scalar_gate)
 
     def new_layer(self):
         return _WallLayer(self.n_embd, self.n_head, self.bias_init, self.scalar_gate)
@@ -1492,7 +1506,7 @@ class Wall(PositionalEncoding):
                         cache.state[name] = torch.cat((cache.state[name], t), 2) if name in cache.state else t
                 g, gs = cache.state['wall_g'], cache.state.get('wall_gs')
             P = g.cumsum(2)
-            A = wall_scores(q.float(), k.float(), P[:, :, P.size(2) - T:], P, self.chunk) / math.sqrt(d)
+            A = wall_scores(q.float(), k.float(), P) / math.sqrt(d)
             if gs is not None:
                 C = gs.cumsum(-1)
                 A = A + C[..., C.size(-1) - T:, None] - C[..., None, :]

@@ -160,15 +160,15 @@ def wall_logits(q, k, g):
     return A
 
 
-@pytest.mark.parametrize('chunk, q0', [(64, 0), (4, 0), (1, 0), (3, 8)])
-def test_wall_scores_equal_the_per_pair_formula(chunk, q0):
+@pytest.mark.parametrize('T, q0', [(13, 0), (16, 0), (1, 0), (13, 8), (13, 12), (40, 3)])
+def test_wall_scores_equal_the_per_pair_formula(T, q0):
+    """Queries the last T - q0 of T keys (q0 > 0: a KV cache); T - q0 in runs of 2^m (13 = 8 + 4 + 1)."""
     gen = torch.Generator().manual_seed(2)
-    q, k = torch.randn(2, 2, 13, 4, generator=gen), torch.randn(2, 2, 13, 4, generator=gen)
-    g = F.logsigmoid(2 * torch.randn(2, 2, 13, 4, generator=gen))
-    Pk = g.cumsum(2)
-    A = P.wall_scores(q[:, :, q0:], k, Pk[:, :, q0:], Pk, chunk)
+    q, k = torch.randn(2, 2, T, 4, generator=gen), torch.randn(2, 2, T, 4, generator=gen)
+    g = F.logsigmoid(2 * torch.randn(2, 2, T, 4, generator=gen))
+    A = P.wall_scores(q[:, :, q0:], k, g.cumsum(2))
     want = wall_logits(q, k, g)[:, :, q0:]
-    seen = torch.ones(13 - q0, 13, dtype=torch.bool).tril(q0)
+    seen = torch.ones(T - q0, T, dtype=torch.bool).tril(q0)
     assert torch.allclose(A[..., seen].double(), want[..., seen], atol=1e-5) and (A[..., ~seen] == 0).all()
 
 
@@ -178,7 +178,7 @@ def test_wall_is_stable_where_exp_of_a_prefix_sum_overflows():
     gen = torch.Generator().manual_seed(3)
     q, k = torch.randn(1, 1, T, 4, generator=gen), torch.randn(1, 1, T, 4, generator=gen)
     Pk = torch.full((1, 1, T, 4), -5.0).cumsum(2)
-    A = P.wall_scores(q, k, Pk, Pk, 64)
+    A = P.wall_scores(q, k, Pk)
     assert torch.isfinite(A).all()
     for i, j in ((2999, 2999), (2999, 2997), (1500, 1490), (65, 63)):
         want = (q[0, 0, i].double() * k[0, 0, j].double()).sum() * math.exp(-5.0 * (i - j))
@@ -223,7 +223,6 @@ def test_wall_init_is_near_plain_attention():
     ('path', {'rank': 0}, 'rank must be an integer >= 1'),
     ('path', {'conv': -1}, 'conv must be an integer >= 0'),
     ('path_fox', {'chunk': 2.5}, 'chunk must be an integer >= 1'),
-    ('wall', {'chunk': 0}, 'wall chunk must be an integer >= 1'),
     ('wall', {'gates': 3}, 'bad pos_options'),
 ])
 def test_bad_options_say_what_to_do(scheme, opts, match):
