@@ -163,7 +163,8 @@ def peak_flops(device_type, cores):
     """(peak FLOP/s, label). CPU: cores x clock x fp32 FLOPs/cycle from the ISA flags, an estimate."""
     if device_type == 'cuda':
         v = runtime.peak_flops(name := torch.cuda.get_device_name())
-        return v, (f'{name} bf16 dense {v / 1e12:.0f} TFLOP/s' if v else f'{name}: not in runtime.PEAK_BF16_FLOPS, no MFU')
+        label = f'{name} bf16 dense {v / 1e12:.0f} TFLOP/s' if v else f'{name}: not in runtime.PEAK_BF16_FLOPS, no MFU'
+        return v, label
     info = runtime.cpu_info()
     try:
         mhz = float(info['cpu MHz'])
@@ -177,7 +178,8 @@ def peak_flops(device_type, cores):
 
 def flops_per_token(model, cfg, T):
     """6N + 12 * n_layer * n_head * head_dim * T (PaLM, arXiv 2204.02311, App. B), as GPT.estimate_mfu."""
-    return 6 * sum(p.numel() for p in model.parameters()) + 12 * cfg.n_layer * cfg.n_head * (cfg.n_embd // cfg.n_head) * T
+    head_dim = cfg.n_embd // cfg.n_head
+    return 6 * sum(p.numel() for p in model.parameters()) + 12 * cfg.n_layer * cfg.n_head * head_dim * T
 
 
 def median_ratio(xs, refs):
@@ -296,9 +298,11 @@ class Bench:
                     times['rope'], times[name]), train_vs_nanogpt=median_ratio(times[BASELINE], times[name]),
                     train_ms_all=[t * 1e3 for t in times[name]])
                 if peak:
-                    res[name]['mfu'] = flops_per_token(self.models[name], self.models[name].config, L) * B * L / dt / peak
+                    m = self.models[name]
+                    res[name]['mfu'] = flops_per_token(m, m.config, L) * B * L / dt / peak
         for name in self.order if 'memory' in parts else []:
-            res[name]['train_peak_MiB'] = self.peak_MiB(lambda: self.train_step(name), self.models[name], self.opts[name])
+            m, opt = self.models[name], self.opts[name]
+            res[name]['train_peak_MiB'] = self.peak_MiB(lambda: self.train_step(name), m, opt)
 
     def eval(self, parts):
         res = self.res
@@ -308,7 +312,8 @@ class Bench:
             self.eval_fwd(name)  # FlexAttention / torch.compile compile here
             res[name]['eval_first_s'] = self.clock.now() - t0
         if 'eval' in parts:
-            times = round_robin(self.can_eval, self.a.rounds, self.eval_fwd, self.clock, f'eval@{self.a.eval_mult}L rounds')
+            label = f'eval@{self.a.eval_mult}L rounds'
+            times = round_robin(self.can_eval, self.a.rounds, self.eval_fwd, self.clock, label)
             for name in self.can_eval:
                 res[name].update(eval_tok_s=self.xe[:, :-1].numel() / statistics.median(times[name]),
                                  eval_vs_rope=median_ratio(times['rope'], times[name]))
@@ -397,9 +402,10 @@ def report(res, order, a, B, L, T8, clock, dev_name, dtype):
         print(f"| {n} | " + ' | '.join(cell(n, k, fmt) for _, k, fmt in TABLE) + ' |')
     r0 = res['rope']
     if 'train_tok_s' in r0:
+        over = [f"{n} {(1 / res[n]['train_vs_nanogpt'] - 1) * 100:+.1f}%"
+                for n in ('none', 'learned', 'rope') if 'train_vs_nanogpt' in res.get(n, {})]
         print("\nplumbing overhead vs the nanoGPT baseline (time per training step, median of per-round "
-              "ratios, target < 5%): " + ', '.join(f"{n} {(1 / res[n]['train_vs_nanogpt'] - 1) * 100:+.1f}%"
-                                                  for n in ('none', 'learned', 'rope') if 'train_vs_nanogpt' in res.get(n, {})))
+              "ratios, target < 5%): " + ', '.join(over))
     if 'kv_speedup' in r0:
         print(f"KV-cache sampling speedup at {a.new_tokens} new tokens, rope: {r0['kv_speedup']:.1f}x (target >= 5x)")
 
@@ -428,7 +434,8 @@ def smoke_run(name, args, a):
     cfg = f"config/{'nope' if name == 'none' else name}.py"  # the scheme's own config file, if it has one
     cfg = cfg if os.path.exists(os.path.join(HERE, cfg)) else None
     with tempfile.TemporaryDirectory(prefix=f'nanope-smoke-{name}-') as tmp:
-        cmd = [sys.executable, 'train.py'] + ([cfg] if cfg else [f'--pos_encoding={name}']) + args + [f'--out_dir={tmp}']
+        first = [cfg] if cfg else [f'--pos_encoding={name}']
+        cmd = [sys.executable, 'train.py'] + first + args + [f'--out_dir={tmp}']
         # cold: torch.compile's on-disk caches start empty, as on a user's first run, not as earlier runs left them
         env = {'TORCHINDUCTOR_CACHE_DIR': os.path.join(tmp, 'inductor-cache')} if a.smoke_cache == 'cold' else {}
         log, load = os.path.join(a.smoke_logs or tmp, f'{name}.log'), os.getloadavg()[0]
@@ -529,10 +536,11 @@ def main(argv):
     out, meta, smoked = {}, {}, smoke(a, asked) if 'smoke' in parts else None
     if parts & SCHEME_PARTS:  # the CPU clock sums every thread's time: its throughput is per core, as its peak
         peak, peak_label = peak_flops(rt.device_type, 1 if clock.kind == 'cpu' else threads)
-        dev_name = torch.cuda.get_device_name() if rt.device_type == 'cuda' else f'{runtime.cpu_name()}, {threads} thread(s)'
+        cpu = f'{runtime.cpu_name()}, {threads} thread(s)'
+        dev_name = torch.cuda.get_device_name() if rt.device_type == 'cuda' else cpu
+        shape = {k: v for k, v in size.items() if k != 'batch_size'}
         print(f"nanoPE bench: torch {torch.__version__}, {dev_name}, dtype {rt.dtype}, compile {a.compile}, clock "
-              f"{clock.kind}\nmodel { {k: v for k, v in size.items() if k != 'batch_size'} }, batch {size['batch_size']}; "
-              f"MFU peak: {peak_label}")
+              f"{clock.kind}\nmodel {shape}, batch {size['batch_size']}; MFU peak: {peak_label}")
         plans = {**preset_plans(a.presets), **({f'rope-window{a.windowed}': {'sliding_window': a.windowed}}
                                                 if a.windowed else {})}
         b = Bench(names, size, a, rt, clock, plans)

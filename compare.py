@@ -391,7 +391,8 @@ def make_report(dirs, report_dir, title='nanoPE comparison', notes='', baseline=
     matplotlib.use('Agg')
     evals, passkeys = load_runs(dirs)
     os.makedirs(report_dir, exist_ok=True)
-    parts = [f"# {title}\n", notes, f"Runs: {', '.join(sorted({os.path.dirname(r['path']) for r in evals + passkeys}))}\n"]
+    dirs_seen = sorted({os.path.dirname(r['path']) for r in evals + passkeys})
+    parts = [f"# {title}\n", notes, f"Runs: {', '.join(dirs_seen)}\n"]
     if evals:
         plot_lengths(evals, os.path.join(report_dir, 'loss_vs_length.png'))
         parts.append("![loss vs eval length](loss_vs_length.png)\n")
@@ -483,7 +484,8 @@ def make_task_report(dirs, report_dir, notes='', baseline='rope'):
     for t in task_names:  # one record per (run, seed) across the tasks, so that each seed counts once
         for lab, rs in by[t].items():
             for i, r in enumerate(rs):
-                rec = per_run_seed[lab].setdefault(seed_of(r) or f'#{i}', {'seed': seed_of(r), 'path': r['path'], 'ood': {}})
+                new = {'seed': seed_of(r), 'path': r['path'], 'ood': {}}
+                rec = per_run_seed[lab].setdefault(seed_of(r) or f'#{i}', new)
                 rec['ood'][t] = r.get('exact_ood')
     text, agg['exact_ood'] = seed_tables(
         "Exact match beyond the training sizes (N+1..4N), by task", {lab: list(v.values()) for lab, v in
@@ -562,9 +564,10 @@ def main(argv):
     o = options(dict(report_dir='report', runs=[], baseline='rope'), argv, positional='runs')
     missing = [d for d in o.runs if not os.path.isdir(d)]
     if missing or not o.runs:
-        sys.exit(f"not a run directory: {', '.join(missing)}" if missing else
-                 "usage: python compare.py OUT_DIR [OUT_DIR ...] [--report_dir=DIR] [--baseline=rope]  (no out_dir given)")
-    found = [r for r in (load_json(os.path.join(d, 'eval.json')) for d in o.runs) if r]  # (a damaged one is named below)
+        sys.exit(f"not a run directory: {', '.join(missing)}" if missing else "usage: python compare.py OUT_DIR "
+                 "[OUT_DIR ...] [--report_dir=DIR] [--baseline=rope]  (no out_dir given)")
+    # (a damaged eval.json is named below)
+    found = [r for r in (load_json(os.path.join(d, 'eval.json')) for d in o.runs) if r]
     tasks_only = bool(found) and all('task' in r for r in found)
     try:
         print(f"wrote {(make_task_report if tasks_only else make_report)(o.runs, o.report_dir, baseline=o.baseline)}")

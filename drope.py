@@ -39,7 +39,8 @@ def fit_c(path, data, L, mults, tokens, device, ctx):
 
 if __name__ == '__main__':
     o = options(dict(out_dir='out-drope', device='auto', dtype='auto', mults=[2, 4, 8, 16], fit_tokens=8192,
-                     tokens=32768, evaluate=True, label='drope'), sys.argv[1:], rules=dict(fit_tokens='>0', tokens='>0'))
+                     tokens=32768, evaluate=True, label='drope'), sys.argv[1:],
+                rules=dict(fit_tokens='>0', tokens='>0'))
     rt = runtime.setup(o.device, o.dtype)
     path = os.path.join(o.out_dir, 'ckpt.pt')
     ckpt = checkpoint.read_checkpoint(path)

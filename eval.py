@@ -263,8 +263,9 @@ def evaluate(model, data, L, mults=(1, 2, 4, 8, 16), tokens=32768, stride=0, sli
         for m, T, go in zip(mults, lengths, ok):
             pw = []
             lp = {'short': short, 'k': k_lp, 'long': [], 'short_loss': []} if not quick and go and T > short else None
+            label = f"non-overlapping @{m}L" if progress else None
             loss, curve = nonoverlap_loss(model, data, T, tokens, eot=doc_eot, per_window=pw, longppl=lp,
-                                          label=f"non-overlapping @{m}L" if progress else None, **kw) if go else (None, None)
+                                          label=label, **kw) if go else (None, None)
             if 'longppl' in res:
                 long_l = torch.cat(lp['long']).flatten() if lp else None
                 short_l = torch.cat(lp['short_loss']).flatten() if lp else None

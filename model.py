@@ -188,8 +188,9 @@ class GPT(nn.Module):
         # faster on GPUs (nanoGPT); the padding ids get logit -inf, so they are never scored or sampled
         mult = max(1, config.vocab_multiple)
         n_rows = -(-config.vocab_size // mult) * mult
-        self.register_buffer('vocab_mask', None if n_rows == config.vocab_size else torch.cat((
-            torch.zeros(config.vocab_size), torch.full((n_rows - config.vocab_size,), float('-inf')))), persistent=False)
+        pad = torch.full((n_rows - config.vocab_size,), float('-inf'))
+        mask = None if n_rows == config.vocab_size else torch.cat((torch.zeros(config.vocab_size), pad))
+        self.register_buffer('vocab_mask', mask, persistent=False)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(n_rows, config.n_embd),
             drop=nn.Dropout(config.dropout),

@@ -265,7 +265,8 @@ if __name__ == '__main__':
             sys.exit(str(e))
         print(f"fine-tuning {model.config.pos_encoding} from {base} on passkey prompts of length "
               f"{o.train_len or L}, {o.iters} iters")
-        hist = finetune(model, encode, o.train_len or L, o.iters, o.lr, o.batch_size, o.seed, rt.device, ctx=rt.autocast)
+        hist = finetune(model, encode, o.train_len or L, o.iters, o.lr, o.batch_size, o.seed, rt.device,
+                        ctx=rt.autocast)
         ckpt = {**ckpt, 'model': model.state_dict(), 'optimizer': None,
                 'passkey': {**recipe, 'final_loss': float(np.mean(hist[-20:])) if hist else None}}
         checkpoint.atomic_save(ckpt, tuned)  # a kill mid-save must not leave a broken passkey_ckpt.pt to be reused

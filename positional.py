@@ -811,7 +811,8 @@ class Shaw(PositionalEncoding):
     def __init__(self, config, max_distance=16):
         super().__init__(config)
         if int(max_distance) != max_distance or max_distance < 1:
-            raise ValueError(f"shaw max_distance (the clip distance k) must be a positive integer, got {max_distance!r}")
+            raise ValueError(f"shaw max_distance (the clip distance k) must be a positive integer, "
+                             f"got {max_distance!r}")
         self.k = int(max_distance)
 
     def new_layer(self):
@@ -1051,8 +1052,8 @@ class DeBERTa(PositionalEncoding):
         self.buckets = int(position_buckets or max(2, config.block_size // 2))
         self.max_rel = int(max_relative_positions or config.block_size)
         if self.buckets < 2 or self.max_rel - 1 <= self.buckets // 2:
-            raise ValueError(f"deberta needs position_buckets >= 2 and max_relative_positions - 1 > position_buckets // 2 "
-                             f"(the last exact distance), got position_buckets={self.buckets}, "
+            raise ValueError(f"deberta needs position_buckets >= 2 and max_relative_positions - 1 > "
+                             f"position_buckets // 2 (the last exact distance), got position_buckets={self.buckets}, "
                              f"max_relative_positions={self.max_rel}")
         self.rel_emb = nn.Parameter(torch.randn(2 * self.buckets, config.n_embd) * 0.02)  # P
 

@@ -101,7 +101,8 @@ def scaling_dicts(names, factor, L, rot_dim=32):
     yarn = {'type': 'yarn', 'factor': s, 'original_max_len': L}
     # LongRoPE's factors come from its search (not implemented): here YaRN's per-pair ratios at s, as the
     # long list (the search's starting point in arXiv 2402.13753), plain RoPE up to L
-    ratio = (rope_scaling.rope_frequencies(rot_dim)[0] / rope_scaling.rope_frequencies(rot_dim, scaling=yarn)[0]).tolist()
+    plain, scaled = rope_scaling.rope_frequencies(rot_dim)[0], rope_scaling.rope_frequencies(rot_dim, scaling=yarn)[0]
+    ratio = (plain / scaled).tolist()
     recipes = {
         'yarn_nomscale': {**yarn, 'mscale': 1.0, 'mscale_all_dim': 1.0},  # DeepSeek-V3's form: attention factor 1
         'longrope': {'type': 'longrope', 'short_factor': [1.0] * (rot_dim // 2), 'long_factor': ratio,
@@ -342,13 +343,15 @@ def main(argv):
     configure(sweep, ['--gpu=True' if a == '--gpu' else a for a in ours], dict(scaling_factor='>0', passkey_iters='>=0',
               passkey_trials='>0', passkey=(lambda v: isinstance(v, bool), 'True or False'), workers='>0',
               drope=(lambda v: isinstance(v, bool), 'True or False'),
-              seeds=(lambda v: seed_list(v, 0) is not None, 'a count (--seeds=3) or a list of seeds (--seeds=[1337,7,42])')))
+              seeds=(lambda v: seed_list(v, 0) is not None,
+                     'a count (--seeds=3) or a list of seeds (--seeds=[1337,7,42])')))
     if sweep['tasks']:
         return task_suite(sweep, train_args, argv)
     if sweep['passkey'] is None:
         sweep['passkey'] = sweep['gpu']
     if 'pos_encoding' in train_args or 'out_dir' in train_args:
-        sys.exit("sweep.py sets pos_encoding and out_dir itself; choose schemes with --schemes and the folder with --out")
+        sys.exit("sweep.py sets pos_encoding and out_dir itself; choose schemes with --schemes and the folder "
+                 "with --out")
     out = os.path.abspath(sweep['out'] or ('out-sweep-gpu' if sweep['gpu'] else 'out-sweep'))
     presets = preset_args(PRESETS if sweep['presets'] == 'default' else [p for p in sweep['presets'].split(',') if p])
     schemes = sweep['schemes'].split(',') if sweep['schemes'] else [] if presets else sorted(positional.REGISTRY)
@@ -368,7 +371,8 @@ def main(argv):
     factor = sweep['scaling_factor']
     scalings = scaling_dicts([t for t in sweep['scalings'].split(',') if t], factor, L)
     print(f"sweep: {len(schemes)} schemes ({', '.join(schemes)}), train args {base}, -> {out}/; rope_scaling "
-          f"at eval: {', '.join(scaling_tag(sc) for sc in scalings) or 'none'} (factor {factor:g}); passkey {'on' if sweep['passkey'] else 'off'}")
+          f"at eval: {', '.join(scaling_tag(sc) for sc in scalings) or 'none'} (factor {factor:g}); "
+          f"passkey {'on' if sweep['passkey'] else 'off'}")
     # 'default': every variant in a full sweep; with --schemes, only the schemes asked for
     chosen = '' if sweep['variants'] == 'default' and (sweep['schemes'] or presets) else sweep['variants']
     names = list(VARIANTS) if chosen == 'default' else [v for v in chosen.split(',') if v]
@@ -383,8 +387,9 @@ def main(argv):
     if sweep['drope']:  # after the rope run of the same seed, from its checkpoint; a fifth of its steps
         drope = {k: v for k, v in config_args(DROPE).items() if k != 'out_dir'}
         n = str(max(1, max_iters // 5))
-        runs += [(f"drope-s{seed}", {**drope, 'init_from': os.path.join(out, f'rope-s{seed}', 'ckpt.pt'), 'max_iters': n,
-                                     'eval_interval': n, 'wandb_run_name': 'drope-c0', 'seed': str(seed)})
+        runs += [(f"drope-s{seed}", {**drope, 'init_from': os.path.join(out, f'rope-s{seed}', 'ckpt.pt'),
+                                     'max_iters': n, 'eval_interval': n, 'wandb_run_name': 'drope-c0',
+                                     'seed': str(seed)})
                  for seed in seeds]
     evals = sum(not os.path.exists(os.path.join(out, s, f'eval_{scaling_tag(sc)}.json')) for s, a in runs
                 if a['pos_encoding'] in SCALED_SCHEMES and 'wandb_run_name' not in a for sc in scalings)
@@ -558,12 +563,13 @@ def log_aggregate(report_dir, base):
             places = {lab: place for place, lab, _ in c['ranking']}
             for lab, r in c['runs'].items():
                 p = paired.get(lab, {})
-                rows.append([metric, col, lab, r['n'], r['mean'], r['sd'], r['min'], r['max'], p.get('diff'), p.get('lo'),
-                             p.get('hi'), p.get('excludes_zero'), places.get(lab)])
+                rows.append([metric, col, lab, r['n'], r['mean'], r['sd'], r['min'], r['max'], p.get('diff'),
+                             p.get('lo'), p.get('hi'), p.get('excludes_zero'), places.get(lab)])
     import runtime
     import wandb
-    run = runtime.wandb_init(base.get('wandb_project', 'nanoPE'), 'aggregate', {k: agg[k] for k in ('baseline', 'interval')},
-                             report_dir, group=base['wandb_group'], job_type='aggregate')
+    meta = {k: agg[k] for k in ('baseline', 'interval')}
+    run = runtime.wandb_init(base.get('wandb_project', 'nanoPE'), 'aggregate', meta, report_dir,
+                             group=base['wandb_group'], job_type='aggregate')
     run.log({'aggregate': wandb.Table(columns=AGGREGATE_COLUMNS, data=rows)})
     run.finish()
 

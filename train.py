@@ -98,7 +98,8 @@ ddp_timeout = 600.0       # DDP: seconds a rank waits in a collective before it 
                           # outlast rank 0's longest solo phase (an evaluation plus a save), see docs/reliability.md
 # -----------------------------------------------------------------------------
 RULES = dict(batch_size='>0', block_size='>0', task_n='>=0', pos_max='>=0',
-             positions=(lambda v: v in ('plain', 'randomized', 'offset'), "'plain', 'randomized' or 'offset'"), gradient_accumulation_steps='>0', n_layer='>0', n_head='>0',
+             positions=(lambda v: v in ('plain', 'randomized', 'offset'), "'plain', 'randomized' or 'offset'"),
+             gradient_accumulation_steps='>0', n_layer='>0', n_head='>0',
              n_embd='>0', max_iters='>=0', eval_interval='>0', log_interval='>0', eval_tokens='>0',
              final_eval_tokens='>=0', learning_rate='>0', min_lr='>=0', warmup_iters='>=0', lr_decay_iters='>=0',
              weight_decay='>=0', grad_clip='>=0', dropout='[0,1)', beta1='[0,1)', beta2='[0,1)', ddp_timeout='>0')
@@ -155,7 +156,8 @@ rows = gradient_accumulation_steps * batch_size
 try:
     row0, micro = runtime.split_batch(rows, world_size, rank, batch_size)  # this rank's first row, micro-step sizes
 except ValueError as e:
-    sys.exit(f"{e} (gradient_accumulation_steps={gradient_accumulation_steps} x batch_size={batch_size}): raise one of them")
+    sys.exit(f"{e} (gradient_accumulation_steps={gradient_accumulation_steps} x batch_size={batch_size}): "
+             f"raise one of them")
 accum = len(micro)
 tokens_per_iter = rows * block_size
 torch.manual_seed(seed)
@@ -366,8 +368,9 @@ def log_metrics(d):
 
 if master:  # a new run starts a fresh metrics.jsonl; a resumed one drops what was logged after its checkpoint
     trim_metrics(os.path.join(out_dir, 'metrics.jsonl'), iter_num if init_from == 'resume' else None)
-wandb_run = runtime.wandb_init(wandb_project, (wandb_run_name or pos_encoding) + (f'-s{seed}' if wandb_group else ''), config,
-                               out_dir, resume_state.get('wandb_id'), wandb_group, task or 'lm') if wandb_log and master else None
+run_name = (wandb_run_name or pos_encoding) + (f'-s{seed}' if wandb_group else '')  # a sweep's runs: one per seed
+wandb_run = runtime.wandb_init(wandb_project, run_name, config, out_dir, resume_state.get('wandb_id'), wandb_group,
+                               task or 'lm') if wandb_log and master else None
 peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
 
 # -----------------------------------------------------------------------------
@@ -493,12 +496,14 @@ while True:
 control.finish()
 t_end = time.time()
 t_train = t_train or t_end  # iters_trained: by this process (a resumed run trains only the rest)
-timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': round(t_end - t_train, 3), 'iters_trained': iter_num - (resumed_at or 0)}
+timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': round(t_end - t_train, 3),
+          'iters_trained': iter_num - (resumed_at or 0)}
 if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
     head = dict(scheme=pos_encoding, name=wandb_run_name or pos_encoding, seed=seed, rope_scaling=rope_scaling,
                 iter=iter_num, out_dir=out_dir)  # eval.json's first keys
-    failure = final_suite(raw_model, out_dir, head, val_data, block_size, final_eval_mults, final_eval_tokens or eval_tokens,
-                          task, task_n, positions, pos_max, device, autocast, control.stopping, wandb_run, timing)
+    failure = final_suite(raw_model, out_dir, head, val_data, block_size, final_eval_mults,
+                          final_eval_tokens or eval_tokens, task, task_n, positions, pos_max, device, autocast,
+                          control.stopping, wandb_run, timing)
 elif master and final_eval and stopped and iter_num >= max_iters:
     print(f"final eval not run (stopped): python train.py --out_dir={out_dir} --init_from=resume runs it")
 if wandb_run is not None:
@@ -510,7 +515,7 @@ if ddp:
     gc.collect()
     dist.destroy_process_group()
 if failure:  # every rank exits 1; rank 0 says why
-    sys.exit(f"stopping: {failure}. Nothing was saved after it"
-             + (f": {out_dir}/ckpt.pt (iter {last_saved}) is the last good checkpoint" if last_saved is not None else '')
+    good = f": {out_dir}/ckpt.pt (iter {last_saved}) is the last good checkpoint" if last_saved is not None else ''
+    sys.exit(f"stopping: {failure}. Nothing was saved after it" + good
              + ". Fix: lower learning_rate, raise warmup_iters, keep grad_clip > 0, or train in bfloat16/float32 "
                "rather than float16; then --init_from=resume" if master else 1)

@@ -2,8 +2,10 @@
 # sample-10BT in GPT-2 tokens. One file for every scheme, so runs compare fairly:
 # pick the scheme (and a folder) on the command line. Prepare the data first (needs a network):
 #   pip install datasets && python data/fineweb_edu/prepare.py
-# 1 GPU:  torchrun --standalone --nproc_per_node=1 train.py config/gpt2_124m.py --pos_encoding=alibi --out_dir=out-gpt2-alibi
-# 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/gpt2_124m.py --pos_encoding=alibi --out_dir=out-gpt2-alibi
+# 1 GPU:  torchrun --standalone --nproc_per_node=1 train.py config/gpt2_124m.py \
+#           --pos_encoding=alibi --out_dir=out-gpt2-alibi
+# 8 GPUs: torchrun --standalone --nproc_per_node=8 train.py config/gpt2_124m.py \
+#           --pos_encoding=alibi --out_dir=out-gpt2-alibi
 pos_encoding = 'rope'
 out_dir = 'out-gpt2-124m-rope'
 dataset = 'fineweb_edu'

@@ -293,7 +293,8 @@ def test_compare_report_from_fixture_jsons(tmp_path):
         (d / 'eval.json').write_text(json.dumps(ev))
         (d / 'passkey.json').write_text(json.dumps(pk))
         dirs.append(str(d))
-    rows = [{'iter': 0, 'val/loss@1L': 4.0}, {'iter': 10, 'train/loss': 3.0, 'tokens_per_s': 100.0, 'ms_per_iter': 999.0},
+    rows = [{'iter': 0, 'val/loss@1L': 4.0},
+            {'iter': 10, 'train/loss': 3.0, 'tokens_per_s': 100.0, 'ms_per_iter': 999.0},
             {'iter': 20, 'train/loss': 2.5, 'tokens_per_s': 1000.0, 'ms_per_iter': 4.0},
             {'iter': 30, 'train/loss': 2.0, 'tokens_per_s': 3000.0, 'ms_per_iter': 2.0}]
     (tmp_path / 'rope' / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))

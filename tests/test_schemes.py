@@ -282,7 +282,8 @@ def test_pope_scores_match_polar_formula():
             for si in range(ti + 1):
                 t, s = pos[ti].item(), pos[si].item()
                 want = sum(softplus(q[0, h, ti, c].item()) * softplus(k[0, h, si, c].item())
-                           * math.cos((s - t) * 10000 ** (-c / d) + delta[h, c].item()) for c in range(d)) / math.sqrt(d)
+                           * math.cos((s - t) * 10000 ** (-c / d) + delta[h, c].item())
+                           for c in range(d)) / math.sqrt(d)
                 assert abs(got[0, h, ti, si].item() - want) < 1e-4
 
 

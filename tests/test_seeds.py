@@ -14,7 +14,8 @@ from conftest import ROOT
 from test_sweep_faults import ENV, MODEL, data, tables, wait_for  # noqa: F401 (data: a fixture)
 
 TWO = ['--schemes=rope,alibi', '--seeds=2', '--scalings=', '--max_iters=60', '--eval_interval=30',
-       '--final_eval_mults=[1, 2]', '--block_size=16', '--batch_size=4', '--eval_tokens=256', '--warmup_iters=5'] + MODEL
+       '--final_eval_mults=[1, 2]', '--block_size=16', '--batch_size=4', '--eval_tokens=256',
+       '--warmup_iters=5'] + MODEL
 
 
 def sweep(args, **kw):
@@ -95,7 +96,8 @@ def test_sweep_logs_one_wandb_run_per_scheme_and_seed_in_one_group(data, tmp_pat
         ('aggregate', 'wb-sweep', 'aggregate')
     assert agg['summary']['aggregate._type'] == 'table-file'
     import glob
-    [table] = glob.glob(os.path.join(out, 'report', 'wandb', 'offline-run-*', 'files', 'media', 'table', 'aggregate_*.json'))
+    [table] = glob.glob(os.path.join(out, 'report', 'wandb', 'offline-run-*', 'files', 'media', 'table',
+                                     'aggregate_*.json'))
     table = json.load(open(table))
     rows = {(r[0], r[1], r[2]): dict(zip(table['columns'], r)) for r in table['data']}
     want = json.load(open(os.path.join(out, 'report', 'aggregate.json')))['nonoverlap']['1']

@@ -21,8 +21,8 @@ from conftest import ROOT
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 MODEL = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--compile=False', '--log_interval=50', '--wandb_log=False']
 # 300 tiny steps: a second or so of training, long enough to land a signal inside it
-LM = ['--schemes=rope,alibi', '--scalings=linear', '--max_iters=300', '--eval_interval=100', '--final_eval_mults=[1, 2]',
-      '--block_size=16', '--batch_size=4', '--eval_tokens=256', '--warmup_iters=5'] + MODEL
+LM = ['--schemes=rope,alibi', '--scalings=linear', '--max_iters=300', '--eval_interval=100',
+      '--final_eval_mults=[1, 2]', '--block_size=16', '--batch_size=4', '--eval_tokens=256', '--warmup_iters=5'] + MODEL
 TASKS = ['--tasks=copy', '--schemes=rope,learned', '--randomized=', '--max_iters=200', '--eval_interval=100',
          '--batch_size=8'] + MODEL
 
@@ -52,8 +52,9 @@ def results(out):
             return {k: untimed(x) for k, x in v.items() if k != 'timing'}
         return [untimed(x) for x in v] if isinstance(v, list) else v
     got = {}
-    for p in sorted(glob.glob(os.path.join(out, '*', 'eval*.json')) + glob.glob(os.path.join(out, '*', '*', 'eval*.json'))
-                    + glob.glob(os.path.join(out, 'report', 'tasks.json'))):
+    found = [glob.glob(os.path.join(out, *parts)) for parts in
+             (('*', 'eval*.json'), ('*', '*', 'eval*.json'), ('report', 'tasks.json'))]
+    for p in sorted(sum(found, [])):
         got[os.path.relpath(p, out)] = untimed(json.loads(open(p).read().replace(out, 'OUT')))
     return got
 
@@ -166,13 +167,15 @@ def test_lm_sweep_killed_then_rerun_ends_with_the_uninterrupted_report(lm_ref, d
     # that follows, in the second run's training; up to 50 ms after the line that marks the stage (the last
     # run has ~0.3 s of work left after it: a later stop could find the sweep finished)
     stops = [(signal.SIGKILL, 'rope', rng.choice(['iter 50:', 'iter 100:']), 0),
-             (signal.SIGTERM, 'rope', rng.choice(['final eval:', '$ ' + sys.executable + ' eval.py']), rng.uniform(0, .05)),
+             (signal.SIGTERM, 'rope', rng.choice(['final eval:', '$ ' + sys.executable + ' eval.py']),
+              rng.uniform(0, .05)),
              (signal.SIGINT, 'alibi', rng.choice(['iter 100:', 'iter 150:']), rng.uniform(0, .05))]
     for sig, run, text, delay in stops:
         rc, said, running = probe(args, tmp_path, sig, os.path.join(out, run + '-s1337', 'sweep.log'), text, delay, out)
         if sig == signal.SIGKILL:
             assert running and running[0][1] == 'train.py', running  # it landed in training...
-            assert 'stopped by SIGTERM at iter' in open(os.path.join(out, run + '-s1337', 'sweep.log')).read()  # ...which saved
+            log = open(os.path.join(out, run + '-s1337', 'sweep.log')).read()
+            assert 'stopped by SIGTERM at iter' in log  # ...which saved
     r = sweep(args)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert tables(out) == lm_ref['tables']
@@ -223,7 +226,8 @@ def test_damaged_results_are_named_and_redone(lm_ref, tmp_path):
     A run folder still locked (a child of a killed sweep, saving) is waited for, not reported failed."""
     import fcntl
     out = lm_ref['out']
-    scaled, alibi = os.path.join(out, 'rope-s1337', 'eval_linear_x16.json'), os.path.join(out, 'alibi-s1337', 'eval.json')
+    scaled = os.path.join(out, 'rope-s1337', 'eval_linear_x16.json')
+    alibi = os.path.join(out, 'alibi-s1337', 'eval.json')
     text = open(scaled).read()
     open(scaled, 'w').write(text[:len(text) // 2])
     res = json.load(open(alibi))
@@ -233,7 +237,8 @@ def test_damaged_results_are_named_and_redone(lm_ref, tmp_path):
     lock.write('PID 4242 (train.py, stopped by its sweep)\n')
     lock.flush()
     p, log = start(lm_ref['args'], tmp_path)
-    waited = wait_for(p, log.name, f"waiting for PID 4242 (train.py, stopped by its sweep) to let go of {out}/alibi-s1337")
+    waiting = f"waiting for PID 4242 (train.py, stopped by its sweep) to let go of {out}/alibi-s1337"
+    waited = wait_for(p, log.name, waiting)
     lock.close()
     said = output(p, log)
     assert waited and p.returncode == 0, said[-3000:]

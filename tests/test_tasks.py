@@ -352,7 +352,8 @@ def test_task_suite_end_to_end_resumes(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert 'task suite: 6 runs (6 x 1 seed(s): 1337), 6 to do' in r.stdout
     md = open(os.path.join(out, 'report', 'report.md')).read()
-    assert '| learned +randomized |' in md and '| learned |' in md and 'copy (N=12)' in md and os.path.exists(os.path.join(out, 'report', 'tasks.png'))
+    assert '| learned +randomized |' in md and '| learned |' in md and 'copy (N=12)' in md
+    assert os.path.exists(os.path.join(out, 'report', 'tasks.png'))
     rnd = json.load(open(os.path.join(out, 'copy', 'learned-randomized-s1337', 'eval.json')))
     assert rnd['train_positions'] == 'randomized' and rnd['positions'] == 'plain' and 'bins_randomized' in rnd
     r = _run(args)  # resumed: nothing trained again

@@ -52,7 +52,8 @@ def prepare(texts, out_dir, tokenizer='char', val_frac=0.1, encoding='gpt2'):
     write_bin(ids[:split], os.path.join(out_dir, 'train.bin'))
     write_bin(ids[split:], os.path.join(out_dir, 'val.bin'))
     write_meta(out_dir, enc)
-    print(f"{len(texts)} file(s), {len(ids):,} {encoding} tokens: train {split:,} / val {len(ids) - split:,} -> {out_dir}")
+    print(f"{len(texts)} file(s), {len(ids):,} {encoding} tokens: train {split:,} / val {len(ids) - split:,} "
+          f"-> {out_dir}")
 
 
 if __name__ == '__main__':
