@@ -1342,24 +1342,25 @@ def _wall_block(q, k, P):
     return A.view(B, H, n, n)
 
 
-def wall_scores(q, k, P):
+def wall_scores(q, k, P, run=128):
     """Wall's logits before the scale: A[i, j] = sum_n q_in k_jn exp(P_in - P_jn) for key j at or before query i
     (0 above), the queries being the last Tq of the Tk keys and P [B, H, Tk, d] the keys' prefix sums of log gates
     <= 0. Every exponent used is a difference <= 0, so nothing overflows however long the sequence. The queries
-    go in runs of 2^m (the binary digits of Tq, largest first): the keys before a run's first query r through
-    r (exp(P_i - P_r) exp(P_r - P_j), one matmul), the run's own keys by _wall_block. -> [B, H, Tq, Tk]."""
+    go in runs of 2^m, at most `run` (the binary digits of Tq, largest first): the keys before a run's first query
+    r through r (exp(P_i - P_r) exp(P_r - P_j), one matmul), the run's own keys by _wall_block; each written into
+    the output in place, so a long forward holds little more than the output. -> [B, H, Tq, Tk]."""
     Tq, Tk = q.size(2), k.size(2)
-    rows, a = [], 0
+    A = q.new_zeros(q.size(0), q.size(1), Tq, Tk)
+    a = 0
     while a < Tq:
-        n = 1 << ((Tq - a).bit_length() - 1)
+        n = min(1 << ((Tq - a).bit_length() - 1), run)
         r = Tk - Tq + a  # the key index of the run's first query
         Pr, Pq = P[:, :, r:r + 1], P[:, :, r:r + n]
         kr = k[:, :, :r] * torch.exp(Pr - P[:, :, :r])
-        before = (q[:, :, a:a + n] * torch.exp(Pq - Pr)) @ kr.transpose(-1, -2)
-        own = _wall_block(q[:, :, a:a + n], k[:, :, r:r + n], Pq)
-        rows.append(F.pad(torch.cat((before, own), -1), (0, Tq - a - n)))
+        A[:, :, a:a + n, :r] = (q[:, :, a:a + n] * torch.exp(Pq - Pr)) @ kr.transpose(-1, -2)
+        A[:, :, a:a + n, r:r + n] = _wall_block(q[:, :, a:a + n], k[:, :, r:r + n], Pq)
         a += n
-    return torch.cat(rows, 2)
+    return A
 
 
 def _linear(n_in, n_out, bias=None):

@@ -160,13 +160,15 @@ def wall_logits(q, k, g):
     return A
 
 
-@pytest.mark.parametrize('T, q0', [(13, 0), (16, 0), (1, 0), (13, 8), (13, 12), (40, 3)])
-def test_wall_scores_equal_the_per_pair_formula(T, q0):
-    """Queries the last T - q0 of T keys (q0 > 0: a KV cache); T - q0 in runs of 2^m (13 = 8 + 4 + 1)."""
+@pytest.mark.parametrize('T, q0, run', [(13, 0, 128), (16, 0, 128), (1, 0, 128), (13, 8, 128), (13, 12, 128),
+                                        (40, 3, 128), (40, 0, 8)])
+def test_wall_scores_equal_the_per_pair_formula(T, q0, run):
+    """Queries the last T - q0 of T keys (q0 > 0: a KV cache), in runs of 2^m queries (13 = 8 + 4 + 1), at
+    most `run` (40 = 5 x 8)."""
     gen = torch.Generator().manual_seed(2)
     q, k = torch.randn(2, 2, T, 4, generator=gen), torch.randn(2, 2, T, 4, generator=gen)
     g = F.logsigmoid(2 * torch.randn(2, 2, T, 4, generator=gen))
-    A = P.wall_scores(q[:, :, q0:], k, g.cumsum(2))
+    A = P.wall_scores(q[:, :, q0:], k, g.cumsum(2), run)
     want = wall_logits(q, k, g)[:, :, q0:]
     seen = torch.ones(T - q0, T, dtype=torch.bool).tril(q0)
     assert torch.allclose(A[..., seen].double(), want[..., seen], atol=1e-5) and (A[..., ~seen] == 0).all()
