@@ -8,7 +8,9 @@ q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv] -> y [B, H, Tq, Dv]. The quer
 Tk keys (a KV cache holds the first Tk - Tq), and `mask` says which keys each query sees (Mask: causal, a
 sliding window, a chunk). k and v may have fewer heads than q, H / g each (grouped keys, RoPE++): query
 head h then reads key/value head h // g (HF's repeat_kv).
-  mod(score, b, h, i, j)  an additive logit bias in FlexAttention's score_mod form
+  mod(score, b, h, i, j)  an additive logit bias in FlexAttention's score_mod form, or the bias itself as a
+                          float32 tensor [B|1, H|1, Tq, Tk] (a scheme's own logits): the dense path adds it
+                          as it is, where indexing it per element would copy it (and scatter its gradient)
   vmod(lse)               a term [B, H, Tq, Dv] added to the output, given each row's logsumexp
   sinks [H]               sink logits (gpt-oss): one logit per head in every row's softmax denominator, with
                           no value: p_ij = exp(z_ij) / (exp(s_h) + sum_j' exp(z_ij')), i.e. the softmax output
@@ -238,7 +240,10 @@ def dropout_keep(seed, p, b, h, i, j):
 
 
 def dense_bias(mod, B, H, Tq, Tk, device, mask=CAUSAL):
-    """Evaluate a score_mod on broadcast indices -> float32 additive mask [B|1, H|1, Tq, Tk]."""
+    """Evaluate a score_mod on broadcast indices (or take a bias tensor) -> float32 additive mask
+    [B|1, H|1, Tq, Tk]."""
+    if torch.is_tensor(mod):
+        return mod.float().masked_fill(~mask.visibility(Tq, Tk, device), float('-inf'))
     b = torch.arange(B, device=device).view(B, 1, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1, 1)
     i = torch.arange(Tq, device=device).view(1, 1, Tq, 1)
@@ -252,7 +257,9 @@ def _dense(q, k, v, mod, dropout_p, seed, need_lse, att):
     lse or None). Autocast is off inside: it would cast the float32 inputs (and so the bias's effect)
     back to bf16."""
     s, lo = att.s, att.lo
-    if s or lo:
+    if torch.is_tensor(mod):
+        mod = mod[:, :, s:s + q.size(2), lo:lo + k.size(2)]
+    elif s or lo:
         mod = None if mod is None else (lambda score, b, h, i, j, mod=mod: mod(score, b, h, i + s, j + lo))
     with torch.autocast(q.device.type, enabled=False):
         return _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att)
@@ -279,10 +286,19 @@ def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att):
     return p @ v.float(), lse
 
 
+def _table_mod(bias):
+    """The score_mod of a bias tensor [B|1, H|1, Tq, Tk]."""
+    def mod(score, b, h, i, j):
+        return score + bias[b, h, i, j]
+    return mod
+
+
 def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask):
     """FlexAttention -> (y, lse or None); with dropout, the kept keys' softmax rescaled to all keys'."""
     from torch.nn.attention import flex_attention as fa
     bm = mask.block_mask(q.size(2), k.size(2), q.device)
+    if torch.is_tensor(mod):
+        mod = _table_mod(mod)
 
     def run(score_mod, lse):
         if not lse:

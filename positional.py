@@ -1190,11 +1190,7 @@ class CoPE(PositionalEncoding):
 
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
         def run(q, k, v, a):
-            bias = self.bias(q, k, layer, a)
-
-            def mod(score, b, h, i, j):
-                return score + bias[b, h, i, j]
-            return a(q, k, v, mod)
+            return a(q, k, v, self.bias(q, k, layer, a))
         return attend.rows(run, q, k, v)
 
 
@@ -1383,9 +1379,7 @@ class _PathLayer(nn.Module):
 
 def _logit_attend(q, k, v, A, attend):
     """attend's softmax over the logits A [B, H, Tq, Tk] (float32, scaled): q zeroed, A the bias."""
-    def mod(score, b, h, i, j):
-        return score + A[b, h, i, j]
-    return attend(torch.zeros_like(q), k, v, mod)
+    return attend(torch.zeros_like(q), k, v, A)
 
 
 @register('path')
@@ -1823,10 +1817,7 @@ class GrapeAP(_GrapeABase):
                 psi = psi.masked_fill(~a.visibility(Tq1, Tk1, x.device), 0.0)
                 after = psi.flip(-1).cumsum(-1).flip(-1)  # sum_{l >= j}
                 bias = F.pad(after[..., 1:], (0, 1))  # sum_{l > j} psi(t, l); psi is 0 past the query
-
-            def mod(score, b, h, i, j):
-                return score + bias[b, h, i, j]
-            return a(q1, k1, v1, mod)
+            return a(q1, k1, v1, bias)
         return attend.rows(run, q, k, v)
 
 

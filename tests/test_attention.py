@@ -74,6 +74,36 @@ def test_dense_bias_stays_float32_under_autocast():
     assert A.dense_bias(mod, 1, 1, 1, 2, 'cpu').dtype == torch.float32
 
 
+def test_a_bias_tensor_equals_its_score_mod_on_every_path(monkeypatch):
+    """attend(..., mod=A) with A a float32 bias tensor [B, H, Tq, Tk] gives what the score_mod
+    score + A[b, h, i, j] gives: the same bits on the dense path (training with dropout, sinks; a
+    window's no-grad query chunks, which slice A) and on FlexAttention, and the same gradient for A."""
+    monkeypatch.setitem(A._compiled, 'flex', fa.flex_attention)
+    monkeypatch.setattr(A, 'DENSE_CHUNK_BYTES', 2048)  # query chunks of a few rows
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 2, 3, 24, 8, generator=gen).unbind(0)
+    bias = torch.randn(2, 3, 24, 24, generator=gen)
+    window = A.Mask(window=7)
+    for kw in (dict(dropout_p=0.2), dict(sinks=torch.randn(3, generator=gen)), dict(mask=window)):
+        outs, grads = [], []
+        for form in ('tensor', 'mod'):
+            A_ = bias.clone().requires_grad_()
+            mod = A_ if form == 'tensor' else (lambda score, b, h, i, j, t=A_: score + t[b, h, i, j])
+            torch.manual_seed(1)
+            y = A.attend(q, k, v, mod, backend='dense', **kw)
+            y.square().sum().backward()
+            outs.append(y.detach())
+            grads.append(A_.grad)
+        assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1]), kw
+        assert grads[0].abs().sum() > 0
+    with torch.no_grad():
+        for mask in (A.CAUSAL, window):
+            chunked = A.attend(q, k, v, bias, backend='dense', mask=mask)
+            assert torch.equal(chunked, A.attend(q, k, v, lambda s, b, h, i, j: s + bias[b, h, i, j],
+                                                 backend='dense', mask=mask))
+            assert torch.allclose(A.attend(q, k, v, bias, backend='flex', mask=mask), chunked, atol=1e-5)
+
+
 @pytest.mark.parametrize('name', ['cope', 'stick_breaking'])
 def test_query_chunks_equal_one_pass(name, monkeypatch):
     m = tiny_model(name).eval()
