@@ -9,7 +9,7 @@ Tk keys (a KV cache holds the first Tk - Tq), and `mask` says which keys each qu
 sliding window, a chunk). k and v may have fewer heads than q, H / g each (grouped keys, RoPE++): query
 head h then reads key/value head h // g (HF's repeat_kv).
   mod(score, b, h, i, j)  an additive logit bias in FlexAttention's score_mod form, or the bias itself as a
-                          float32 tensor [B|1, H|1, Tq, Tk] (a scheme's own logits): the dense path adds it
+                          float32 tensor [B, H, Tq, Tk] (a scheme's own logits): the dense path adds it
                           as it is, where indexing it per element would copy it (and scatter its gradient)
   vmod(lse)               a term [B, H, Tq, Dv] added to the output, given each row's logsumexp
   sinks [H]               sink logits (gpt-oss): one logit per head in every row's softmax denominator, with
@@ -287,7 +287,7 @@ def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att):
 
 
 def _table_mod(bias):
-    """The score_mod of a bias tensor [B|1, H|1, Tq, Tk]."""
+    """The score_mod of a bias tensor [B, H, Tq, Tk]."""
     def mod(score, b, h, i, j):
         return score + bias[b, h, i, j]
     return mod
