@@ -296,8 +296,18 @@ def mean_run(rs):
     return out
 
 
+def seed_band(rs, key):
+    """[(mult, lowest, highest)] over the seeds at each eval length every seed has: the band a plot shades."""
+    out = []
+    for i, x in enumerate(rs[0]['mults']):
+        vs = [(r.get(key) or [None] * (i + 1))[i] for r in rs]
+        if all(v is not None for v in vs):
+            out.append((x, min(vs), max(vs)))
+    return out
+
+
 def plot_lengths(evals, path):
-    """Each run's mean over seeds as a line, every seed as a faint point."""
+    """Each run's mean over seeds as a line, the seeds' range as a band around it."""
     import matplotlib.pyplot as plt
     keys = [k for k in ('nonoverlap', 'sliding') if any(r.get(k) for r in evals)]
     fig, axes = plt.subplots(1, len(keys), figsize=(6.5 * len(keys), 4.8), squeeze=False)
@@ -309,9 +319,9 @@ def plot_lengths(evals, path):
             pts = [(x, v) for x, v in zip(m['mults'], m.get(key) or []) if v is not None]
             if pts:
                 ax.plot(*zip(*pts), label=lab + (f" (n={len(rs)})" if len(rs) > 1 else ''), ms=4, **st[lab])
-            if len(rs) > 1:
-                seeds = [(x, v) for r in rs for x, v in zip(r['mults'], r.get(key) or []) if v is not None]
-                ax.scatter(*zip(*seeds), s=9, alpha=0.35, color=st[lab]['color'], zorder=1)
+            band = seed_band(rs, key) if len(rs) > 1 else []
+            if band:
+                ax.fill_between(*zip(*band), alpha=0.18, color=st[lab]['color'], lw=0, zorder=1)
         ax.set_xscale('log', base=2)
         ax.set_xlabel('eval length / training length L')
         ax.set_ylabel('val loss (nats/token)')

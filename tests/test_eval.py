@@ -350,6 +350,11 @@ def test_compare_over_seeds_cells_paired_intervals_ties_and_aggregate(tmp_path):
     p = cell['paired_vs_rope']['alibi']
     assert p['diff'] == pytest.approx(-0.53333, abs=1e-4) and p['hi'] == pytest.approx(-0.53333 + half, abs=1e-4)
     assert p['excludes_zero']
+    # the plot's band is each length's lowest and highest seed; a length a seed lacks has none
+    rope = [json.load(open(os.path.join(d, 'eval.json'))) for d in dirs if '/rope-' in d]
+    assert compare.seed_band(rope, 'nonoverlap') == [(1, 2.0, 2.2), (2, 3.0, 3.4)]
+    rope[1]['nonoverlap'] = [2.2, None]
+    assert compare.seed_band(rope, 'nonoverlap') == [(1, 2.0, 2.2)] and compare.seed_band(rope, 'sliding') == []
 
 
 def test_doc_aware_windows_never_cross_eot(monkeypatch):
