@@ -375,7 +375,7 @@ class Bench:
                 bar.update()
 
 
-TABLE = [  # (column, result key, format); 'key/' is the ratio of key to rope's
+TABLE = [  # (column, result key, format); 'key/' is the ratio of key to rope's; 8L reads --eval_mult
     ('train tok/s', 'train_tok_s', ',.0f'), ('ms/iter', 'train_ms', '.1f'), ('× rope', 'train_vs_rope', '.2f'),
     ('MFU', 'mfu', '.1%'), ('train peak MiB', 'train_peak_MiB', '.0f'), ('× rope', 'train_peak_MiB/', '.2f'),
     ('fwd@8L peak MiB', 'fwd8L_peak_MiB', '.0f'), ('× rope', 'fwd8L_peak_MiB/', '.2f'),
@@ -397,7 +397,7 @@ def report(res, order, a, B, L, T8, clock, dev_name, dtype):
     unit = 'CPU-time' if clock.kind == 'cpu' else 'wall'
     print(f"\n{dev_name}, torch {torch.__version__}, {dtype}, compile={a.compile}; {unit} clock; "
           f"train B={B} T={L}; eval/memory at {a.eval_mult}L = {T8}; x rope = ratio to rope, same run")
-    print('| scheme | ' + ' | '.join(c for c, _, _ in TABLE) + ' |\n|' + ' --- |' * (len(TABLE) + 1))
+    print('| scheme | ' + ' | '.join(c.replace('@8L', f'@{a.eval_mult}L') for c, _, _ in TABLE) + ' |\n|' + ' --- |' * (len(TABLE) + 1))
     for n in order:
         print(f"| {n} | " + ' | '.join(cell(n, k, fmt) for _, k, fmt in TABLE) + ' |')
     r0 = res['rope']
