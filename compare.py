@@ -7,9 +7,10 @@ with a markdown table and PNG plots.
 
 Reads, in each out_dir, every eval*.json (eval.py / the end of train.py; one per
 rope_scaling variant) and passkey*.json (passkey.py). Writes to report_dir:
-  report.md                 tables: non-overlapping and sliding loss at each eval length,
+  report.md                 a leaderboard (loss at L and at the longest length, paired against rope, places
+                            with ties); tables: non-overlapping and sliding loss at each eval length,
                             loss on the last k tokens vs context, passkey accuracy
-  loss_vs_length.png        loss against eval length per run (non-overlapping | sliding)
+  loss_vs_length.png        loss against eval length per run (non-overlapping | sliding), seed range shaded
   loss_vs_position.png      loss against position inside the longest windows
   last_k.png                loss on the last k tokens against the context before them
   passkey.png               passkey heat maps, one per run
@@ -176,6 +177,32 @@ def seed_tables(title, grouped, cols, col_names, get, baseline, digits=3, higher
     return '\n'.join(o for o in out if o) + '\n', agg
 
 
+def leaderboard(col_aggs, names, baseline='rope', digits=3):
+    """Markdown: one row per run, by its place in the first column (then its mean there): per column the
+    mean ± sd over seeds, the difference from `baseline` paired by seed with its 95% interval, and the
+    place with ties (stats.rank). col_aggs: [compare_seeds' dict of a column], names: their headers."""
+    places = [{lab: p for p, lab, _ in a['ranking']} for a in col_aggs]
+    first = col_aggs[0]['runs']
+    labs = sorted(first, key=lambda lab: (places[0].get(lab, math.inf), first[lab]['mean'] or math.inf))
+    f = f".{digits}f"
+
+    def spread(s):
+        return '—' if not s['n'] else f"{s['mean']:{f}}" + (f" ± {s['sd']:{f}}" if s['n'] > 1 else '')
+    header = ['run', 'n'] + [h for n in names for h in (n, f"− {baseline}", 'place')]
+    rows = []
+    for lab in labs:
+        row = [lab, str(first[lab]['n'])]
+        for a, pl in zip(col_aggs, places):
+            p = a.get('paired_vs_' + baseline, {}).get(lab)
+            row += [spread(a['runs'][lab]), '0' if lab == baseline else paired_cell(p, digits) if p else '—',
+                    str(pl.get(lab, '—'))]
+        rows.append(row)
+    return (f"### Leaderboard (non-overlapping windows at {' and '.join(names)})\n\n"
+            f"Mean ± sd over seeds; the difference from {baseline} paired by seed [95% t interval] (* where it "
+            "excludes 0); place = 1 + the runs the seeds confirm better (ties share a place).\n\n"
+            + _table(header, rows) + '\n')
+
+
 def markdown_tables(evals, passkeys, baseline='rope'):
     """The report's tables and the aggregate (JSON-ready): every cell over seeds with its n."""
     out, agg = [], {}
@@ -208,6 +235,9 @@ def markdown_tables(evals, passkeys, baseline='rope'):
                 note="A finite position table is scored with its longest window (sliding-window fallback)."
                 if short else '')
             out.append(text)
+            if key == 'nonoverlap' and len(groups(runs)) > 1:  # at the first and the last length
+                ends = list(dict.fromkeys([0, len(mults) - 1]))
+                out.insert(1, leaderboard([agg[key][str(mults[i])] for i in ends], [names[i] for i in ends], baseline))
         lk = [r for r in evals if r.get('last_k')]
         if lk:
             ctxs = max((r['last_k']['context'] for r in lk), key=len)
