@@ -397,7 +397,8 @@ def report(res, order, a, B, L, T8, clock, dev_name, dtype):
     unit = 'CPU-time' if clock.kind == 'cpu' else 'wall'
     print(f"\n{dev_name}, torch {torch.__version__}, {dtype}, compile={a.compile}; {unit} clock; "
           f"train B={B} T={L}; eval/memory at {a.eval_mult}L = {T8}; x rope = ratio to rope, same run")
-    print('| scheme | ' + ' | '.join(c.replace('@8L', f'@{a.eval_mult}L') for c, _, _ in TABLE) + ' |\n|' + ' --- |' * (len(TABLE) + 1))
+    cols = [c.replace('@8L', f'@{a.eval_mult}L') for c, _, _ in TABLE]
+    print('| scheme | ' + ' | '.join(cols) + ' |\n|' + ' --- |' * (len(TABLE) + 1))
     for n in order:
         print(f"| {n} | " + ' | '.join(cell(n, k, fmt) for _, k, fmt in TABLE) + ' |')
     r0 = res['rope']

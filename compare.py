@@ -183,7 +183,7 @@ def leaderboard(col_aggs, names, baseline='rope', digits=3):
     place with ties (stats.rank). col_aggs: [compare_seeds' dict of a column], names: their headers."""
     places = [{lab: p for p, lab, _ in a['ranking']} for a in col_aggs]
     first = col_aggs[0]['runs']
-    labs = sorted(first, key=lambda lab: (places[0].get(lab, math.inf), first[lab]['mean'] or math.inf))
+    labs = sorted(first, key=lambda lab: (places[0].get(lab, math.inf), first[lab]['n'] == 0, first[lab]['mean'] or 0))
     f = f".{digits}f"
 
     def spread(s):

@@ -352,9 +352,10 @@ def test_compare_over_seeds_cells_paired_intervals_ties_and_aggregate(tmp_path):
     assert p['excludes_zero']
     # the leaderboard: by place at the first length, then by mean; mean ± sd, paired difference, place per end
     half1 = 4.302653 * 0.05 / math.sqrt(3)  # alibi - rope at 1L: -0.1, -0.05, 0
-    assert (f"| alibi | 3 | 2.050 ± 0.132 | -0.050 [{-0.05 - half1:+.3f}, {-0.05 + half1:+.3f}] | 1 | 2.667 ± 0.153 | "
-            f"-0.533 [{-0.53333 - half:+.3f}, {-0.53333 + half:+.3f}] * | 1 |\n| rope | 3 | 2.100 ± 0.100 | 0 | 1 | "
-            f"3.200 ± 0.200 | 0 | 2 |\n| none | 1 | 2.500 | +0.500 (n=1) | 1 | 2.900 | -0.100 (n=1) | 1 |") in md
+    assert (f"| alibi | 3 | 2.050 ± 0.132 | -0.050 [{-0.05 - half1:+.3f}, {-0.05 + half1:+.3f}] | 1 | "
+            f"2.667 ± 0.153 | -0.533 [{-0.53333 - half:+.3f}, {-0.53333 + half:+.3f}] * | 1 |\n"
+            "| rope | 3 | 2.100 ± 0.100 | 0 | 1 | 3.200 ± 0.200 | 0 | 2 |\n"
+            "| none | 1 | 2.500 | +0.500 (n=1) | 1 | 2.900 | -0.100 (n=1) | 1 |") in md
     # the plot's band is each length's lowest and highest seed; a length a seed lacks has none
     rope = [json.load(open(os.path.join(d, 'eval.json'))) for d in dirs if '/rope-' in d]
     assert compare.seed_band(rope, 'nonoverlap') == [(1, 2.0, 2.2), (2, 3.0, 3.4)]
