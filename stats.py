@@ -11,6 +11,7 @@ Differences are paired by seed (seed s gives every scheme the same batches), and
 is Student's t on the per-seed differences: mean(d) +- t_{0.975, n-1} * sd(d) / sqrt(n). With
 n = 1 there is no spread and no interval: the functions say so (None) instead of guessing.
 """
+import functools
 import math
 
 
@@ -35,6 +36,7 @@ def _t_pdf(x, df):
     return math.exp(c - (df + 1) / 2 * math.log1p(x * x / df))
 
 
+@functools.lru_cache(maxsize=None)  # a report's rankings ask for the same few quantiles thousands of times
 def t_quantile(p, df):
     """The p-quantile (0.5 < p < 1) of Student's t with df degrees of freedom: bisection on the
     CDF, which is 1/2 plus Simpson's rule on the density from 0 (accurate to ~1e-9 here)."""
