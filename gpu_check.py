@@ -6,11 +6,12 @@ The one-command GPU check: does nanoPE work on this GPU, and roughly how fast.
   python gpu_check.py --schemes=rope --presets=gemma3,gpt_oss
 
 In the device's dtype (bf16 autocast on CUDA), at config/bench_gpt2.py on CUDA (config/bench_default.py on CPU;
---preset=, --n_layer= ... change it), every scheme, the main five first: correct (flex == dense logits, KV cache ==
-full forward, relative max error at T = 256), train (compiled steps: ms/iter, tokens/s, MFU, peak memory), long
-(no-grad forwards at 8L and 16L: tokens/s, and peak memory, O(T)). Then the attention stacks of config/ (--presets,
-all by default): windows, chunks, QK-norm and sink logits on the same checks, long forwards included. Writes --json
-after every scheme and starts none after --budget seconds; exit status 1 if any failed a check or to train.
+--preset=, --n_layer= ... change it), every scheme, the main five first: correct (flex == dense logits and KV cache ==
+full forward as relative max errors, flex == dense gradients as the whole gradient's relative error, at T = 256),
+train (compiled steps: ms/iter, tokens/s, MFU, peak memory), long (no-grad forwards at 8L and 16L: tokens/s, and
+peak memory, O(T)). Then the attention stacks of config/ (--presets, all by default): windows, chunks, QK-norm and
+sink logits on the same checks, long forwards included. Writes --json after each check and starts no scheme after
+--budget seconds; exit status 1 if any failed a check or to train.
 """
 import json
 import sys
@@ -40,6 +41,12 @@ def peak_mem(fn, rt):
     return torch.cuda.max_memory_allocated() / 2**20, r
 
 
+def runs_on_flex(model):
+    """Whether the model's attention needs FlexAttention on CUDA: a score bias or sink logits."""
+    return any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in model.pe.schemes) or \
+        any(b.attn.sinks is not None for b in model.transformer.h)
+
+
 @torch.no_grad()
 def check_correct(model, x, rt, r):
     """Eager model: flex vs dense logits, KV cache vs full forward (relative max error)."""
@@ -49,8 +56,7 @@ def check_correct(model, x, rt, r):
     model.eval()
     with rt.autocast:
         full = model(x)[0]
-        if any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in model.pe.schemes) or \
-                any(b.attn.sinks is not None for b in model.transformer.h):  # biases and sinks run on flex
+        if runs_on_flex(model):
             with attention_backend(model, 'flex'):
                 flex = model(x)[0]
             with attention_backend(model, 'dense'):
@@ -60,6 +66,24 @@ def check_correct(model, x, rt, r):
             steps = [model(x[:, :Tc - 16], cache=cache)[0]] + [model(x[:, t:t + 1], cache=cache)[0]
                                                                for t in range(Tc - 16, Tc)]
             r['kv_vs_full'] = rel(torch.cat(steps, 1), full)
+
+
+def check_grads(model, x, rt, r):
+    """Flex vs dense gradients of one training loss, as the relative error of the whole gradient: a backward
+    that loses a term (the logsumexp's, which sink logits need) leaves the forward check blind. CUDA only: CPU
+    has no FlexAttention backward (tests/ check the eager one against dense)."""
+    if rt.device_type != 'cuda' or not runs_on_flex(model):
+        return
+    grads = {}
+    model.train()
+    for backend in ('flex', 'dense'):
+        model.zero_grad(set_to_none=True)
+        with attention_backend(model, backend), rt.autocast:
+            loss = model(x[:, :-1], x[:, 1:])[1]
+        loss.backward()
+        grads[backend] = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    r['grad_flex_vs_dense'] = ((grads['flex'] - grads['dense']).norm() / grads['dense'].norm()).item()
 
 
 def check_train(model, size, B, L, a, rt, peak, r):
@@ -128,6 +152,9 @@ def main(argv):
     out = {'meta': dict(torch=torch.__version__, device=runtime.device_name(rt), dtype=rt.dtype, preset=preset,
                         model=size, batch_size=B, peak=peak_label, argv=sys.argv), 'results': {}}
     path, t_start, tol = a.json or 'gpu_check.json', time.perf_counter(), 1e-4 if rt.dtype == 'float32' else 5e-2
+
+    def save():
+        atomic_write(path, lambda f: json.dump(out, f, indent=1), binary=False)
     print(f"gpu check: {out['meta']['device']}, torch {torch.__version__}, {rt.dtype}, {size}, batch {B}")
     for name in names + list(plans):
         if time.perf_counter() - t_start > a.budget:
@@ -137,12 +164,16 @@ def main(argv):
         torch.manual_seed(a.seed)
         model = GPT(GPTConfig(**{**size, **plans[name]}) if name in plans else
                     GPTConfig(**size, pos_encoding=name)).to(rt.device)
-        check_correct(model, torch.randint(size['vocab_size'], (2, min(256, L)), device=rt.device), rt, r)
-        r['correct'] = all(r.get(k, 0) < tol for k in ('flex_vs_dense', 'kv_vs_full'))
+        x = torch.randint(size['vocab_size'], (2, min(256, L) + 1), device=rt.device)
+        check_correct(model, x[:, :-1], rt, r)
+        check_grads(model, x, rt, r)
+        r['correct'] = all(r.get(k, 0) < tol for k in ('flex_vs_dense', 'kv_vs_full', 'grad_flex_vs_dense'))
+        save()
         try:
             check_train(model, size, B, L, a, rt, peak, r)  # its optimizer and compiled graph are freed on return
         except Exception as e:  # noqa: BLE001 - report the failure, go on with the next scheme
             r['train_error'] = f"{type(e).__name__}: {str(e)[:500]}"
+        save()  # a long forward's FlexAttention compile can take minutes (fire's did, on an H200): keep what it has
         if name in MAIN_SCHEMES[:4] or name in plans:
             check_long(model, size, L, a, rt, r)
         model = None
@@ -154,7 +185,7 @@ def main(argv):
                 r['peak_vs_rope'] = r['train_peak_MiB'] / ref['train_peak_MiB']
         print(f"{name}: " + ', '.join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()),
               flush=True)
-        atomic_write(path, lambda f: json.dump(out, f, indent=1), binary=False)
+        save()
     bad = [n for n, r in out['results'].items() if not r.get('correct') or 'train_error' in r]
     print(f"gpu check: {len(out['results'])} schemes in {time.perf_counter() - t_start:.0f}s -> {path}; "
           + (f"FAILED: {', '.join(bad)}" if bad else 'all correct and trained')
