@@ -1,9 +1,13 @@
 """Shared fixtures: tiny models over every registered scheme, small synthetic data, the offline
-GPT-2 vocabulary, and the FlexAttention backward-graph check."""
+GPT-2 vocabulary, the FlexAttention backward-graph check, and scripts run in forked children."""
 import contextlib
 import io
 import os
+import runpy
+import subprocess
 import sys
+import tempfile
+import traceback
 
 import numpy as np
 import pytest
@@ -116,6 +120,49 @@ def assert_same_grads(out):
     assert lf == pytest.approx(ld, abs=1e-6)
     for n in gd:
         assert gf[n] is not None and torch.allclose(gf[n], gd[n], atol=1e-6), n
+
+
+def fork_start(args):
+    """Run a script's real code path (`args` = [script, --key=value...]) in a forked child
+    of this process: a subprocess minus the 2 s of importing torch again."""
+    import torch._dynamo  # noqa: F401  (torch.optim imports it lazily: once here, not in every child)
+    out, err = tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            torch.set_num_threads(1)  # no OpenMP pool in a forked child
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout, sys.stderr = open(1, 'w', closefd=False), open(2, 'w', closefd=False)  # not pytest's
+            os.chdir(ROOT)
+            sys.argv = list(args)
+            runpy.run_path(args[0], run_name='__main__')
+            code = 0
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return pid, args, out, err
+
+
+def fork_wait(started):
+    """Wait for fork_start's child; a CompletedProcess with its exit code and output."""
+    pid, args, out, err = started
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    out.seek(0)
+    err.seek(0)
+    return subprocess.CompletedProcess(args, code, out.read(), err.read())
+
+
+def fork_run(args):
+    return fork_wait(fork_start(args))
 
 
 @pytest.fixture

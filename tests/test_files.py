@@ -1,7 +1,6 @@
 """Files you can share: checkpoints and data metadata hold data, not code (a crafted pickle's
 side effect never happens, in any script that opens one); writes never follow a symbolic link
 out of their folder; convert.py turns a trusted older file into the data-only format."""
-import json
 import os
 import random
 import shutil
@@ -12,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
-from test_robust import TINY, copy_run, data, fork_run, metrics, trained  # noqa: F401 (fixtures)
+from conftest import ROOT, fork_run
+from test_robust import TINY, copy_run, data, trained  # noqa: F401 (fixtures)
 
 sys.path.insert(0, ROOT)
 import checkpoint  # noqa: E402

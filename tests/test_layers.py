@@ -14,7 +14,7 @@ import attention as A
 import checkpoint
 import layers
 import positional
-from conftest import ROOT, SCHEMES, assert_causal, tiny_config, tiny_model
+from conftest import ROOT, SCHEMES, assert_causal, fork_run, tiny_config, tiny_model
 from model import GPT, SINK_FRESH
 
 EVERY_PATH_SCHEMES = SCHEMES + ['rope+self_extend']
@@ -483,17 +483,13 @@ def test_a_shape_weight_that_differs_is_refused():
 
 
 def test_finetune_with_another_scheme_prints_the_report(tmp_path, char_data):
-    import subprocess
-    import sys
     common = ['--n_layer=2', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--wandb_log=False',
               '--compile=False', '--final_eval=False', '--eval_interval=2', '--eval_tokens=64',
               f'--data_dir={char_data}']
-    r = subprocess.run([sys.executable, 'train.py', '--pos_encoding=t5', '--max_iters=2', f'--out_dir={tmp_path}/a']
-                       + common, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = fork_run(['train.py', '--pos_encoding=t5', '--max_iters=2', f'--out_dir={tmp_path}/a'] + common)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run([sys.executable, 'train.py', '--pos_encoding=alibi', '--sink_logits=True', '--max_iters=2',
-                        f'--init_from={tmp_path}/a/ckpt.pt', f'--out_dir={tmp_path}/b'] + common,
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = fork_run(['train.py', '--pos_encoding=alibi', '--sink_logits=True', '--max_iters=2',
+                  f'--init_from={tmp_path}/a/ckpt.pt', f'--out_dir={tmp_path}/b'] + common)
     assert r.returncode == 0, r.stderr[-2000:]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith('fine-tune weights'))
     assert 'dropped pe.table' in line and 'started fresh transformer.h.{0,1}.attn.sinks' in line

@@ -1,25 +1,22 @@
 """Runs that survive: exact resume, atomic checkpoints, signals (single process and
 2-rank DDP), non-finite losses, and a clear error for each kind of bad input.
 train.py and sample.py run with tiny settings as subprocesses, or as forked children of
-this process where that is the same thing but cheaper (no second torch import)."""
+this process (conftest.fork_run) where that is the same thing but cheaper."""
 import json
 import os
 import random
 import re
-import runpy
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, SCHEMES
+from conftest import ROOT, SCHEMES, fork_run, fork_start, fork_wait
 
 TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=16', '--batch_size=4', '--compile=False',
         '--wandb_log=False', '--eval_tokens=256', '--log_interval=1', '--warmup_iters=5']
@@ -36,49 +33,6 @@ ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
 
 def run(args, torchrun=None, timeout=300):
     return subprocess.run(cmd(args, torchrun), cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
-
-
-def fork_start(args):
-    """Run a script's real code path (`args` = [script, --key=value...]) in a forked child
-    of this process: a subprocess minus the 2 s of importing torch again."""
-    import torch._dynamo  # noqa: F401  (torch.optim imports it lazily: once here, not in every child)
-    out, err = tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            torch.set_num_threads(1)  # no OpenMP pool in a forked child
-            os.dup2(out.fileno(), 1)
-            os.dup2(err.fileno(), 2)
-            sys.stdout, sys.stderr = open(1, 'w', closefd=False), open(2, 'w', closefd=False)  # not pytest's
-            os.chdir(ROOT)
-            sys.argv = list(args)
-            runpy.run_path(args[0], run_name='__main__')
-            code = 0
-        except SystemExit as e:
-            if isinstance(e.code, str):
-                print(e.code, file=sys.stderr)
-            code = e.code if isinstance(e.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    return pid, args, out, err
-
-
-def fork_wait(started):
-    """Wait for fork_start's child; a CompletedProcess with its exit code and output."""
-    pid, args, out, err = started
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    out.seek(0)
-    err.seek(0)
-    return subprocess.CompletedProcess(args, code, out.read(), err.read())
-
-
-def fork_run(args):
-    return fork_wait(fork_start(args))
 
 
 def metrics(out_dir):

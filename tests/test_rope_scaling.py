@@ -5,14 +5,12 @@ of a saved checkpoint."""
 import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, tiny_model
+from conftest import fork_run, tiny_model
 import positional
 import rope_scaling
 from rope_scaling import rope_frequencies
@@ -287,8 +285,8 @@ def test_eval_override_on_saved_checkpoint(tmp_path, char_data):
         assert (yarn(x)[0] - base(x)[0]).abs().max() > 1e-2
     assert ck['model_args']['rope_scaling'] is None           # the checkpoint keeps what it was trained with
     assert yarn.pe.scaling['original_max_len'] == 16          # defaults to the checkpoint's block_size
-    out = subprocess.run([sys.executable, 'eval.py', f'--out_dir={tmp_path}', '--mults=1,2', '--tokens=256',
-                          "--rope_scaling={'type':'ntk','factor':2}"], cwd=ROOT, capture_output=True, text=True)
+    out = fork_run(['eval.py', f'--out_dir={tmp_path}', '--mults=1,2', '--tokens=256',
+                    "--rope_scaling={'type':'ntk','factor':2}"])
     assert out.returncode == 0, out.stderr
     assert "trained with rope_scaling=None, evaluating with rope_scaling={'type': 'ntk', 'factor': 2}" in out.stdout
     assert 'val/loss@2L' in out.stdout
@@ -299,16 +297,16 @@ def test_finetune_from_checkpoint_keeps_new_length_and_scaling(tmp_path, char_da
     m = tiny_model('rope', vocab_size=vocab)
     save_ckpt(m, str(tmp_path / 'src.pt'), char_data)
     sc = "{'type':'yarn','factor':2,'original_max_len':16}"
-    args = [sys.executable, 'train.py', f'--init_from={tmp_path / "src.pt"}', f'--out_dir={tmp_path}/ft',
+    args = ['train.py', f'--init_from={tmp_path / "src.pt"}', f'--out_dir={tmp_path}/ft',
             f'--data_dir={char_data}', '--block_size=32', f'--rope_scaling={sc}', '--max_iters=2', '--eval_interval=2',
             '--eval_mults=[0.5, 1]', '--eval_tokens=64', '--batch_size=2', '--compile=False', '--wandb_log=False',
             '--device=cpu']
     # a shape key the checkpoint fixes is refused, not silently ignored (it was ignored, and the
     # saved config then said n_layer=9 of a 2-layer model)
-    out = subprocess.run(args + ['--n_layer=9'], cwd=ROOT, capture_output=True, text=True)
+    out = fork_run(args + ['--n_layer=9'])
     assert out.returncode != 0 and 'n_layer=9 cannot apply (it has n_layer=2)' in out.stderr
     assert not os.path.exists(tmp_path / 'ft' / 'ckpt.pt') and 'Traceback' not in out.stderr
-    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    out = fork_run(args)
     assert out.returncode == 0, out.stderr[-2000:]
     assert 'eval @ iter 0: loss@0.5L' in out.stdout          # "before" at the original L
     ck = torch.load(tmp_path / 'ft' / 'ckpt.pt', weights_only=True)

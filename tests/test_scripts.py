@@ -2,8 +2,6 @@
 weights (nanoGPT's init_from='gpt2'), and evaluation that scores only what it needs."""
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,15 +9,10 @@ import torch
 
 import configurator
 import eval as E
-from conftest import ROOT, tiny_model
+from conftest import ROOT, fork_run, tiny_model
 
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=8', '--eval_tokens=256',
         '--wandb_log=False', '--compile=False', '--eval_mults=[1]', '--final_eval=False']
-
-
-def run(args, env=None, timeout=300):
-    env = dict(os.environ, OMP_NUM_THREADS='1', **(env or {}))
-    return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 # --- the option mechanism -------------------------------------------------------
@@ -42,9 +35,9 @@ def test_configure_types_rules_and_files(tmp_path):
 def test_config_file_errors_name_the_file_and_line(tmp_path):
     bad = tmp_path / 'bad.py'
     bad.write_text("n_layer = 4\nblock_size = = 3\n")
-    r = run(['train.py', str(bad)])
+    r = fork_run(['train.py', str(bad)])
     assert r.returncode != 0 and 'Traceback' not in r.stderr and f'config file {bad}, line 2' in r.stderr
-    r = run(['train.py', str(tmp_path)])
+    r = fork_run(['train.py', str(tmp_path)])
     assert r.returncode != 0 and 'is a directory' in r.stderr and 'Traceback' not in r.stderr
 
 
@@ -97,19 +90,19 @@ def test_out_dir_moved_with_its_data_gone(char_data, tmp_path):
     """The checkpoint keeps its vocabulary: a copied out_dir samples without the data folder,
     and eval.py finds its data again with --data_dir (and says so when it cannot)."""
     a = str(tmp_path / 'a')
-    r = run(['train.py', f'--data_dir={char_data}', f'--out_dir={a}', '--max_iters=2', '--eval_interval=2'] + TINY)
+    r = fork_run(['train.py', f'--data_dir={char_data}', f'--out_dir={a}', '--max_iters=2', '--eval_interval=2'] + TINY)
     assert r.returncode == 0, r.stderr[-2000:]
     b = str(tmp_path / 'elsewhere' / 'b')
     shutil.copytree(a, b)
     moved = str(tmp_path / 'moved_data')
     shutil.move(char_data, moved)
-    r = run(['sample.py', f'--out_dir={b}', '--max_new_tokens=20', '--start=to be'])
+    r = fork_run(['sample.py', f'--out_dir={b}', '--max_new_tokens=20', '--start=to be'])
     assert r.returncode == 0, r.stderr[-2000:]
     text = r.stdout[r.stdout.index('to be'):].split('---------------')[0]
     assert len(text) >= 22 and set(text) <= set('\ntobeqursinhlw ')  # decoded with its char vocabulary
-    r = run(['eval.py', f'--out_dir={b}', '--mults=[1]', '--tokens=64', '--quick=True'])
+    r = fork_run(['eval.py', f'--out_dir={b}', '--mults=[1]', '--tokens=64', '--quick=True'])
     assert r.returncode != 0 and '--data_dir' in r.stderr and 'Traceback' not in r.stderr
-    r = run(['eval.py', f'--out_dir={b}', f'--data_dir={moved}', '--mults=[1]', '--tokens=64', '--quick=True'])
+    r = fork_run(['eval.py', f'--out_dir={b}', f'--data_dir={moved}', '--mults=[1]', '--tokens=64', '--quick=True'])
     assert r.returncode == 0, r.stderr[-2000:]
     assert os.path.exists(os.path.join(b, 'eval.json'))
 
@@ -140,30 +133,30 @@ def test_gpt2_weights_give_hf_logits(hf_gpt2):
 
 def test_gpt2_sample_eval_and_finetune(hf_gpt2, offline, tmp_path):
     """sample.py past the 64-position table (sliding-window fallback), eval.py with the sliding
-    fallback past it, and train.py fine-tuning from the weights (a conflicting shape is refused)."""
+    fallback past it, and train.py fine-tuning from the weights (a conflicting shape is refused). Forked
+    children: they find the offline vocabulary as this process does (TIKTOKEN_CACHE_DIR, set by `offline`)."""
     _, folder = hf_gpt2
-    env = {'TIKTOKEN_CACHE_DIR': offline['cache']}
     from data.text.prepare import prepare
     prepare(['The quick brown fox jumps over the lazy dog. ' * 400], str(tmp_path / 'bpe'), tokenizer='gpt2')
-    r = run(['sample.py', f'--init_from={folder}', '--max_new_tokens=80', '--start=Hello'], env)
+    r = fork_run(['sample.py', f'--init_from={folder}', '--max_new_tokens=80', '--start=Hello'])
     assert r.returncode == 0, r.stderr[-2000:]
     assert 'sliding window' in r.stdout and r.stdout.split('\n', 2)[2].startswith('Hello')
     out = str(tmp_path / 'eval')
-    r = run(['eval.py', f'--init_from={folder}', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={out}',
-             '--mults=[1, 2]', '--tokens=256', '--last_k_spans=4'], env)
+    r = fork_run(['eval.py', f'--init_from={folder}', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={out}',
+                  '--mults=[1, 2]', '--tokens=256', '--last_k_spans=4'])
     assert r.returncode == 0, r.stderr[-2000:]
     import json
     res = json.load(open(os.path.join(out, 'eval.json')))
     assert res['nonoverlap'][1] is None and res['sliding_window'] == [64, 64] and res['sliding'][1] is not None
-    r = run(['train.py', f'--init_from={folder}', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={tmp_path / "ft"}',
-             '--block_size=32', '--batch_size=4', '--max_iters=2', '--eval_interval=2', '--eval_tokens=128',
-             '--eval_mults=[1]', '--final_eval=False', '--compile=False', '--wandb_log=False'], env)
+    r = fork_run(['train.py', f'--init_from={folder}', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={tmp_path / "ft"}',
+                  '--block_size=32', '--batch_size=4', '--max_iters=2', '--eval_interval=2', '--eval_tokens=128',
+                  '--eval_mults=[1]', '--final_eval=False', '--compile=False', '--wandb_log=False'])
     assert r.returncode == 0, r.stderr[-2000:]
     ck = torch.load(str(tmp_path / 'ft' / 'ckpt.pt'), weights_only=True)
     assert ck['model_args']['gelu'] == 'tanh' and ck['config']['pos_encoding'] == 'learned'
     assert ck['config']['n_layer'] == 2  # the saved config describes the saved model
-    r = run(['train.py', f'--init_from={folder}', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={tmp_path / "x"}',
-             '--n_layer=4', '--block_size=32', '--wandb_log=False'], env)
+    r = fork_run(['train.py', f'--init_from={folder}', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={tmp_path / "x"}',
+                  '--n_layer=4', '--block_size=32', '--wandb_log=False'])
     assert r.returncode != 0 and 'n_layer=4 cannot apply' in r.stderr and 'Traceback' not in r.stderr
 
 

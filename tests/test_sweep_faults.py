@@ -159,6 +159,31 @@ def probe(args, tmp_path, sig, run_log, text, delay, out, started=None):
     return p.returncode, text, running
 
 
+def test_finished_sweep_run_again_starts_nothing_and_other_settings_are_refused(lm_ref):
+    """The sweep trained each scheme and evaluated rope with its run-time scaling; run again, it
+    starts nothing and writes the same tables; the folder with other settings is refused, not mixed
+    in, and left as it was; a bad option gets one line."""
+    out, args = lm_ref['out'], lm_ref['args']
+    started = [line.split()[2] for line in lm_ref['stdout'].splitlines() if line.startswith('$ ')]
+    assert sorted(started) == ['eval.py', 'train.py', 'train.py'] and 'passkey off' in lm_ref['stdout']
+    for s in ('rope', 'alibi'):
+        assert json.load(open(os.path.join(out, s + '-s1337', 'eval.json')))['iter'] == 300
+    assert os.path.exists(os.path.join(out, 'rope-s1337', 'eval_linear_x16.json'))
+    assert any(r.startswith('| rope +linear_x16 |') for r in lm_ref['tables'])
+    assert any(r.startswith('| alibi |') for r in lm_ref['tables'])
+    r = sweep(args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert not [line for line in r.stdout.splitlines() if line.startswith('$ ')]
+    assert tables(out) == lm_ref['tables']
+    r = sweep([a if not a.startswith('--max_iters') else '--max_iters=301' for a in args])
+    assert r.returncode != 0 and 'holds a run with other settings' in r.stdout
+    assert tables(out) == lm_ref['tables'] and results(out) == lm_ref['results']
+    r = sweep(['--passkey=maybe'])
+    assert r.returncode != 0 and 'True or False' in r.stderr
+    r = sweep(args + ['--variants=rope-bogus'])  # --schemes alone runs no variant; a named one must exist
+    assert r.returncode != 0 and "unknown variant(s) ['rope-bogus']" in r.stderr and 'Traceback' not in r.stderr
+
+
 def test_lm_sweep_killed_then_rerun_ends_with_the_uninterrupted_report(lm_ref, data, tmp_path):
     rng = random.Random(0)
     out = str(tmp_path / 'out')

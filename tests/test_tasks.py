@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import tasks  # noqa: E402
 import tasks as T  # noqa: E402
+from conftest import fork_run  # noqa: E402
 
 SIZES = [1, 2, 3, 5, 8, 13, 24]
 
@@ -328,7 +329,7 @@ def test_task_run_ddp_equals_one_process_and_writes_bins(tmp_path):
     ranks on uneven shares (4/4/4 rows, different answer counts) equal one process; the final
     eval has exact match for every size bin up to 4N, unaddressable ones as None."""
     one, ddp = str(tmp_path / 'one'), str(tmp_path / 'ddp')
-    r = _run(['train.py'] + TASK_ARGS + [f'--out_dir={one}'])
+    r = fork_run(['train.py'] + TASK_ARGS + [f'--out_dir={one}'])
     assert r.returncode == 0, r.stderr[-2000:]
     r = _run(['train.py'] + TASK_ARGS + [f'--out_dir={ddp}'], torchrun=3)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -338,7 +339,7 @@ def test_task_run_ddp_equals_one_process_and_writes_bins(tmp_path):
     res = json.load(open(os.path.join(one, 'eval.json')))
     assert res['task'] == 'copy' and res['N'] == 4 and res['complete']
     assert [b['lo'] for b in res['bins']] == T.bin_edges(4)[:-1]
-    r = _run(['train.py'] + TASK_ARGS + ['--pos_encoding=learned', f'--out_dir={tmp_path / "lrn"}'])
+    r = fork_run(['train.py'] + TASK_ARGS + ['--pos_encoding=learned', f'--out_dir={tmp_path / "lrn"}'])
     assert r.returncode == 0, r.stderr[-2000:]
     bins = json.load(open(tmp_path / 'lrn' / 'eval.json'))['bins']
     assert bins[0]['exact'] is not None and bins[-1]['exact'] is None  # past its table: not 0, cannot address
