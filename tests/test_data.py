@@ -174,23 +174,19 @@ def test_text_prepare_gpt2_files_are_documents(offline, tmp_path):
 def test_train_pads_the_bpe_vocab_and_never_samples_padding(offline, tmp_path):
     """GPT-2 BPE: 50257 tokens -> 50304 rows (a multiple of 64, nanoGPT's GPU speedup); the
     padding ids get logit -inf, so sampling never produces them and decoding works."""
-    import subprocess
-    import sys
     import torch
+    from conftest import fork_run
     from data.text.prepare import prepare
     prepare([SONNET * 4], str(tmp_path / 'bpe'), tokenizer='gpt2')
-    env = dict(os.environ, TIKTOKEN_CACHE_DIR=offline['cache'], OMP_NUM_THREADS='1')
-    out = str(tmp_path / 'out')
-    r = subprocess.run([sys.executable, 'train.py', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={out}',
-                        '--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
-                        '--max_iters=2', '--eval_interval=2', '--eval_tokens=64', '--eval_mults=[1]',
-                        '--final_eval=False', '--compile=False', '--wandb_log=False'],
-                       cwd=ROOT, capture_output=True, text=True, env=env)
+    out = str(tmp_path / 'out')  # (forked children find the vocabulary where `offline` put it, as this process does)
+    r = fork_run(['train.py', f'--data_dir={tmp_path / "bpe"}', f'--out_dir={out}', '--n_layer=1', '--n_head=2',
+                  '--n_embd=32', '--block_size=16', '--batch_size=4', '--max_iters=2', '--eval_interval=2',
+                  '--eval_tokens=64', '--eval_mults=[1]', '--final_eval=False', '--compile=False', '--wandb_log=False'])
     assert r.returncode == 0, r.stderr[-2000:]
     ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert ck['model_args']['vocab_size'] == 50257 and ck['model']['lm_head.weight'].shape[0] == 50304
-    r = subprocess.run([sys.executable, 'sample.py', f'--out_dir={out}', '--max_new_tokens=300', '--temperature=10.0',
-                        '--top_k=50304', '--start=Shall'], cwd=ROOT, capture_output=True, text=True, env=env)
+    r = fork_run(['sample.py', f'--out_dir={out}', '--max_new_tokens=300', '--temperature=10.0', '--top_k=50304',
+                  '--start=Shall'])
     assert r.returncode == 0, r.stderr[-2000:]  # an id >= 50257 would fail to decode
 
 
