@@ -124,7 +124,9 @@ def assert_same_grads(out):
 
 def fork_start(args):
     """Run a script's real code path (`args` = [script, --key=value...]) in a forked child
-    of this process: a subprocess minus the 2 s of importing torch again."""
+    of this process: a subprocess minus the 2-5 s of importing torch again. The child shares this
+    process's imported modules, so a test whose point is a fresh process (an environment variable
+    read at import, a compile cache, torchrun's workers) starts a real subprocess instead."""
     import torch._dynamo  # noqa: F401  (torch.optim imports it lazily: once here, not in every child)
     out, err = tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')
     pid = os.fork()
