@@ -55,6 +55,11 @@ FLEX_LSE_ON_CPU = False
 DENSE_CHUNK_BYTES = 16 * 2**20
 FLEX_BLOCK = 128  # FlexAttention's default sparse block size
 FLEX_SHAPES = 256  # compiled FlexAttention kernels kept per process (one per input shape)
+# FlexAttention's tiles for a score_mod that reads a float32 table at each logit's (i, j) (a bias tensor, or a
+# mod marked `reads_table`): Triton stages a tile's table block in shared memory, and at the default 128 x 128
+# tiles the forward kernel needs 240 KiB, more than an H100 or H200 block may use (227 KiB; an H200 with
+# torch 2.11, docs/gpu.md). With 64 x 64 tiles the same kernel compiles and runs, forward and backward.
+TABLE_TILES = {'BLOCK_M': 64, 'BLOCK_N': 64}
 _compiled = {}
 
 
@@ -293,20 +298,29 @@ def _table_mod(bias):
     return mod
 
 
+def flex_tiles(device_type, mod):
+    """FlexAttention's kernel_options for this score_mod: TABLE_TILES on CUDA where it reads a table, else None
+    (Inductor's own choice)."""
+    reads_table = torch.is_tensor(mod) or getattr(mod, 'reads_table', False)
+    return TABLE_TILES if device_type == 'cuda' and reads_table else None
+
+
 def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask):
     """FlexAttention -> (y, lse or None); with dropout, the kept keys' softmax rescaled to all keys'."""
     from torch.nn.attention import flex_attention as fa
     bm = mask.block_mask(q.size(2), k.size(2), q.device)
+    opts = flex_tiles(q.device.type, mod)
     if torch.is_tensor(mod):
         mod = _table_mod(mod)
 
     def run(score_mod, lse):
+        kw = dict(score_mod=score_mod, block_mask=bm, kernel_options=opts)
         if not lse:
-            return _flex()(q, k, v, score_mod=score_mod, block_mask=bm), None
+            return _flex()(q, k, v, **kw), None
         if hasattr(fa, 'AuxRequest'):  # torch >= 2.9
-            y, aux = _flex()(q, k, v, score_mod=score_mod, block_mask=bm, return_aux=fa.AuxRequest(lse=True))
+            y, aux = _flex()(q, k, v, **kw, return_aux=fa.AuxRequest(lse=True))
             return y, aux.lse  # natural-log lse, differentiable
-        return _flex()(q, k, v, score_mod=score_mod, block_mask=bm, return_lse=True)
+        return _flex()(q, k, v, **kw, return_lse=True)
     if not dropout_p:
         return run(mod, need_lse)
 
@@ -423,4 +437,5 @@ def scale_logits(q, mod, s):
     def scaled(score, b, h, i, j):
         bias = mod(torch.zeros_like(score), b, h, i, j)
         return score + torch.where(bias == float('-inf'), bias, bias * s[h, i])
+    scaled.reads_table = getattr(mod, 'reads_table', False)
     return q, scaled

@@ -960,6 +960,7 @@ class FIRE(PositionalEncoding):
 
         def mod(score, b, h, i, j):
             return score + table[h, i, j]
+        mod.reads_table = True  # a [H, Tq, Tk] table read at each logit's (i, j): FlexAttention's small tiles
         return mod
 
 
@@ -1083,6 +1084,7 @@ class DeBERTa(PositionalEncoding):
         def mod(score, b, h, i, j):
             r = ctx.dist(i, j)
             return score + c2p[b, h, i, ci[r]] + p2c[b, h, j, pi[r]]
+        mod.reads_table = True  # two float32 tables read at every logit: FlexAttention's small tiles
         return mod
 
 

@@ -4,6 +4,7 @@ bias kept float32 under autocast, no-grad query chunks == one pass, v padded to 
 Shaw's value term without per-distance copies, and one compiled FlexAttention kernel per shape."""
 import math
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -184,3 +185,36 @@ def test_flex_keeps_one_kernel_per_shape_past_dynamo_default_limit():
                        env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert r.returncode == 0 and 'ok' in r.stdout, r.stderr[-3000:]
     assert 'recompile_limit' not in r.stderr and 'without torch.compile' not in r.stderr, r.stderr[-3000:]
+
+
+def test_flex_gets_small_tiles_on_cuda_where_the_score_mod_reads_a_table(monkeypatch):
+    """A bias tensor, and the score_mods that read a float32 table at each logit (DeBERTa's two, FIRE's in
+    training), get TABLE_TILES on CUDA, through logit scaling too: Inductor's default tiles need more shared
+    memory than an H200 block has (docs/gpu.md). Other mods, and every mod on CPU, keep Inductor's choice.
+    attend hands the options to FlexAttention with and without the logsumexp."""
+    pos = torch.arange(8)
+    q, k, v = qkv(1, 4, 8, 8, 8)
+
+    def mod_of(name):
+        pe = positional.REGISTRY[name](tiny_config(name))
+        return pe.score_mod(q, k, pe.context(pos, pos), pe.new_layer())
+    mods = {name: mod_of(name) for name in ('deberta', 'fire', 'alibi', 't5')}
+    with torch.no_grad():  # FIRE without gradients evaluates its MLP per logit: no table
+        mods['fire_no_grad'] = mod_of('fire')
+    table, ones = torch.randn(1, 4, 8, 8), torch.ones(4, 8)
+    for mod in (table, mods['deberta'], mods['fire'], A.scale_logits(q, mods['deberta'], ones)[1]):
+        assert A.flex_tiles('cuda', mod) == A.TABLE_TILES and A.flex_tiles('cpu', mod) is None
+    for mod in (mods['alibi'], mods['t5'], mods['fire_no_grad'], A.scale_logits(q, mods['alibi'], ones)[1], None):
+        assert A.flex_tiles('cuda', mod) is None
+
+    seen = []
+
+    def spy(q, k, v, **kw):
+        seen.append(kw['kernel_options'])
+        return (q, SimpleNamespace(lse=q.new_zeros(q.shape[:3]))) if 'return_aux' in kw else q
+    monkeypatch.setitem(A._compiled, 'flex', spy)
+    monkeypatch.setattr(A, 'FLEX_LSE_ON_CPU', True)
+    monkeypatch.setattr(A, 'flex_tiles', lambda device_type, mod: (device_type, torch.is_tensor(mod)))
+    A.attend(q, k, v, table, backend='flex')
+    A.attend(q, k, v, mods['alibi'], backend='flex', sinks=torch.zeros(4))
+    assert seen == [('cpu', True), ('cpu', False)]
