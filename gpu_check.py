@@ -7,7 +7,8 @@ The one-command GPU check: does nanoPE work on this GPU, and roughly how fast.
 
 In the device's dtype (bf16 autocast on CUDA), at config/bench_gpt2.py on CUDA (config/bench_default.py on CPU;
 --preset=, --n_layer= ... change it), every scheme, the main five first: correct (flex == dense logits and KV cache ==
-full forward as relative max errors, flex == dense gradients as the whole gradient's relative error, at T = 256),
+full forward as relative max errors at T = 256, flex == dense gradients as the whole gradient's relative error at
+T = L, the training length, where windows and chunks cut the block mask as in training),
 train (compiled steps: ms/iter, tokens/s, MFU, peak memory), long (no-grad forwards at 8L and 16L: tokens/s, and
 peak memory, O(T)). Then the attention stacks of config/ (--presets, all by default): windows, chunks, QK-norm and
 sink logits on the same checks, long forwards included. Writes --json after each check and starts no scheme after
@@ -165,9 +166,10 @@ def main(argv):
         model = GPT(GPTConfig(**{**size, **plans[name]}) if name in plans else
                     GPTConfig(**size, pos_encoding=name)).to(rt.device)
         x = torch.randint(size['vocab_size'], (2, min(256, L) + 1), device=rt.device)
+        xl = torch.randint(size['vocab_size'], (2, L + 1), device=rt.device)  # gradients at the training length
         try:
             check_correct(model, x[:, :-1], rt, r)
-            check_grads(model, x, rt, r)
+            check_grads(model, xl, rt, r)
         except Exception as e:  # noqa: BLE001 - a kernel that fails to build fails this scheme, not the check
             r['correct_error'] = f"{type(e).__name__}: {str(e)[:500]}"
         r['correct'] = 'correct_error' not in r and \
