@@ -22,8 +22,9 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
 i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; the queries
 are the last Tq keys. A score_mod has no host syncs, indexes each tensor that needs gradients
 once, and stays float32; one that reads a float32 table at each logit's (i, j) says so with
-f.reads_table = True (FlexAttention's smaller tiles on CUDA). Attributes the scripts read are declared on PositionalEncoding. The
-full contract, with shapes and the rules the tests check, is in docs/schemes.md.
+f.reads_table = True (FlexAttention's smaller tiles on CUDA). Attributes the scripts read are
+declared on PositionalEncoding. The full contract, with shapes and the rules the tests check, is
+in docs/schemes.md.
 
 Contents:
   Context, PositionalEncoding (the base class), NoPE
