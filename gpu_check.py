@@ -4,15 +4,16 @@ The one-command GPU check: does nanoPE work on this GPU, and roughly how fast.
   python gpu_check.py                              # every scheme -> gpu_check.json
   python gpu_check.py --schemes=rope,alibi --json=check.json
   python gpu_check.py --schemes=rope --presets=gemma3,gpt_oss
+  python gpu_check.py --schemes=rope --presets=gpt_oss --compile=False   # train eagerly
 
 In the device's dtype (bf16 autocast on CUDA), at config/bench_gpt2.py on CUDA (config/bench_default.py on CPU;
 --preset=, --n_layer= ... change it), every scheme, the main five first: correct (flex == dense logits and KV cache ==
 full forward as relative max errors at T = 256, flex == dense gradients as the whole gradient's relative error at
-T = L, the training length, where windows and chunks cut the block mask as in training),
-train (compiled steps: ms/iter, tokens/s, MFU, peak memory), long (no-grad forwards at 8L and 16L: tokens/s, and
-peak memory, O(T)). Then the attention stacks of config/ (--presets, all by default): windows, chunks, QK-norm and
-sink logits on the same checks, long forwards included. Writes --json after each check and starts no scheme after
---budget seconds; exit status 1 if any failed a check or to train.
+T = L, the training length, where windows and chunks cut the block mask as in training), train (compiled steps on
+one batch: ms/iter, tokens/s, MFU, peak memory, first and last loss; --compile=False: eager), long (no-grad forwards
+at 8L and 16L: tokens/s, and peak memory, O(T)). Then the attention stacks of config/ (--presets, all by default):
+windows, chunks, QK-norm and sink logits on the same checks, long forwards included. Writes --json after each check
+and starts no scheme after --budget seconds; exit status 1 if any failed a check or to train.
 """
 import json
 import sys
@@ -88,11 +89,13 @@ def check_grads(model, x, rt, r):
 
 
 def check_train(model, size, B, L, a, rt, peak, r):
-    """Compiled training steps: compile time, ms/iter, tokens/s, peak memory, MFU."""
+    """Compiled training steps on one repeated batch: compile time, ms/iter, tokens/s, peak memory, MFU, and the
+    loss of the first and the last step (it falls as the batch is learned). --compile=False runs the model eagerly
+    (FlexAttention stays compiled), which tells a fault of the whole-model graph from one of the kernel."""
     sync = torch.cuda.synchronize if rt.device_type == 'cuda' else (lambda: None)
     model.train()
     opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), rt.device_type)
-    step = torch.compile(model)
+    step = torch.compile(model) if a.compile else model
     xy = torch.randint(size['vocab_size'], (B, L + 1), device=rt.device)
 
     def train_step():
@@ -104,8 +107,10 @@ def check_train(model, size, B, L, a, rt, peak, r):
         opt.zero_grad(set_to_none=True)
         return loss
     t0 = time.perf_counter()
-    for _ in range(a.warmup):
+    for i in range(a.warmup):
         loss = train_step()
+        if i == 0:
+            r['loss_first'] = loss.item()
     sync()
     r['compile_s'] = time.perf_counter() - t0
     mem, _ = peak_mem(train_step, rt)
@@ -139,7 +144,7 @@ def check_long(model, size, L, a, rt, r):
 def main(argv):
     a = options(dict(schemes='all', preset='', n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,
                      device='auto', dtype='auto', warmup=2, iters=5, eval_batch_tokens=16384, json='gpu_check.json',
-                     seed=0, budget=540.0, presets='all'),
+                     seed=0, budget=540.0, presets='all', compile=True),
                 argv, rules=dict(warmup='>0', iters='>0', eval_batch_tokens='>0', budget='>0'))
     names = sorted(set(scheme_names(a.schemes) + ['rope']),
                    key=lambda n: (MAIN_SCHEMES.index(n) if n in MAIN_SCHEMES else 99, n))

@@ -84,6 +84,27 @@ def test_smoke_timing_reads_the_runs_own_eval_json(tmp_path):
     (tmp_path / 'eval.json').write_text('{"timing": {"startup_s": 2.5, "tr')  # truncated
     assert smoke_timing(str(tmp_path)) == {} and smoke_timing(str(tmp_path / 'nowhere')) == {}
 
+
+def test_gpu_check_trains_each_model_and_can_leave_it_uncompiled(tmp_path, monkeypatch):
+    """gpu_check's training check learns its repeated batch (the last step's loss below the first's), with sink
+    logits and windows too (the gpt_oss preset, whose loss rose on CUDA), and --compile=False keeps the model out
+    of torch.compile, so a lent GPU can tell the compiled graph's fault from the kernel's."""
+    import json
+    import gpu_check
+
+    def refuse(*a, **kw):
+        raise AssertionError('torch.compile called with --compile=False')
+    monkeypatch.setattr(torch, 'compile', refuse)
+    path = str(tmp_path / 'check.json')
+    rc = gpu_check.main(['--schemes=rope', '--presets=gpt_oss', '--compile=False', '--n_layer=2', '--n_embd=32',
+                         '--n_head=2', '--block_size=32', '--batch_size=4', '--iters=1', f'--json={path}'])
+    got = json.load(open(path))['results']
+    assert rc == 0 and sorted(got) == ['gpt_oss', 'rope'], got
+    for name, r in got.items():
+        assert r['correct'] and 'train_error' not in r, (name, r)
+        assert r['loss'] < r['loss_first'] - 0.01, (name, r['loss_first'], r['loss'])
+
+
 # --- portable out_dirs ------------------------------------------------------------
 
 def test_out_dir_moved_with_its_data_gone(char_data, tmp_path):
