@@ -4,6 +4,7 @@ with a markdown table and PNG plots.
 
   python compare.py out-rope out-alibi out-nope --report_dir=report
   python compare.py out-sweep/*                 # what sweep.py runs at the end
+  python compare.py --leaderboard=True out-lb out-tasks   # one leaderboard over sweeps' reports, to stdout
 
 Reads, in each out_dir, every eval*.json (eval.py / the end of train.py; one per
 rope_scaling variant) and passkey*.json (passkey.py). Writes to report_dir:
@@ -177,30 +178,53 @@ def seed_tables(title, grouped, cols, col_names, get, baseline, digits=3, higher
     return '\n'.join(o for o in out if o) + '\n', agg
 
 
-def leaderboard(col_aggs, names, baseline='rope', digits=3):
-    """Markdown: one row per run, by its place in the first column (then its mean there): per column the
-    mean ± sd over seeds, the difference from `baseline` paired by seed with its 95% interval, and the
-    place with ties (stats.rank). col_aggs: [compare_seeds' dict of a column], names: their headers."""
+def leaderboard(col_aggs, names, baseline='rope', digits=3, title=None):
+    """Markdown: one row per run, by its place in the first column (then its mean there; runs it lacks last): per
+    column the mean ± sd over seeds, the difference from `baseline` paired by seed with its 95% interval, and the
+    place with ties (stats.rank). col_aggs: [compare_seeds' dict of a column], names: their headers, digits: one
+    for all columns or one per column; n is the first column's ('—' for a run it lacks)."""
     places = [{lab: p for p, lab, _ in a['ranking']} for a in col_aggs]
     first = col_aggs[0]['runs']
-    labs = sorted(first, key=lambda lab: (places[0].get(lab, math.inf), first[lab]['n'] == 0, first[lab]['mean'] or 0))
-    f = f".{digits}f"
+    none = {'n': 0, 'mean': None}
+    labs = sorted(dict.fromkeys(lab for a in col_aggs for lab in a['runs']), key=lambda lab: (
+        places[0].get(lab, math.inf), first.get(lab, none)['n'] == 0, first.get(lab, none)['mean'] or 0))
+    digits = digits if isinstance(digits, list) else [digits] * len(col_aggs)
 
-    def spread(s):
-        return '—' if not s['n'] else f"{s['mean']:{f}}" + (f" ± {s['sd']:{f}}" if s['n'] > 1 else '')
+    def spread(s, d):
+        return '—' if not s['n'] else f"{s['mean']:.{d}f}" + (f" ± {s['sd']:.{d}f}" if s['n'] > 1 else '')
     header = ['run', 'n'] + [h for n in names for h in (n, f"− {baseline}", 'place')]
     rows = []
     for lab in labs:
-        row = [lab, str(first[lab]['n'])]
-        for a, pl in zip(col_aggs, places):
+        row = [lab, str(first[lab]['n']) if lab in first else '—']
+        for a, pl, d in zip(col_aggs, places, digits):
             p = a.get('paired_vs_' + baseline, {}).get(lab)
-            row += [spread(a['runs'][lab]), '0' if lab == baseline else paired_cell(p, digits) if p else '—',
+            row += [spread(a['runs'].get(lab, none), d), '0' if lab == baseline else paired_cell(p, d) if p else '—',
                     str(pl.get(lab, '—'))]
         rows.append(row)
-    return (f"### Leaderboard (non-overlapping windows at {' and '.join(names)})\n\n"
+    return (f"### {title or 'Leaderboard (non-overlapping windows at ' + ' and '.join(names) + ')'}\n\n"
             f"Mean ± sd over seeds; the difference from {baseline} paired by seed [95% t interval] (* where it "
             "excludes 0); place = 1 + the runs the seeds confirm better (ties share a place).\n\n"
             + _table(header, rows) + '\n')
+
+
+def sweeps_leaderboard(folders, baseline='rope'):
+    """One leaderboard over several sweeps, from each folder's report/aggregate.json: an LM sweep's loss at its
+    longest length and at L (non-overlapping windows), a task sweep's exact match past N per task; rows by place
+    at the first column. A run a sweep lacks gets '—' in its columns."""
+    cols = []  # (column, header, digits)
+    for d in folders:
+        path = os.path.join(d, 'report', 'aggregate.json')
+        agg, why = read_json(path)
+        if not isinstance(agg, dict):
+            raise ValueError(f"{path}: {why or 'missing or not a JSON object'}; run the sweep (or compare.py) on "
+                             f"{d} first")
+        mults = sorted(agg.get('nonoverlap', {}), key=float)
+        cols += [(agg['nonoverlap'][m], f"{m}L", 3) for m in dict.fromkeys(mults[-1:] + mults[:1])]
+        cols += [(col, f"{task} past N", 2) for task, col in agg.get('exact_ood', {}).items()]
+    if not cols:
+        raise ValueError(f"no LM loss or task columns in {', '.join(folders)}")
+    aggs, names, digits = map(list, zip(*cols))
+    return leaderboard(aggs, names, baseline, digits, title='Leaderboard: ' + ', '.join(names))
 
 
 def markdown_tables(evals, passkeys, baseline='rope'):
@@ -601,11 +625,16 @@ def atomic_text(text, path):
 
 def main(argv):
     from configurator import options
-    o = options(dict(report_dir='report', runs=[], baseline='rope'), argv, positional='runs')
+    o = options(dict(report_dir='report', runs=[], baseline='rope', leaderboard=False), argv, positional='runs')
     missing = [d for d in o.runs if not os.path.isdir(d)]
     if missing or not o.runs:
         sys.exit(f"not a run directory: {', '.join(missing)}" if missing else "usage: python compare.py OUT_DIR "
                  "[OUT_DIR ...] [--report_dir=DIR] [--baseline=rope]  (no out_dir given)")
+    if o.leaderboard:  # the folders are sweeps' --out folders, each with its report
+        try:
+            return print(sweeps_leaderboard(o.runs, o.baseline), end='')
+        except ValueError as e:
+            sys.exit(str(e))
     # (a damaged eval.json is named below)
     found = [r for r in (load_json(os.path.join(d, 'eval.json')) for d in o.runs) if r]
     tasks_only = bool(found) and all('task' in r for r in found)

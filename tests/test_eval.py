@@ -363,6 +363,42 @@ def test_compare_over_seeds_cells_paired_intervals_ties_and_aggregate(tmp_path):
     assert compare.seed_band(rope, 'nonoverlap') == [(1, 2.0, 2.2)] and compare.seed_band(rope, 'sliding') == []
 
 
+def test_leaderboard_over_sweeps_joins_lm_and_task_columns(tmp_path, capsys):
+    """compare.py --leaderboard=True over an LM sweep's and a task sweep's folders: one row per run, by place at
+    the longest length, then by mean; loss columns at the longest length and at L (3 digits), exact match past N
+    per task (2 digits); a run one sweep lacks has '—' there; a folder without a report is one line naming it."""
+    import compare
+
+    def col(runs, paired, ranking):
+        return {'runs': {lab: dict(zip(('n', 'mean', 'sd'), v)) for lab, v in runs.items()},
+                'paired_vs_rope': {lab: dict(zip(('n', 'diff', 'lo', 'hi', 'excludes_zero'), v))
+                                   for lab, v in paired.items()}, 'ranking': ranking}
+    lm = {'nonoverlap': {
+        '1': col({'rope': (3, 1.655, 0.01), 'alibi': (3, 1.707, 0.004)}, {'alibi': (3, 0.052, 0.03, 0.074, True)},
+                 [[1, 'rope', 1.655], [2, 'alibi', 1.707]]),
+        '16': col({'rope': (3, 2.848, 0.191), 'alibi': (3, 1.688, 0.003)},
+                  {'alibi': (3, -1.16, -1.63, -0.69, True)}, [[1, 'alibi', 1.688], [2, 'rope', 2.848]]),
+        '2': col({'rope': (3, 1.833, 0.05)}, {}, [[1, 'rope', 1.833]])}}
+    passkey = col({'rope': (3, 0.41, 0.15), 'none': (3, 0.884, 0.15), 'alibi': (2, 0.6, 0.1)},
+                  {'none': (3, 0.474, 0.1, 0.85, True), 'alibi': (2, 0.2, -3.0, 3.4, False)},
+                  [[1, 'none', 0.884], [1, 'alibi', 0.6], [2, 'rope', 0.41]])
+    tasks = {'exact_ood': {'passkey': passkey}}
+    for name, agg in (('lm', lm), ('tasks', tasks)):
+        (tmp_path / name / 'report').mkdir(parents=True)
+        (tmp_path / name / 'report' / 'aggregate.json').write_text(json.dumps(agg))
+    compare.main(['--leaderboard=True', str(tmp_path / 'lm'), str(tmp_path / 'tasks')])
+    md = capsys.readouterr().out
+    assert '| run | n | 16L | − rope | place | 1L | − rope | place | passkey past N | − rope | place |' in md
+    assert ("| alibi | 3 | 1.688 ± 0.003 | -1.160 [-1.630, -0.690] * | 1 | 1.707 ± 0.004 | +0.052 [+0.030, +0.074] * "
+            "| 2 | 0.60 ± 0.10 | +0.20 [-3.00, +3.40] | 1 |\n"
+            "| rope | 3 | 2.848 ± 0.191 | 0 | 2 | 1.655 ± 0.010 | 0 | 1 | 0.41 ± 0.15 | 0 | 2 |\n"
+            "| none | — | — | — | — | — | — | — | 0.88 ± 0.15 | +0.47 [+0.10, +0.85] * | 1 |\n") in md
+    with pytest.raises(SystemExit) as e:
+        compare.main(['--leaderboard=True', str(tmp_path / 'lm'), str(tmp_path)])
+    assert str(e.value) == (f"{tmp_path / 'report' / 'aggregate.json'}: missing or not a JSON object; run the sweep "
+                            f"(or compare.py) on {tmp_path} first")
+
+
 def test_doc_aware_windows_never_cross_eot(monkeypatch):
     """evaluate(doc_eot=...) scores only windows inside one document, each from its start."""
     import eval as E
