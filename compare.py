@@ -630,16 +630,13 @@ def main(argv):
     if missing or not o.runs:
         sys.exit(f"not a run directory: {', '.join(missing)}" if missing else "usage: python compare.py OUT_DIR "
                  "[OUT_DIR ...] [--report_dir=DIR] [--baseline=rope]  (no out_dir given)")
-    if o.leaderboard:  # the folders are sweeps' --out folders, each with its report
-        try:
-            return print(sweeps_leaderboard(o.runs, o.baseline), end='')
-        except ValueError as e:
-            sys.exit(str(e))
-    # (a damaged eval.json is named below)
-    found = [r for r in (load_json(os.path.join(d, 'eval.json')) for d in o.runs) if r]
-    tasks_only = bool(found) and all('task' in r for r in found)
     try:
-        print(f"wrote {(make_task_report if tasks_only else make_report)(o.runs, o.report_dir, baseline=o.baseline)}")
+        if o.leaderboard:  # the folders are sweeps' --out folders, each with its report
+            print(sweeps_leaderboard(o.runs, o.baseline), end='')
+        else:  # (a damaged eval.json is named by the report)
+            found = [r for r in (load_json(os.path.join(d, 'eval.json')) for d in o.runs) if r]
+            report = make_task_report if found and all('task' in r for r in found) else make_report
+            print(f"wrote {report(o.runs, o.report_dir, baseline=o.baseline)}")
     except ValueError as e:  # nothing readable to report on
         sys.exit(str(e))
 
