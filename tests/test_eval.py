@@ -1,4 +1,5 @@
 """Evaluation protocols, passkey generator/checker, and the compare report."""
+import glob
 import json
 import math
 import os
@@ -519,3 +520,32 @@ def test_task_report_over_seeds_pairs_each_task_by_seed(tmp_path):
     agg = json.load(open(tmp_path / 'report' / 'aggregate.json'))['exact_ood']
     assert agg['sort']['runs']['alibi']['seeds'] == {'1': 0.4, '2': 0.7, '3': 0.6}
     assert agg['copy']['paired_vs_rope']['alibi']['diff'] == pytest.approx(0.21667, abs=1e-4)
+
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'results')
+COMMITTED = sorted(glob.glob(os.path.join(RESULTS, '*', 'report', 'aggregate.json')))
+
+
+@pytest.mark.parametrize('agg_path', COMMITTED, ids=lambda p: os.path.relpath(p, RESULTS))
+def test_committed_results_rebuild_their_reports(agg_path, tmp_path):
+    """Each sweep in results/ (the runs behind docs/results.md and docs/tasks.md): every run is whole and at the
+    max_iters it was started with, and compare.py over the committed runs writes the committed aggregate.json
+    number for number, so the docs' tables can be rebuilt from what is in the repository."""
+    import compare
+    import sweep as sweep_mod
+    sweep = os.path.dirname(os.path.dirname(agg_path))
+    runs = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(sweep, '**', 'eval.json'), recursive=True)
+                  if os.sep + 'report' + os.sep not in p)
+    assert runs
+    iters = {}  # train.py's max_iters for each run's settings (a dry run where sweep_args.json leaves it out)
+    for d in runs:
+        res, why = compare.read_result(os.path.join(d, 'eval.json'))
+        args = json.load(open(os.path.join(d, 'sweep_args.json')))
+        if 'max_iters' not in args:
+            key = json.dumps({k: v for k, v in args.items() if k not in ('seed', 'out_dir', 'pos_encoding')})
+            iters[key] = iters.get(key) or sweep_mod.train_config(json.loads(key))['max_iters']
+        assert why is None and res['iter'] == int(args.get('max_iters') or iters[key]) > 0, d
+    report = compare.make_task_report if 'task' in res else compare.make_report
+    report(runs, str(tmp_path))
+    assert json.load(open(tmp_path / 'aggregate.json')) == json.load(open(agg_path)), (
+        f"{agg_path} does not match its runs: rebuild it with python compare.py {sweep}/... --report_dir=...")
