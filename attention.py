@@ -58,8 +58,9 @@ FLEX_SHAPES = 256  # compiled FlexAttention kernels kept per process (one per in
 # FlexAttention's tiles for a score_mod that reads a float32 table at each logit's (i, j) (a bias tensor, or a
 # mod marked `reads_table`): Triton stages a tile's table block in shared memory, and at the default 128 x 128
 # tiles the forward kernel needs 240 KiB, more than an H100 or H200 block may use (227 KiB; an H200 with
-# torch 2.11, docs/gpu.md). With 64 x 64 tiles the same kernel compiles and runs, forward and backward.
-TABLE_TILES = {'BLOCK_M': 64, 'BLOCK_N': 64}
+# torch 2.11, docs/gpu.md). 64 x 64 forward tiles fit; DeBERTa's backward at its default Hopper tiles (M1, N1,
+# M2, N2 = 64, 128, 128, 64) needed 257 KiB, so the backward's two loops get 64 x 64 tiles too.
+TABLE_TILES = {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_M1': 64, 'BLOCK_N1': 64, 'BLOCK_M2': 64, 'BLOCK_N2': 64}
 _compiled = {}
 
 

@@ -83,15 +83,20 @@ def check_grads(model, x, rt, r):
         with attention_backend(model, backend), rt.autocast:
             loss = model(x[:, :-1], x[:, 1:])[1]
         loss.backward()
-        grads[backend] = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+        grads[backend] = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    r['grad_flex_vs_dense'] = ((grads['flex'] - grads['dense']).norm() / grads['dense'].norm()).item()
+    f, d = (torch.cat([g.flatten() for g in grads[b].values()]) for b in ('flex', 'dense'))
+    r['grad_flex_vs_dense'] = ((f - d).norm() / d.norm()).item()
+    # the whole gradient's error can hide a wrong gradient of a few parameters (a sink logit per head)
+    err = {n: ((grads['flex'][n] - g).norm() / g.norm().clamp_min(1e-30)).item() for n, g in grads['dense'].items()}
+    r['grad_worst_param'], r['grad_worst_err'] = max(err.items(), key=lambda kv: kv[1])
 
 
 def check_train(model, size, B, L, a, rt, peak, r):
     """Compiled training steps on one repeated batch: compile time, ms/iter, tokens/s, peak memory, MFU, and the
     loss of the first and the last step (it falls as the batch is learned). --compile=False runs the model eagerly
-    (FlexAttention stays compiled), which tells a fault of the whole-model graph from one of the kernel."""
+    (FlexAttention stays compiled), which tells a fault of the whole-model graph from one of the kernel;
+    --backend=dense trains without FlexAttention, which tells a fault of the kernel from one of the optimisation."""
     sync = torch.cuda.synchronize if rt.device_type == 'cuda' else (lambda: None)
     model.train()
     opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), rt.device_type)
@@ -99,7 +104,7 @@ def check_train(model, size, B, L, a, rt, peak, r):
     xy = torch.randint(size['vocab_size'], (B, L + 1), device=rt.device)
 
     def train_step():
-        with rt.autocast:
+        with rt.autocast, attention_backend(model, a.backend):
             _, loss = step(xy[:, :-1], xy[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -144,8 +149,9 @@ def check_long(model, size, L, a, rt, r):
 def main(argv):
     a = options(dict(schemes='all', preset='', n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,
                      device='auto', dtype='auto', warmup=2, iters=5, eval_batch_tokens=16384, json='gpu_check.json',
-                     seed=0, budget=540.0, presets='all', compile=True),
-                argv, rules=dict(warmup='>0', iters='>0', eval_batch_tokens='>0', budget='>0'))
+                     seed=0, budget=540.0, presets='all', compile=True, backend='auto'),
+                argv, rules=dict(warmup='>0', iters='>0', eval_batch_tokens='>0', budget='>0',
+                           backend=(lambda b: b in ('auto', 'flex', 'dense'), "one of 'auto', 'flex', 'dense'")))
     names = sorted(set(scheme_names(a.schemes) + ['rope']),
                    key=lambda n: (MAIN_SCHEMES.index(n) if n in MAIN_SCHEMES else 99, n))
     plans = {p: plan for p, plan in preset_plans(a.presets).items() if not p.endswith('-full')}

@@ -196,7 +196,7 @@ def sinusoidal_table(n_pos, dim, positions=None):
     Interleaved sin/cos (fairseq/tensor2tensor concatenate instead; not the paper)."""
     assert dim % 2 == 0, f"sinusoidal embedding needs an even dim, got {dim}"
     pos = torch.arange(n_pos, dtype=torch.float64) if positions is None else positions.double()
-    inv = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [dim/2]
+    inv = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device) / dim)  # [dim/2]
     ang = pos[:, None] * inv[None, :]
     pe = torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(len(pos), dim)  # interleave
     return pe.float()

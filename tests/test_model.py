@@ -11,9 +11,11 @@ import torch.nn.functional as F
 
 import attention as A
 import positional
+from bench import preset_plans
 from conftest import (SCHEMES, Validated, assert_causal, assert_flex_equals_dense, assert_kv_cache_matches_full_forward,
                       assert_same_grads, assert_trains_and_pe_params_learn, attend_mods, flex_and_dense_grads,
                       has_attention_mod, tiny_model, validating_backend)
+from sweep import PRESETS
 from test_stacks import STACKS, split_heads, stack_model
 
 
@@ -146,6 +148,21 @@ def test_compiled_forward_has_no_graph_breaks(scheme):
         assert ex.graph_break_count == 0, (backend, [str(b.reason)[:200] for b in ex.break_reasons])
         assert ex.graph_count == 1
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize('scheme', SCHEMES + ['preset:' + p for p in PRESETS])
+def test_forward_and_backward_make_no_tensor_off_the_model_device(scheme, monkeypatch):
+    """On the meta device (shapes, no data), a tensor a forward makes without device= lands on the CPU and the
+    next op with the model's tensors raises, as on CUDA (sinusoidal's angle table did so on an H200)."""
+    autocast = torch.autocast  # autocast knows no meta device; its dtype rules are not what is checked here
+    monkeypatch.setattr(torch, 'autocast', lambda dev, *a, **kw: autocast('cpu' if dev == 'meta' else dev, *a, **kw))
+    kw = {'n_layer': 4, **preset_plans(scheme[7:])[scheme[7:]]} if scheme.startswith('preset:') else {}
+    m = tiny_model(kw.pop('pos_encoding', 'rope') if kw else scheme, **kw).to('meta')
+    x = torch.randint(0, 37, (2, 17)).to('meta')
+    logits, loss = m(x[:, :-1], x[:, 1:])
+    loss.backward()
+    assert logits.device.type == 'meta' and all(p.grad.device.type == 'meta' for p in m.parameters()
+                                                if p.grad is not None)
 
 
 @pytest.mark.parametrize('scheme', SCHEMES)
