@@ -71,15 +71,15 @@ def paired_interval(a, b, level=0.95):
 
 
 def rank(per_scheme, higher_is_better=False, level=0.95):
-    """[(place, scheme, mean)], by place, then by the mean over seeds, best first. A scheme's place
+    """[(place, scheme, mean)], by place, then by the mean over seeds, best first, then by name. A scheme's place
     is 1 + the number of schemes whose advantage over it the paired interval confirms (excludes 0),
     so schemes the seeds do not separate share a place and no order is claimed beyond the seeds.
     (Confirmation is pairwise, so a scheme with a better mean can have the worse place: c may be
     confirmed below a but not b, while b's mean is below c's.)
     per_scheme: {scheme: [value per seed, in the same seed order for every scheme]}."""
     means = {k: summarize(v)['mean'] for k, v in per_scheme.items()}
-    order = sorted((k for k in means if means[k] is not None), key=lambda k: means[k], reverse=higher_is_better)
     sign = -1 if higher_is_better else 1
+    order = sorted((k for k in means if means[k] is not None), key=lambda k: (sign * means[k], k))
 
     def beats(a, b):  # a's advantage over b is confirmed by the seeds
         p = paired_interval(per_scheme[a], per_scheme[b], level)

@@ -60,3 +60,7 @@ def test_rank_prints_ties_where_the_seeds_do_not_separate():
     assert [(p, k) for p, k, _ in mixed] == [(1, 'a'), (1, 'b'), (2, 'c')]
     single = stats.rank({'a': [1.0], 'b': [2.0]})  # one seed: no interval, so no order is claimed
     assert [p for p, _, _ in single] == [1, 1]
+    # a tie on place and mean (flip-flop's 0.00 error at every seed) lists by name, whatever order the runs came in
+    same = {'z': [0.0, 0.0, 0.0], 'a': [0.0, 0.0, 0.0], 'm': [0.0, 0.0, 0.0], 'w': [5.0, 6.0, 7.0]}
+    assert [k for _, k, _ in stats.rank(same)] == ['a', 'm', 'z', 'w']
+    assert [k for _, k, _ in stats.rank(dict(reversed(same.items())), higher_is_better=True)] == ['w', 'a', 'm', 'z']
