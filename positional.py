@@ -1255,6 +1255,32 @@ class StickBreaking(PositionalEncoding):
 # so that windows, chunks, sink logits and attention dropout act as for any scheme, on every path.
 
 
+def cumsum_tokens(x):
+    """x.cumsum(2), the prefix sums over the tokens of a [B, H, T, n] tensor. On CUDA through an op that
+    torch.compile leaves to ATen's kernel: Inductor's Triton split scan failed to build for Selective RoPE's
+    [8, 12, 1024, 32] in a compiled training step (torch 2.11, an H200; docs/gpu.md). On CPU plain cumsum, so
+    that Inductor's CPU graphs, and the numbers of the runs in results/, stay as they were."""
+    return aten_cumsum_tokens(x) if x.is_cuda else x.cumsum(2)
+
+
+@torch.library.custom_op('nanope::cumsum_tokens', mutates_args=())
+def aten_cumsum_tokens(x: torch.Tensor) -> torch.Tensor:
+    """cumsum(2) as one opaque op (its own gradient below): no scan for Inductor to generate."""
+    return x.contiguous().cumsum(2)
+
+
+@aten_cumsum_tokens.register_fake
+def _(x):
+    return x.new_empty(x.shape)
+
+
+def _cumsum_tokens_grad(ctx, grad):
+    return aten_cumsum_tokens(grad.flip(2)).flip(2)  # d/dx_t of sum_{s >= t} grad_s: the sums from the end
+
+
+aten_cumsum_tokens.register_autograd(_cumsum_tokens_grad)
+
+
 def causal_conv(x, weight, past=None):
     """y_t = sum_k weight[:, k] x_{t - W + 1 + k}: a depthwise causal convolution over time of x [B, T, C] with
     weight [C, W], no bias (the last tap multiplies the current token); past [B, W - 1, C] holds the inputs
@@ -1505,7 +1531,7 @@ class Wall(PositionalEncoding):
                     if t is not None:
                         cache.state[name] = torch.cat((cache.state[name], t), 2) if name in cache.state else t
                 g, gs = cache.state['wall_g'], cache.state.get('wall_gs')
-            P = g.cumsum(2)
+            P = cumsum_tokens(g)
             A = wall_scores(q.float(), k.float(), P) / math.sqrt(d)
             if gs is not None:
                 C = gs.cumsum(-1)
@@ -1643,10 +1669,10 @@ def _running_sum(inc, cache, name):
     each at the sum it had); a rolling cache (raw keys, re-indexed by place every forward) keeps the increments
     per key in cache.state and sums the kept ones again, so positions are places in the cache."""
     if cache is None:
-        s = inc.cumsum(2)
+        s = cumsum_tokens(inc)
         return s, s, inc
     if not cache.raw_keys:
-        s = inc.cumsum(2)
+        s = cumsum_tokens(inc)
         if name in cache.carry:
             s = s + cache.carry[name]
         cache.carry[name] = s[:, :, -1:]
@@ -1655,7 +1681,7 @@ def _running_sum(inc, cache, name):
     if name in cache.state:
         inc = torch.cat((cache.state[name], inc), 2)
     cache.state[name] = inc
-    s = inc.cumsum(2)
+    s = cumsum_tokens(inc)
     return s[:, :, s.size(2) - T:], s, inc
 
 
@@ -2082,7 +2108,7 @@ class SelectiveRoPE(PositionalEncoding):
             if cache is None or not cache.raw_keys:
                 left = zeros if cache is None else cache.carry.get('sel_tail', zeros)
                 phi = self.increments(u, g, layer, left)
-                s = phi.cumsum(2)
+                s = cumsum_tokens(phi)
                 if cache is not None:
                     if 'sel_sum' in cache.carry:
                         s = s + cache.carry['sel_sum']
@@ -2094,7 +2120,7 @@ class SelectiveRoPE(PositionalEncoding):
                     if t is not None:
                         cache.state[name] = torch.cat((cache.state[name], t), 2) if name in cache.state else t
                 phi = self.increments(cache.state['sel_u'], cache.state.get('sel_gate'), layer, zeros)
-                k_tab = cos_sin(phi.cumsum(2) * layer.temperature.float())
+                k_tab = cos_sin(cumsum_tokens(phi) * layer.temperature.float())
                 q_tab = tuple(t[:, :, t.size(2) - T:] for t in k_tab)
         return _layer_context(ctx, sel_q=q_tab, sel_k=k_tab, **extra)
 

@@ -149,6 +149,43 @@ def test_path_decoding_rewrites_each_cached_key_by_the_new_tokens_h():
     assert torch.allclose(cache.layers[0][0].double(), moved_keys(k, w, beta), atol=1e-5)
 
 
+def test_cumsum_tokens_op_is_cumsum_bit_for_bit_eager_and_compiled():
+    """The op Selective RoPE, Wall and contextual GRAPE-M sum their increments with on CUDA: the prefix sums over
+    tokens (against float64), cumsum(2)'s numbers and gradients exactly, eager and under torch.compile, and a
+    custom op whose fake and autograd registrations agree with it (torch.library.opcheck)."""
+    x = torch.randn(2, 3, 1000, 5, generator=torch.Generator().manual_seed(0)).transpose(2, 3).contiguous()
+    x = x.transpose(2, 3).requires_grad_()  # a non-contiguous input, as the transposed gates are
+    want = torch.stack([x[:, :, :t + 1].double().sum(2) for t in (0, 1, 499, 999)], 2)
+    assert torch.allclose(P.aten_cumsum_tokens(x)[:, :, [0, 1, 499, 999]].double(), want, atol=1e-4)
+    w = torch.randn_like(x)
+    for f in (P.aten_cumsum_tokens, torch.compile(P.aten_cumsum_tokens, fullgraph=True), P.cumsum_tokens):
+        y = f(x)
+        assert torch.equal(y, x.cumsum(2))
+        assert torch.equal(torch.autograd.grad((y * w).sum(), x)[0],
+                           torch.autograd.grad((x.cumsum(2) * w).sum(), x)[0])
+    torch.library.opcheck(P.aten_cumsum_tokens, (x.detach().requires_grad_(),))
+
+
+@pytest.mark.parametrize('scheme', ['selective_rope', 'wall'])
+def test_cuda_prefix_sum_op_compiles_in_the_model_as_one_graph(scheme, monkeypatch):
+    """CUDA's branch of cumsum_tokens (the opaque op), taken on CPU: a training forward still compiles to one graph
+    and its loss and gradients equal plain cumsum's."""
+    x = torch.randint(0, 37, (2, 33), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for op in (P.aten_cumsum_tokens, lambda t: t.cumsum(2)):
+        monkeypatch.setattr(P, 'cumsum_tokens', op)
+        m = tiny_model(scheme, block_size=32)
+        loss = m(x[:, :-1], x[:, 1:])[1]
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
+        if op is P.aten_cumsum_tokens:
+            torch._dynamo.reset()
+            ex = torch._dynamo.explain(tiny_model(scheme, block_size=32))(x[:, :-1], x[:, 1:])
+            assert ex.graph_break_count == 0 and ex.graph_count == 1, [str(b.reason)[:200] for b in ex.break_reasons]
+            torch._dynamo.reset()
+    assert torch.equal(grads[0], grads[1])
+
+
 def wall_logits(q, k, g):
     """sum_n q_in k_jn exp(P_in - P_jn) for j <= i, P the prefix sum of g over tokens, per pair in float64."""
     Pd = g.double().cumsum(2)
