@@ -1270,7 +1270,7 @@ def aten_cumsum_tokens(x: torch.Tensor) -> torch.Tensor:
 
 
 @aten_cumsum_tokens.register_fake
-def _(x):
+def _cumsum_tokens_fake(x):
     return x.new_empty(x.shape)
 
 
