@@ -177,7 +177,8 @@ def test_cuda_prefix_sum_op_compiles_in_the_model_as_one_graph(scheme, monkeypat
         m = tiny_model(scheme, block_size=32)
         loss = m(x[:, :-1], x[:, 1:])[1]
         loss.backward()
-        grads.append(torch.cat([loss.detach()[None]] + [p.grad.flatten() for p in m.parameters() if p.grad is not None]))
+        grads.append(torch.cat([loss.detach()[None]] + [p.grad.flatten() for p in m.parameters()
+                                                         if p.grad is not None]))
         if op is P.aten_cumsum_tokens:
             torch._dynamo.reset()
             ex = torch._dynamo.explain(tiny_model(scheme, block_size=32))(x[:, :-1], x[:, 1:])
