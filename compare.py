@@ -5,6 +5,7 @@ with a markdown table and PNG plots.
   python compare.py out-rope out-alibi out-nope --report_dir=report
   python compare.py out-sweep/*                 # what sweep.py runs at the end
   python compare.py --leaderboard=True out-lb out-tasks   # one leaderboard over sweeps' reports, to stdout
+  python compare.py --leaderboard=True --columns=sort,passkey out-tasks   # only these columns, in this order
 
 Reads, in each out_dir, every eval*.json (eval.py / the end of train.py; one per
 rope_scaling variant) and passkey*.json (passkey.py). Writes to report_dir:
@@ -179,15 +180,16 @@ def seed_tables(title, grouped, cols, col_names, get, baseline, digits=3, higher
 
 
 def leaderboard(col_aggs, names, baseline='rope', digits=3, title=None):
-    """Markdown: one row per run, by its place in the first column (then its mean there; runs it lacks last): per
-    column the mean ± sd over seeds, the difference from `baseline` paired by seed with its 95% interval, and the
-    place with ties (stats.rank). col_aggs: [compare_seeds' dict of a column], names: their headers, digits: one
-    for all columns or one per column; n is the first column's ('—' for a run it lacks)."""
+    """Markdown: one row per run, by its place in the first column (then its order in that column's ranking, best
+    first; runs it lacks last): per column the mean ± sd over seeds, the difference from `baseline` paired by seed
+    with its 95% interval, and the place with ties (stats.rank). col_aggs: [compare_seeds' dict of a column], names:
+    their headers, digits: one for all columns or one per column; n is the most seeds any column has for the run
+    (a column with fewer shows no ± sd)."""
     places = [{lab: p for p, lab, _ in a['ranking']} for a in col_aggs]
-    first = col_aggs[0]['runs']
+    order = {lab: i for i, (_, lab, _) in enumerate(col_aggs[0]['ranking'])}
     none = {'n': 0, 'mean': None}
-    labs = sorted(dict.fromkeys(lab for a in col_aggs for lab in a['runs']), key=lambda lab: (
-        places[0].get(lab, math.inf), first.get(lab, none)['n'] == 0, first.get(lab, none)['mean'] or 0))
+    labs = sorted(dict.fromkeys(lab for a in col_aggs for lab in a['runs']),
+                  key=lambda lab: (places[0].get(lab, math.inf), order.get(lab, math.inf)))
     digits = digits if isinstance(digits, list) else [digits] * len(col_aggs)
 
     def spread(s, d):
@@ -195,7 +197,7 @@ def leaderboard(col_aggs, names, baseline='rope', digits=3, title=None):
     header = ['run', 'n'] + [h for n in names for h in (n, f"− {baseline}", 'place')]
     rows = []
     for lab in labs:
-        row = [lab, str(first[lab]['n']) if lab in first else '—']
+        row = [lab, str(max(a['runs'].get(lab, none)['n'] for a in col_aggs))]
         for a, pl, d in zip(col_aggs, places, digits):
             p = a.get('paired_vs_' + baseline, {}).get(lab)
             row += [spread(a['runs'].get(lab, none), d), '0' if lab == baseline else paired_cell(p, d) if p else '—',
@@ -207,10 +209,11 @@ def leaderboard(col_aggs, names, baseline='rope', digits=3, title=None):
             + _table(header, rows) + '\n')
 
 
-def sweeps_leaderboard(folders, baseline='rope'):
+def sweeps_leaderboard(folders, baseline='rope', columns=''):
     """One leaderboard over several sweeps, from each folder's report/aggregate.json: an LM sweep's loss at its
     longest length and at L (non-overlapping windows), a task sweep's exact match past N per task; rows by place
-    at the first column. A run a sweep lacks gets '—' in its columns."""
+    at the first column. A run a sweep lacks gets '—' in its columns. columns: 'a,b' keeps those columns, in that
+    order, each named by its header's first word ('16L', '1L', a task's name)."""
     cols = []  # (column, header, digits)
     for d in folders:
         path = os.path.join(d, 'report', 'aggregate.json')
@@ -223,6 +226,13 @@ def sweeps_leaderboard(folders, baseline='rope'):
         cols += [(col, f"{task} past N", 2) for task, col in agg.get('exact_ood', {}).items()]
     if not cols:
         raise ValueError(f"no LM loss or task columns in {', '.join(folders)}")
+    if columns:
+        by = {name.split()[0]: (c, name, d) for c, name, d in cols}
+        wrong = [k for k in columns.split(',') if k not in by]
+        if wrong:
+            raise ValueError(f"--columns: no column {', '.join(wrong)} in {', '.join(folders)}; "
+                             f"these exist: {','.join(by)}")
+        cols = [by[k] for k in columns.split(',')]
     aggs, names, digits = map(list, zip(*cols))
     return leaderboard(aggs, names, baseline, digits, title='Leaderboard: ' + ', '.join(names))
 
@@ -625,14 +635,15 @@ def atomic_text(text, path):
 
 def main(argv):
     from configurator import options
-    o = options(dict(report_dir='report', runs=[], baseline='rope', leaderboard=False), argv, positional='runs')
+    o = options(dict(report_dir='report', runs=[], baseline='rope', leaderboard=False, columns=''), argv,
+                positional='runs')
     missing = [d for d in o.runs if not os.path.isdir(d)]
     if missing or not o.runs:
         sys.exit(f"not a run directory: {', '.join(missing)}" if missing else "usage: python compare.py OUT_DIR "
                  "[OUT_DIR ...] [--report_dir=DIR] [--baseline=rope]  (no out_dir given)")
     try:
         if o.leaderboard:  # the folders are sweeps' --out folders, each with its report
-            print(sweeps_leaderboard(o.runs, o.baseline), end='')
+            print(sweeps_leaderboard(o.runs, o.baseline, o.columns), end='')
         else:  # (a damaged eval.json is named by the report)
             found = [r for r in (load_json(os.path.join(d, 'eval.json')) for d in o.runs) if r]
             report = make_task_report if found and all('task' in r for r in found) else make_report

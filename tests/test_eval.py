@@ -367,7 +367,8 @@ def test_compare_over_seeds_cells_paired_intervals_ties_and_aggregate(tmp_path):
 def test_leaderboard_over_sweeps_joins_lm_and_task_columns(tmp_path, capsys):
     """compare.py --leaderboard=True over an LM sweep's and a task sweep's folders: one row per run, by place at
     the longest length, then by mean; loss columns at the longest length and at L (3 digits), exact match past N
-    per task (2 digits); a run one sweep lacks has '—' there; a folder without a report is one line naming it."""
+    per task (2 digits); a run one sweep lacks has '—' there, n is its most seeds in any column; a folder without a
+    report is one line naming it."""
     import compare
 
     def col(runs, paired, ranking):
@@ -393,7 +394,16 @@ def test_leaderboard_over_sweeps_joins_lm_and_task_columns(tmp_path, capsys):
     assert ("| alibi | 3 | 1.688 ± 0.003 | -1.160 [-1.630, -0.690] * | 1 | 1.707 ± 0.004 | +0.052 [+0.030, +0.074] * "
             "| 2 | 0.60 ± 0.10 | +0.20 [-3.00, +3.40] | 1 |\n"
             "| rope | 3 | 2.848 ± 0.191 | 0 | 2 | 1.655 ± 0.010 | 0 | 1 | 0.41 ± 0.15 | 0 | 2 |\n"
-            "| none | — | — | — | — | — | — | — | 0.88 ± 0.15 | +0.47 [+0.10, +0.85] * | 1 |\n") in md
+            "| none | 3 | — | — | — | — | — | — | 0.88 ± 0.15 | +0.47 [+0.10, +0.85] * | 1 |\n") in md
+    # --columns keeps the named columns in its order; a name that is not a column is one line naming those that are
+    compare.main(['--leaderboard=True', '--columns=passkey,16L', str(tmp_path / 'lm'), str(tmp_path / 'tasks')])
+    md = capsys.readouterr().out
+    assert ('| run | n | passkey past N | − rope | place | 16L | − rope | place |\n'
+            '|---|---|---|---|---|---|---|---|\n| none | 3 | 0.88 ± 0.15 | +0.47 [+0.10, +0.85] * | 1 | — | — | — |\n') in md
+    with pytest.raises(SystemExit) as e:
+        compare.main(['--leaderboard=True', '--columns=sort,16L', str(tmp_path / 'lm'), str(tmp_path / 'tasks')])
+    assert str(e.value) == (f"--columns: no column sort in {tmp_path / 'lm'}, {tmp_path / 'tasks'}; these exist: "
+                            "16L,1L,passkey")
     with pytest.raises(SystemExit) as e:
         compare.main(['--leaderboard=True', str(tmp_path / 'lm'), str(tmp_path)])
     assert str(e.value) == (f"{tmp_path / 'report' / 'aggregate.json'}: missing or not a JSON object; run the sweep "
