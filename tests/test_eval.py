@@ -559,3 +559,18 @@ def test_committed_results_rebuild_their_reports(agg_path, tmp_path):
     report(runs, str(tmp_path))
     assert json.load(open(tmp_path / 'aggregate.json')) == json.load(open(agg_path)), \
         f"{agg_path} does not match its runs: rebuild it with compare.py over them"
+
+
+def test_readme_leaderboards_are_what_compare_prints_from_results(capsys, monkeypatch):
+    """Each `python compare.py --leaderboard=True ...` command the README gives runs on the committed results/ and
+    prints the table the README shows under it, row for row: the README's numbers come from the runs in results/."""
+    import compare
+    root = os.path.dirname(RESULTS)
+    readme = open(os.path.join(root, 'README.md'), encoding='utf-8').read()
+    commands = re.findall(r'^python compare\.py (--leaderboard=True .*?)\s*(?:#.*)?$', readme, re.M)
+    assert commands, 'the README gives no leaderboard command'
+    monkeypatch.chdir(root)
+    for cmd in commands:
+        compare.main(cmd.split())
+        table = '\n'.join(line for line in capsys.readouterr().out.splitlines() if line.startswith('|'))
+        assert table.count('\n') > 2 and table in readme, f"README's table for `{cmd}` differs from what it prints"
