@@ -24,7 +24,8 @@ trained from scratch, exact match by length up to 4x the training sizes, heat ma
 
 Sweep options (the rest go to train.py):
   --out=DIR           where runs go (default out-sweep, or out-sweep-gpu with --gpu)
-  --schemes=a,b       default: every scheme in positional.REGISTRY
+  --schemes=a,b       'all': every scheme in positional.REGISTRY (the default, but for the task suite's six
+                      and with --presets, where only the presets run)
   --scalings=a,b      run-time methods evaluated on rope (default: all of SCALINGS: the
                       rope_scaling types at factor s, and fixed recipes for yarn without
                       mscale, longrope, Self-Extend, ReRoPE, leaky ReRoPE, STRING; see scaling_dicts)
@@ -354,7 +355,7 @@ def main(argv):
                  "with --out")
     out = os.path.abspath(sweep['out'] or ('out-sweep-gpu' if sweep['gpu'] else 'out-sweep'))
     presets = preset_args(PRESETS if sweep['presets'] == 'default' else [p for p in sweep['presets'].split(',') if p])
-    schemes = sweep['schemes'].split(',') if sweep['schemes'] else [] if presets else sorted(positional.REGISTRY)
+    schemes = scheme_list(sweep['schemes'] or ('' if presets else 'all'))
     bad = [s for s in schemes if s not in positional.REGISTRY]
     if bad:
         sys.exit(f"unknown scheme(s) {bad}; registered: {', '.join(sorted(positional.REGISTRY))}")
@@ -458,6 +459,11 @@ def main(argv):
     return 1 if failed else 0
 
 
+def scheme_list(value):
+    """--schemes: 'a,b', or 'all' for every registered scheme."""
+    return sorted(positional.REGISTRY) if value == 'all' else [s for s in value.split(',') if s]
+
+
 def task_suite(sweep, train_args, argv):
     """Train every task x scheme (x randomized positions for some schemes) from scratch, `workers`
     runs at a time (one thread each: tiny models gain nothing from a second thread), resumable as
@@ -467,7 +473,7 @@ def task_suite(sweep, train_args, argv):
     names = names.split(',')
     presets = preset_args(PRESETS if sweep['presets'] == 'default' else [p for p in sweep['presets'].split(',') if p],
                           task=True)
-    schemes = [s for s in (sweep['schemes'] or ('' if presets else TASK_SUITE['schemes'])).split(',') if s]
+    schemes = scheme_list(sweep['schemes'] or ('' if presets else TASK_SUITE['schemes']))
     bad = [t for t in names if t not in tasks.TASKS] + [s for s in schemes if s not in positional.REGISTRY]
     if bad:
         sys.exit(f"unknown task(s)/scheme(s) {bad}; tasks: {', '.join(tasks.TASKS)}; schemes: "

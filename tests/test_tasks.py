@@ -361,6 +361,26 @@ def test_task_suite_end_to_end_resumes(tmp_path):
     assert r.returncode == 0 and 'exact match' not in r.stdout, r.stdout[-2000:]
 
 
+def test_schemes_all_plans_every_registered_scheme(tmp_path):
+    """--schemes=all: every scheme in the registry, for the task suite as for language modelling; over a folder
+    whose runs are all finished the sweep trains nothing and reports every scheme."""
+    import positional
+    out = tmp_path / 'suite'
+    for s in positional.REGISTRY:
+        (out / 'copy' / f'{s}-s1337').mkdir(parents=True)
+        bins = [{'lo': 1, 'hi': 4, 'exact': 1.0, 'token_acc': 1.0, 'rows': 8}]
+        (out / 'copy' / f'{s}-s1337' / 'eval.json').write_text(json.dumps(
+            {'task': 'copy', 'scheme': s, 'seed': 1337, 'N': 4, 'iter': 4, 'exact_id': 1.0, 'exact_ood': 0.5,
+             'bins': bins}))
+    r = _run(['sweep.py', '--tasks=copy', '--schemes=all', '--randomized=', f'--out={out}', '--max_iters=4',
+              '--wandb_log=False'])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    n = len(positional.REGISTRY)
+    assert f'1 tasks x {n} schemes' in r.stdout and f'task suite: {n} runs ({n} x 1 seed(s): 1337), 0 to do' in r.stdout
+    md = open(out / 'report' / 'report.md').read()
+    assert all(f'\n| {s} |' in md for s in positional.REGISTRY)
+
+
 class ZeroReader(torch.nn.Module):
     """A stub task model: every position predicts the digit '0' (flip-flop: a read is right when its bit is 0)."""
 
