@@ -5,7 +5,7 @@ with a markdown table and PNG plots.
   python compare.py out-rope out-alibi out-nope --report_dir=report
   python compare.py out-sweep/*                 # what sweep.py runs at the end
   python compare.py --leaderboard=True out-lb out-tasks   # one leaderboard over sweeps' reports, to stdout
-  python compare.py --leaderboard=True --columns=sort,passkey out-tasks   # only these columns, in this order
+  python compare.py --leaderboard=True --columns=2L,sliding16L,sort out-lb out-tasks   # these columns, in order
 
 Reads, in each out_dir, every eval*.json (eval.py / the end of train.py; one per
 rope_scaling variant) and passkey*.json (passkey.py). Writes to report_dir:
@@ -210,30 +210,30 @@ def leaderboard(col_aggs, names, baseline='rope', digits=3, title=None):
 
 
 def sweeps_leaderboard(folders, baseline='rope', columns=''):
-    """One leaderboard over several sweeps, from each folder's report/aggregate.json: an LM sweep's loss at its
-    longest length and at L (non-overlapping windows), a task sweep's exact match past N per task; rows by place
-    at the first column. A run a sweep lacks gets '—' in its columns. columns: 'a,b' keeps those columns, in that
-    order, each named by its header's first word ('16L', '1L', a task's name)."""
-    cols = []  # (column, header, digits)
+    """One leaderboard over several sweeps, from each folder's report/aggregate.json; rows by place at the first
+    column, a run a sweep lacks gets '—' in its columns. By default an LM sweep's loss at its longest length and at
+    L (non-overlapping windows) and a task sweep's exact match past N per task. columns: 'a,b' picks columns in
+    that order by key: 'NL' (non-overlapping loss at N × L), 'slidingNL' (sliding windows), a task's name."""
+    cols, default = {}, []  # key: (column, header, digits)
     for d in folders:
         path = os.path.join(d, 'report', 'aggregate.json')
         agg, why = read_json(path)
         if not isinstance(agg, dict):
             raise ValueError(f"{path}: {why or 'missing or not a JSON object'}; run the sweep (or compare.py) on "
                              f"{d} first")
+        for key, pre in (('nonoverlap', ''), ('sliding', 'sliding ')):
+            cols.update({f"{pre.strip()}{m}L": (c, f"{pre}{m}L", 3) for m, c in agg.get(key, {}).items()})
         mults = sorted(agg.get('nonoverlap', {}), key=float)
-        cols += [(agg['nonoverlap'][m], f"{m}L", 3) for m in dict.fromkeys(mults[-1:] + mults[:1])]
-        cols += [(col, f"{task} past N", 2) for task, col in agg.get('exact_ood', {}).items()]
+        default += [f"{m}L" for m in dict.fromkeys(mults[-1:] + mults[:1])] + list(agg.get('exact_ood', {}))
+        cols.update({task: (c, f"{task} past N", 2) for task, c in agg.get('exact_ood', {}).items()})
     if not cols:
         raise ValueError(f"no LM loss or task columns in {', '.join(folders)}")
-    if columns:
-        by = {name.split()[0]: (c, name, d) for c, name, d in cols}
-        wrong = [k for k in columns.split(',') if k not in by]
-        if wrong:
-            raise ValueError(f"--columns: no column {', '.join(wrong)} in {', '.join(folders)}; "
-                             f"these exist: {','.join(by)}")
-        cols = [by[k] for k in columns.split(',')]
-    aggs, names, digits = map(list, zip(*cols))
+    keys = columns.split(',') if columns else default
+    wrong = [k for k in keys if k not in cols]
+    if wrong:
+        raise ValueError(f"--columns: no column {', '.join(wrong)} in {', '.join(folders)}; these exist: "
+                         f"{','.join(cols)}")
+    aggs, names, digits = map(list, zip(*(cols[k] for k in keys)))
     return leaderboard(aggs, names, baseline, digits, title='Leaderboard: ' + ', '.join(names))
 
 
