@@ -399,7 +399,8 @@ def test_leaderboard_over_sweeps_joins_lm_and_task_columns(tmp_path, capsys):
     compare.main(['--leaderboard=True', '--columns=passkey,16L', str(tmp_path / 'lm'), str(tmp_path / 'tasks')])
     md = capsys.readouterr().out
     assert ('| run | n | passkey past N | − rope | place | 16L | − rope | place |\n'
-            + '|---|---|---|---|---|---|---|---|\n| none | 3 | 0.88 ± 0.15 | +0.47 [+0.10, +0.85] * | 1 | — | — | — |\n') in md
+            '|---|---|---|---|---|---|---|---|\n'
+            '| none | 3 | 0.88 ± 0.15 | +0.47 [+0.10, +0.85] * | 1 | — | — | — |\n') in md
     with pytest.raises(SystemExit) as e:
         compare.main(['--leaderboard=True', '--columns=sort,16L', str(tmp_path / 'lm'), str(tmp_path / 'tasks')])
     assert str(e.value) == (f"--columns: no column sort in {tmp_path / 'lm'}, {tmp_path / 'tasks'}; these exist: "
