@@ -565,15 +565,18 @@ def test_committed_results_rebuild_their_reports(agg_path, tmp_path):
 
 
 def test_readme_leaderboards_are_what_compare_prints_from_results(capsys, monkeypatch):
-    """Each `python compare.py --leaderboard=True ...` command the README gives runs on the committed results/ and
-    prints the table the README shows under it, row for row: the README's numbers come from the runs in results/."""
+    """Each `python compare.py --leaderboard=True ...` command line the README and docs/ give runs on the committed
+    results/ and prints the table the page shows under it, row for row: their numbers come from the runs in
+    results/."""
     import compare
     root = os.path.dirname(RESULTS)
-    readme = open(os.path.join(root, 'README.md'), encoding='utf-8').read()
-    commands = re.findall(r'^python compare\.py (--leaderboard=True .*?)\s*(?:#.*)?$', readme, re.M)
-    assert commands, 'the README gives no leaderboard command'
     monkeypatch.chdir(root)
-    for cmd in commands:
-        compare.main(cmd.split())
-        table = '\n'.join(line for line in capsys.readouterr().out.splitlines() if line.startswith('|'))
-        assert table.count('\n') > 2 and table in readme, f"README's table for `{cmd}` differs from what it prints"
+    pages = {p: open(p, encoding='utf-8').read() for p in ['README.md'] + sorted(glob.glob('docs/*.md'))}
+    line = re.compile(r'^python compare\.py (--leaderboard=True .*?)\s*(?:#.*)?$', re.M)
+    found = {p: line.findall(t) for p, t in pages.items()}
+    assert found['README.md'], 'the README gives no leaderboard command'
+    for page, commands in found.items():
+        for cmd in commands:
+            compare.main(cmd.split())
+            table = '\n'.join(line for line in capsys.readouterr().out.splitlines() if line.startswith('|'))
+            assert table.count('\n') > 2 and table in pages[page], f"{page}: the table of `{cmd}` is not what it prints"
