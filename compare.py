@@ -213,7 +213,8 @@ def sweeps_leaderboard(folders, baseline='rope', columns=''):
     """One leaderboard over several sweeps, from each folder's report/aggregate.json; rows by place at the first
     column, a run a sweep lacks gets '—' in its columns. By default an LM sweep's loss at its longest length and at
     L (non-overlapping windows) and a task sweep's exact match past N per task. columns: 'a,b' picks columns in
-    that order by key: 'NL' (non-overlapping loss at N × L), 'slidingNL' (sliding windows), a task's name."""
+    that order by key: 'NL' (non-overlapping loss at N × L), 'slidingNL' (sliding windows), a task's name; a key
+    a folder shares with an earlier one is 'KEY@FOLDER' (its base name)."""
     cols, default = {}, []  # key: (column, header, digits)
     for d in folders:
         path = os.path.join(d, 'report', 'aggregate.json')
@@ -221,11 +222,15 @@ def sweeps_leaderboard(folders, baseline='rope', columns=''):
         if not isinstance(agg, dict):
             raise ValueError(f"{path}: {why or 'missing or not a JSON object'}; run the sweep (or compare.py) on "
                              f"{d} first")
-        for key, pre in (('nonoverlap', ''), ('sliding', 'sliding ')):
-            cols.update({f"{pre.strip()}{m}L": (c, f"{pre}{m}L", 3) for m, c in agg.get(key, {}).items()})
+        own = {f"{pre.strip()}{m}L": (c, f"{pre}{m}L", 3) for key, pre in (('nonoverlap', ''), ('sliding', 'sliding '))
+               for m, c in agg.get(key, {}).items()}
+        own.update({task: (c, f"{task} past N", 2) for task, c in agg.get('exact_ood', {}).items()})
         mults = sorted(agg.get('nonoverlap', {}), key=float)
-        default += [f"{m}L" for m in dict.fromkeys(mults[-1:] + mults[:1])] + list(agg.get('exact_ood', {}))
-        cols.update({task: (c, f"{task} past N", 2) for task, c in agg.get('exact_ood', {}).items()})
+        keys = [f"{m}L" for m in dict.fromkeys(mults[-1:] + mults[:1])] + list(agg.get('exact_ood', {}))
+        tag = {k: k if k not in cols else f"{k}@{os.path.basename(os.path.normpath(d))}" for k in own}  # a 2nd sweep
+        cols.update({tag[k]: (c, name + ('' if tag[k] == k else f" ({tag[k].split('@')[1]})"), dg)
+                     for k, (c, name, dg) in own.items()})
+        default += [tag[k] for k in keys]
     if not cols:
         raise ValueError(f"no LM loss or task columns in {', '.join(folders)}")
     keys = columns.split(',') if columns else default

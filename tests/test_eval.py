@@ -407,6 +407,15 @@ def test_leaderboard_over_sweeps_joins_lm_and_task_columns(tmp_path, capsys):
                             "1L,16L,2L,passkey")
     compare.main(['--leaderboard=True', '--columns=2L', str(tmp_path / 'lm')])  # any length, not only the ends
     assert '| rope | 3 | 1.833 ± 0.050 | 0 | 1 |' in capsys.readouterr().out
+    # a second sweep with the same task keeps its own column, named after its folder
+    (tmp_path / 'more' / 'report').mkdir(parents=True)
+    (tmp_path / 'more' / 'report' / 'aggregate.json').write_text(json.dumps(
+        {'exact_ood': {'passkey': col({'rope': (1, 0.9, 0)}, {}, [[1, 'rope', 0.9]])}}))
+    compare.main(['--leaderboard=True', str(tmp_path / 'tasks'), str(tmp_path / 'more')])
+    assert '| run | n | passkey past N | − rope | place | passkey past N (more) | − rope | place |\n' in \
+        capsys.readouterr().out
+    compare.main(['--leaderboard=True', '--columns=passkey@more', str(tmp_path / 'tasks'), str(tmp_path / 'more')])
+    assert '| rope | 1 | 0.90 | 0 | 1 |' in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
         compare.main(['--leaderboard=True', str(tmp_path / 'lm'), str(tmp_path)])
     assert str(e.value) == (f"{tmp_path / 'report' / 'aggregate.json'}: missing or not a JSON object; run the sweep "
