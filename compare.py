@@ -227,8 +227,9 @@ def sweeps_leaderboard(folders, baseline='rope', columns=''):
         own.update({task: (c, f"{task} past N", 2) for task, c in agg.get('exact_ood', {}).items()})
         mults = sorted(agg.get('nonoverlap', {}), key=float)
         keys = [f"{m}L" for m in dict.fromkeys(mults[-1:] + mults[:1])] + list(agg.get('exact_ood', {}))
-        tag = {k: k if k not in cols else f"{k}@{os.path.basename(os.path.normpath(d))}" for k in own}  # a 2nd sweep
-        cols.update({tag[k]: (c, name + ('' if tag[k] == k else f" ({tag[k].split('@')[1]})"), dg)
+        folder = os.path.basename(os.path.normpath(d))
+        tag = {k: k if k not in cols else f"{k}@{folder}" for k in own}  # a column an earlier sweep has too
+        cols.update({tag[k]: (c, name if tag[k] == k else f"{name} ({folder})", dg)
                      for k, (c, name, dg) in own.items()})
         default += [tag[k] for k in keys]
     if not cols:

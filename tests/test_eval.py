@@ -366,9 +366,9 @@ def test_compare_over_seeds_cells_paired_intervals_ties_and_aggregate(tmp_path):
 
 def test_leaderboard_over_sweeps_joins_lm_and_task_columns(tmp_path, capsys):
     """compare.py --leaderboard=True over an LM sweep's and a task sweep's folders: one row per run, by place at
-    the longest length, then by mean; loss columns at the longest length and at L (3 digits), exact match past N
-    per task (2 digits); a run one sweep lacks has '—' there, n is its most seeds in any column; a folder without a
-    report is one line naming it."""
+    the longest length, then by that column's ranking; loss columns at the longest length and at L (3 digits),
+    exact match past N per task (2 digits); a run one sweep lacks has '—' there, n is its most seeds in any column;
+    a folder without a report is one line naming it."""
     import compare
 
     def col(runs, paired, ranking):
@@ -581,8 +581,8 @@ def test_readme_leaderboards_are_what_compare_prints_from_results(capsys, monkey
     root = os.path.dirname(RESULTS)
     monkeypatch.chdir(root)
     pages = {p: open(p, encoding='utf-8').read() for p in ['README.md'] + sorted(glob.glob('docs/*.md'))}
-    line = re.compile(r'^python compare\.py (--leaderboard=True .*?)\s*(?:#.*)?$', re.M)
-    found = {p: line.findall(t) for p, t in pages.items()}
+    command = re.compile(r'^python compare\.py (--leaderboard=True .*?)\s*(?:#.*)?$', re.M)
+    found = {p: command.findall(t) for p, t in pages.items()}
     assert found['README.md'], 'the README gives no leaderboard command'
     for page, commands in found.items():
         for cmd in commands:

@@ -366,9 +366,9 @@ def test_schemes_all_plans_every_registered_scheme(tmp_path):
     whose runs are all finished the sweep trains nothing and reports every scheme."""
     import positional
     out = tmp_path / 'suite'
+    bins = [{'lo': 1, 'hi': 4, 'exact': 1.0, 'token_acc': 1.0, 'rows': 8}]
     for s in positional.REGISTRY:
         (out / 'copy' / f'{s}-s1337').mkdir(parents=True)
-        bins = [{'lo': 1, 'hi': 4, 'exact': 1.0, 'token_acc': 1.0, 'rows': 8}]
         (out / 'copy' / f'{s}-s1337' / 'eval.json').write_text(json.dumps(
             {'task': 'copy', 'scheme': s, 'seed': 1337, 'N': 4, 'iter': 4, 'exact_id': 1.0, 'exact_ood': 0.5,
              'bins': bins}))
