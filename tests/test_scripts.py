@@ -87,8 +87,8 @@ def test_smoke_timing_reads_the_runs_own_eval_json(tmp_path):
 
 def test_gpu_check_trains_each_model_and_can_leave_it_uncompiled(tmp_path, monkeypatch):
     """gpu_check's training check learns its repeated batch (the last step's loss below the first's), with sink
-    logits and windows too (the gpt_oss preset), and --compile=False keeps the model out
-    of torch.compile, so a lent GPU can tell the compiled graph's fault from the kernel's."""
+    logits and windows too (the gpt_oss preset), and --compile=False keeps the model out of torch.compile, so a
+    lent GPU can tell the compiled graph's fault from the kernel's."""
     import json
     import gpu_check
 
