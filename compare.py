@@ -492,9 +492,10 @@ def make_report(dirs, report_dir, title='nanoPE comparison', notes='', baseline=
 
 
 def task_label(res):
-    """'rope', or 'rope +randomized' for a run trained with a position trick."""
+    """The run's name ('rope', or a preset's such as 'gemma3-full'), with ' +randomized' for a run trained with a
+    position trick."""
     pos = res.get('train_positions', 'plain')
-    return res['scheme'] + ('' if pos == 'plain' else f" +{pos}")
+    return (res.get('name') or res['scheme']) + ('' if pos == 'plain' else f" +{pos}")
 
 
 # a task result's own numbers; a test split's result (eval.json 'splits') replaces them

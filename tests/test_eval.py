@@ -544,6 +544,28 @@ def test_task_report_over_seeds_pairs_each_task_by_seed(tmp_path):
     assert agg['copy']['paired_vs_rope']['alibi']['diff'] == pytest.approx(0.21667, abs=1e-4)
 
 
+def test_task_report_groups_a_presets_seeds_by_its_name(tmp_path):
+    """A preset runs the rope scheme under its own name (eval.json 'name', as train.py writes it): its seeds form
+    one row of n = 3, paired by seed with rope's, not three rows labelled by folder."""
+    import compare
+    ood = {('rope', 'rope'): [0.5, 0.6, 0.7], ('rope', 'gemma3'): [0.7, 0.7, 0.9]}  # gemma3 - rope: .2 .1 .2
+    dirs = []
+    for (scheme, name), vals in ood.items():
+        for seed, v in zip((1, 2, 3), vals):
+            d = tmp_path / 'sort' / f'{name}-s{seed}'
+            d.mkdir(parents=True)
+            bins = [{'lo': 1, 'hi': 4, 'exact': 1.0, 'token_acc': 1.0, 'rows': 8},
+                    {'lo': 5, 'hi': 16, 'exact': v, 'token_acc': v, 'rows': 8}]
+            (d / 'eval.json').write_text(json.dumps({'task': 'sort', 'scheme': scheme, 'name': name, 'seed': seed,
+                                                     'N': 4, 'iter': 10, 'exact_id': 1.0, 'exact_ood': v,
+                                                     'bins': bins}))
+            dirs.append(str(d))
+    md = open(compare.make_task_report(dirs, str(tmp_path / 'report'))).read()
+    assert '| gemma3 | 3 | 0.77 ± 0.12 (0.70–0.90) |' in md and '| rope | 3 | 0.60 ± 0.10 (0.50–0.70) |' in md
+    half = 4.302653 * (0.057735 / math.sqrt(3))  # d = .2, .1, .2: mean .16667, sd .057735
+    assert f"| gemma3 | +0.17 [{0.16667 - half:+.2f}, {0.16667 + half:+.2f}] * |" in md
+
+
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'results')
 COMMITTED = sorted(glob.glob(os.path.join(RESULTS, '*', 'report', 'aggregate.json')))
 
