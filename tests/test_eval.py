@@ -517,6 +517,23 @@ def test_compare_keeps_runs_apart_that_are_not_seeds_of_one_setting(tmp_path):
     assert '| rope (long) | 1 | 1.500 |' in md and '| rope (short) | 1 | 2.500 |' in md
 
 
+def write_task_runs(root, runs):
+    """{(task, scheme, name): exact match past N at seeds 1, 2, 3} -> run folders root/task/name-sSEED, each with
+    an eval.json as train.py writes it for a task run (N = 4: all right in 1..4, the given value in 5..16)."""
+    dirs = []
+    for (task, scheme, name), vals in runs.items():
+        for seed, v in zip((1, 2, 3), vals):
+            d = root / task / f'{name}-s{seed}'
+            d.mkdir(parents=True)
+            bins = [{'lo': 1, 'hi': 4, 'exact': 1.0, 'token_acc': 1.0, 'rows': 8},
+                    {'lo': 5, 'hi': 16, 'exact': v, 'token_acc': v, 'rows': 8}]
+            (d / 'eval.json').write_text(json.dumps({'task': task, 'scheme': scheme, 'name': name, 'seed': seed,
+                                                     'N': 4, 'iter': 10, 'exact_id': 1.0, 'exact_ood': v,
+                                                     'bins': bins}))
+            dirs.append(str(d))
+    return dirs
+
+
 def test_task_report_over_seeds_pairs_each_task_by_seed(tmp_path):
     """Two tasks x two schemes x three seeds: the beyond-N table has n = 3 per run (not one per
     task and seed), and every task column gets its own paired difference from rope and ranking;
@@ -524,16 +541,7 @@ def test_task_report_over_seeds_pairs_each_task_by_seed(tmp_path):
     import compare
     ood = {('copy', 'rope'): [0.10, 0.20, 0.30], ('copy', 'alibi'): [0.30, 0.45, 0.50],  # alibi - rope: .2 .25 .2
            ('sort', 'rope'): [0.50, 0.60, 0.70], ('sort', 'alibi'): [0.40, 0.70, 0.60]}  # -.1 .1 -.1: a tie
-    dirs = []
-    for (task, scheme), vals in ood.items():
-        for seed, v in zip((1, 2, 3), vals):
-            d = tmp_path / task / f'{scheme}-s{seed}'
-            d.mkdir(parents=True)
-            bins = [{'lo': 1, 'hi': 4, 'exact': 1.0, 'token_acc': 1.0, 'rows': 8},
-                    {'lo': 5, 'hi': 16, 'exact': v, 'token_acc': v, 'rows': 8}]
-            (d / 'eval.json').write_text(json.dumps({'task': task, 'scheme': scheme, 'seed': seed, 'N': 4, 'iter': 10,
-                                                     'exact_id': 1.0, 'exact_ood': v, 'bins': bins}))
-            dirs.append(str(d))
+    dirs = write_task_runs(tmp_path, {(task, scheme, scheme): vals for (task, scheme), vals in ood.items()})
     md = open(compare.make_task_report(dirs, str(tmp_path / 'report'))).read()
     assert '| rope | 3 | 0.20 ± 0.10 (0.10–0.30) | 0.60 ± 0.10 (0.50–0.70) |' in md
     half = 4.302653 * (0.028868 / math.sqrt(3))  # copy: d = .2, .25, .2, mean .21667, sd .028868
@@ -549,17 +557,7 @@ def test_task_report_groups_a_presets_seeds_by_its_name(tmp_path):
     one row of n = 3, paired by seed with rope's, not three rows labelled by folder."""
     import compare
     ood = {('rope', 'rope'): [0.5, 0.6, 0.7], ('rope', 'gemma3'): [0.7, 0.7, 0.9]}  # gemma3 - rope: .2 .1 .2
-    dirs = []
-    for (scheme, name), vals in ood.items():
-        for seed, v in zip((1, 2, 3), vals):
-            d = tmp_path / 'sort' / f'{name}-s{seed}'
-            d.mkdir(parents=True)
-            bins = [{'lo': 1, 'hi': 4, 'exact': 1.0, 'token_acc': 1.0, 'rows': 8},
-                    {'lo': 5, 'hi': 16, 'exact': v, 'token_acc': v, 'rows': 8}]
-            (d / 'eval.json').write_text(json.dumps({'task': 'sort', 'scheme': scheme, 'name': name, 'seed': seed,
-                                                     'N': 4, 'iter': 10, 'exact_id': 1.0, 'exact_ood': v,
-                                                     'bins': bins}))
-            dirs.append(str(d))
+    dirs = write_task_runs(tmp_path, {('sort', scheme, name): vals for (scheme, name), vals in ood.items()})
     md = open(compare.make_task_report(dirs, str(tmp_path / 'report'))).read()
     assert '| gemma3 | 3 | 0.77 ± 0.12 (0.70–0.90) |' in md and '| rope | 3 | 0.60 ± 0.10 (0.50–0.70) |' in md
     half = 4.302653 * (0.057735 / math.sqrt(3))  # d = .2, .1, .2: mean .16667, sd .057735
