@@ -42,6 +42,7 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 # Compiled FlexAttention on CPU cannot return the logsumexp (torch 2.13: "return_lse is
@@ -164,6 +165,11 @@ class Attend:
 
     def __call__(self, q, k, v, mod=None, vmod=None):
         return attend(q, k, v, mod, vmod, self.backend, self.dropout_p, self.mask, self.sinks)
+
+    def logits(self, A, v):
+        """This layer's softmax over logits a scheme computed itself, A [B, H, Tq, Tk] (float32, scaled): the
+        weights times v, with the mask, sink logits, dropout and backend of every other layer."""
+        return attend_logits(A, v, self.backend, self.dropout_p, self.mask, self.sinks)
 
     def visibility(self, Tq, Tk, device, strict=False):
         return self.mask.visibility(Tq, Tk, device, strict)
@@ -347,17 +353,6 @@ def _sdpa(q, k, v, dropout_p, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.visibility(Tq, Tk, q.device), dropout_p=dropout_p)
 
 
-def masked(mod, mask, Tq, Tk):
-    """mod, with -inf for the keys `mask` hides: for a value term that rebuilds logits from the score_mod
-    (Shaw's nearest keys), so that keys outside a window or chunk get no weight there either."""
-    if mod is None or not mask.bounded:
-        return mod
-
-    def inside(score, b, h, i, j):
-        return torch.where(mask.visible(i, j, Tq, Tk), mod(score, b, h, i, j), float('-inf'))
-    return inside
-
-
 def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sinks=None):
     """Attention of the queries over the keys `mask` lets them see, with an optional score bias
     `mod(score, b, h, i, j)`, an optional value term `vmod(lse) -> [B, H, Tq, Dv]` added to the
@@ -388,6 +383,15 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
     if sinks is not None:  # the sink's share of each row's softmax mass carries no value
         y = y * torch.sigmoid(lse.float() - sinks.float()[:, None]).unsqueeze(-1).to(y.dtype)
     return y.to(q.dtype)
+
+
+def attend_logits(A, v, backend='auto', dropout_p=0.0, mask=CAUSAL, sinks=None):
+    """softmax(A) @ v over the keys `mask` lets each query see, for logits A [B, H, Tq, Tk] (float32, scaled)
+    that a scheme computed whole (PaTH, Wall), with attend's sink logits, dropout and query chunks. attend's
+    kernels take a query and keys: they get zero ones, so that q.k = 0 and the logits are A."""
+    B, H, Tq, Tk = A.shape
+    q, k = v.new_zeros(B, H, Tq, v.size(-1)), v.new_zeros(B, H, Tk, v.size(-1))
+    return attend(q, k, v, A, None, backend, dropout_p, mask, sinks)
 
 
 # --- length-dependent logit scaling (attn_scaling), applied on the model's path before attend
@@ -440,3 +444,95 @@ def scale_logits(q, mod, s):
         return score + torch.where(bias == float('-inf'), bias, bias * s[h, i])
     scaled.reads_table = getattr(mod, 'reads_table', False)
     return q, scaled
+
+
+# --- one layer's attention, as its LayerSpec (layers.py) says
+
+
+# sink logits added to trained weights start here: a row whose logsumexp is >= 0 gives them at most
+# e^-16 (1e-7, float32's resolution) of its mass, so the outputs stay as they were, and Adam, whose steps
+# do not shrink with the gradient, still moves them at the learning rate
+SINK_FRESH = -16.0
+# the weights a layer plan adds to a layer's attention (sink_logits, attn_scaling's SSMax, qk_norm): a fine-tune
+# that changes the plan may add or drop them (model.changeable)
+PLAN_WEIGHTS = ('sinks', 'ssmax', 'q_norm.weight', 'k_norm.weight')
+
+
+class CausalSelfAttention(nn.Module):
+    """One layer's attention, as its LayerSpec says: what a query may see (mask), QK-norm, sink
+    logits and logit scaling belong to it; positions to its scheme (pe_layer: its parameters)."""
+
+    def __init__(self, config, spec, pe):
+        super().__init__()
+        self.hd = hd = config.n_embd // config.n_head
+        scheme = pe.at(spec.index)
+        # query, key/value and attention heads: n_head each, unless the scheme says otherwise (RoPE++)
+        self.q_heads, self.kv_heads, self.n_head = scheme.heads()
+        self.c_attn = nn.Linear(config.n_embd, (self.q_heads + 2 * self.kv_heads) * hd, bias=config.bias)
+        self.c_proj = nn.Linear(self.n_head * hd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        self.backend = config.attn_backend
+        self.pe_layer = scheme.new_layer()  # this layer's positional parameters, if any
+        self.mask = Mask(spec.sliding_window, spec.attention_chunk_size)
+        self.scaling = spec.attn_scaling
+        self.ssmax = None  # SSMax's learned per-head scales
+        if self.scaling is not None:
+            if scheme.owns_attention:
+                raise ValueError(f"attn_scaling multiplies the logits of model.py's attention, but {scheme.name} "
+                                 f"computes its attention itself (its `attention` hook) on layer {spec.index}; apply "
+                                 f"attn_scaling to other layers ('layers': 'nope' with nope_layers, or a list) or "
+                                 f"drop it")
+            if self.scaling['type'] == 'ssmax':
+                self.ssmax = nn.Parameter(torch.full((self.n_head,), float(self.scaling['init'])))
+        self.q_norm = self.k_norm = None
+        if spec.qk_norm:  # one norm over each head's dims, its weight (if any) shared by the heads (Qwen3)
+            self.q_norm, self.k_norm = (nn.RMSNorm(hd, eps=1e-6, elementwise_affine=spec.qk_norm == 'weight')
+                                        for _ in range(2))
+        self.sinks = None
+        if spec.sink_logits:
+            if scheme.softmax != 'attend':
+                why = 'has no softmax' if scheme.softmax is None else 'computes its softmax itself'
+                raise ValueError(f"sink_logits add a logit to attention.attend's softmax, but {scheme.name} {why} "
+                                 f"on layer {spec.index}: drop sink_logits there, or use another scheme")
+            self.sinks = nn.Parameter(torch.randn(self.n_head) * 0.02)  # HF gpt-oss's init, N(0, 0.02)
+
+    @torch.no_grad()
+    def start_fresh(self, names):
+        """Of this layer's weights, those a fine-tune adds (names) keep their init, except sink logits, which
+        start at SINK_FRESH, where they change nothing yet."""
+        if 'sinks' in names:
+            self.sinks.fill_(SINK_FRESH)
+
+    def forward(self, x, pe, ctx, cache=None):
+        B, T, C = x.size()
+        # 1. project
+        hd, kv = self.hd, self.kv_heads * self.hd
+        q, k, v = self.c_attn(x).split((self.q_heads * hd, kv, kv), dim=2)
+        q, k, v = (t.view(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hs)
+        # 2. QK-norm, before the positions: the one well-defined place once a scheme changes q and k (xPos, xl)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        # this layer's positions where they depend on its input x (the shared ctx otherwise)
+        ctx = pe.layer_context(x, ctx, self.pe_layer, cache)
+        # 3. positions and the cache, as the cache's mode says (model.LayerKV): keys cached as transform_qk made
+        # them; cached raw and all of them transformed every forward; or appended and rewritten by the scheme
+        mode = cache.mode if cache is not None else 'transformed'
+        if mode == 'transformed':
+            q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
+        if cache is not None and mode != 'scheme':
+            k, v = cache.append(k, v)
+        if mode == 'raw':
+            q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
+        # 4. attention over the keys the mask lets each query see (key 0 is token k0 of the text)
+        mask = self.mask.at(cache.start) if cache is not None else self.mask
+        att = Attend(mask, self.backend, self.dropout if self.training else 0.0, self.sinks)
+        y = pe.attention(q, k, v, x, ctx, self.pe_layer, cache, att)  # a scheme's own attention, or None
+        if y is None:
+            mod = pe.score_mod(q, k, ctx, self.pe_layer)
+            if self.scaling is not None:  # length-dependent attention scaling (attn_scaling)
+                s = logit_scale(self.scaling, self.ssmax, ctx.q_pos, k.size(2), mask)
+                q, mod = scale_logits(q, mod, s)
+            y = att(q, k, v, mod, pe.value_mod(q, k, ctx, self.pe_layer, mod, att))
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * hd)  # (B, T, attention heads x hs)
+        return self.resid_dropout(self.c_proj(y))

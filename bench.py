@@ -39,6 +39,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import layers
 import positional
 import runtime
 from configurator import options, read_config_file
@@ -211,8 +212,7 @@ def model_size(a, preset):
     return size
 
 
-PLAN_KEYS = ('pos_encoding', 'pos_options', 'n_layer', 'layer_types', 'nope_layers', 'layer_options', 'attn_scaling',
-             'sliding_window', 'attention_chunk_size', 'qk_norm', 'sink_logits')
+PLAN_KEYS = ('pos_encoding', 'pos_options', 'n_layer') + layers.PLAN_KEYS
 
 
 def preset_plans(presets):

@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+import layers
 from files import (LinkRefused, atomic_json, atomic_write, open_append,  # noqa: F401 (atomic_json: re-exported)
                    open_no_follow)
 
@@ -250,8 +251,7 @@ def resolve_init(config, explicit, master=True):
 
 # the keys that say where positions enter and how each layer attends: a fine-tune may change them
 # (another scheme, another layer plan; checkpoint.load_shared says what was kept, dropped and started fresh)
-PLAN_KEYS = ('pos_encoding', 'pos_options', 'layer_types', 'nope_layers', 'layer_options', 'sliding_window',
-             'attention_chunk_size', 'qk_norm', 'sink_logits')
+PLAN_KEYS = ('pos_encoding', 'pos_options') + layers.PLAN_KEYS
 
 
 def init_model(ckpt, path, model_args, vocab_size, config, explicit, master=True):

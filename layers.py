@@ -29,12 +29,30 @@ and to every layer when it is not.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from rope_scaling import OPTIONAL, is_number
 
 SLIDING, CHUNKED = ('S', 'sliding_attention'), ('C', 'chunked_attention')
 QK_NORMS = {True: 'weight', 'weight': 'weight', 'weightless': 'weightless'}
+
+
+@dataclass
+class PlanKeys:
+    """The config's per-layer keys and their defaults, declared here once: model.GPTConfig subclasses this,
+    train.py's globals and model_args take these keys, a fine-tune may change them (checkpoint.py), and
+    bench.py's presets are made of them. Each is a value for every layer or {layer index or type: value}."""
+    layer_types: object = None           # the layers' types: a list of n_layer names, or a pattern tiled ('SSSL')
+    nope_layers: object = None           # int k: every k-th layer (k-1, 2k-1, ...) runs NoPE; a list; a type
+    layer_options: dict = None           # {layer: pos_options overrides}, e.g. Gemma 3's global base
+    attn_scaling: dict = None            # {'type': 'logn' | 'ssmax' | 'llama4' | 'drope', ...}: logit scaling
+    sliding_window: object = None        # W: a query sees the W most recent keys, its own included (HF)
+    attention_chunk_size: object = None  # C: a query sees the earlier keys of its own chunk of C tokens (Llama 4)
+    qk_norm: object = None               # True / 'weight' | 'weightless': RMSNorm of q and k per head
+    sink_logits: object = None           # True: a learned logit per head in every row's softmax denominator
+
+
+PLAN_KEYS = tuple(f.name for f in fields(PlanKeys))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import stack
 
 
 @dataclass
-class GPTConfig:
+class GPTConfig(layers.PlanKeys):  # the layer plan's per-layer keys (layer_types, sliding_window, ...): layers.py
     block_size: int = 256          # training context length L
     vocab_size: int = 50304
     vocab_multiple: int = 1        # pad embedding/lm_head rows to a multiple (64 for GPT-2 BPE); never scored
@@ -33,15 +33,6 @@ class GPTConfig:
     pos_encoding: str = 'rope'     # a key of positional.REGISTRY
     pos_options: dict = field(default_factory=dict)  # kwargs for that scheme
     rope_scaling: dict = None      # run-time RoPE context extension (overrides pos_options)
-    # the layer plan (layers.py): each key is a value for every layer, or {layer index or type: value}
-    layer_types: object = None     # the layers' types: a list of n_layer names, or a pattern tiled ('SSSL')
-    nope_layers: object = None     # int k: every k-th layer (k-1, 2k-1, ...) runs NoPE; a list; a type
-    layer_options: dict = None     # {layer: pos_options overrides}, e.g. Gemma 3's global base
-    attn_scaling: dict = None      # {'type': 'logn'|'ssmax'|'llama4', ...}: length-dependent logit scaling
-    sliding_window: object = None  # W: a query sees the W most recent keys, its own included
-    attention_chunk_size: object = None  # C: a query sees the earlier keys of its chunk of C tokens
-    qk_norm: object = None         # True / 'weight' | 'weightless': RMSNorm of q and k per head
-    sink_logits: object = False    # a learned logit per head in every row's softmax denominator
     attn_backend: str = 'auto'     # 'auto' | 'flex' | 'dense' (for schemes that bias scores)
 
 
@@ -56,93 +47,9 @@ def is_positional(name):
 
 def changeable(name):
     """True for a weight that a change of scheme (pos_encoding, pos_options) or of the layer plan may
-    add or drop in a fine-tune: a positional one, or a layer's attention extras (sink logits, SSMax
-    scales, QK-norm weights)."""
-    return is_positional(name) or name.endswith(('.attn.sinks', '.attn.ssmax', '.attn.q_norm.weight',
-                                                  '.attn.k_norm.weight'))
-
-
-# sink logits added to trained weights start here: a row whose logsumexp is >= 0 gives them at most
-# e^-16 (1e-7, float32's resolution) of its mass, so the outputs stay as they were, and Adam, whose steps
-# do not shrink with the gradient, still moves them at the learning rate
-SINK_FRESH = -16.0
-
-
-class CausalSelfAttention(nn.Module):
-    """One layer's attention, as its LayerSpec says: what a query may see (mask), QK-norm, sink
-    logits and logit scaling belong to it; positions to its scheme (pe_layer: its parameters)."""
-
-    def __init__(self, config, spec, pe):
-        super().__init__()
-        self.hd = hd = config.n_embd // config.n_head
-        scheme = pe.at(spec.index)
-        # query, key/value and attention heads: n_head each, unless the scheme says otherwise (RoPE++)
-        self.q_heads, self.kv_heads, self.n_head = scheme.heads()
-        self.c_attn = nn.Linear(config.n_embd, (self.q_heads + 2 * self.kv_heads) * hd, bias=config.bias)
-        self.c_proj = nn.Linear(self.n_head * hd, config.n_embd, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
-        self.dropout = config.dropout
-        self.backend = config.attn_backend
-        self.pe_layer = scheme.new_layer()  # this layer's positional parameters, if any
-        self.mask = attention.Mask(spec.sliding_window, spec.attention_chunk_size)
-        self.scaling = spec.attn_scaling
-        self.ssmax = None  # SSMax's learned per-head scales
-        if self.scaling is not None:
-            if scheme.owns_attention:
-                raise ValueError(f"attn_scaling multiplies the logits of model.py's attention, but {scheme.name} "
-                                 f"computes its attention itself (its `attention` hook) on layer {spec.index}; apply "
-                                 f"attn_scaling to other layers ('layers': 'nope' with nope_layers, or a list) or "
-                                 f"drop it")
-            if self.scaling['type'] == 'ssmax':
-                self.ssmax = nn.Parameter(torch.full((self.n_head,), float(self.scaling['init'])))
-        self.q_norm = self.k_norm = None
-        if spec.qk_norm:  # one norm over each head's dims, its weight (if any) shared by the heads (Qwen3)
-            self.q_norm, self.k_norm = (nn.RMSNorm(hd, eps=1e-6, elementwise_affine=spec.qk_norm == 'weight')
-                                        for _ in range(2))
-        self.sinks = None
-        if spec.sink_logits:
-            if scheme.softmax != 'attend':
-                why = 'has no softmax' if scheme.softmax is None else 'computes its softmax itself'
-                raise ValueError(f"sink_logits add a logit to attention.attend's softmax, but {scheme.name} {why} "
-                                 f"on layer {spec.index}: drop sink_logits there, or use another scheme")
-            self.sinks = nn.Parameter(torch.randn(self.n_head) * 0.02)  # HF gpt-oss's init, N(0, 0.02)
-
-    def forward(self, x, pe, ctx, cache=None):
-        B, T, C = x.size()
-        # 1. project
-        hd, kv = self.hd, self.kv_heads * self.hd
-        q, k, v = self.c_attn(x).split((self.q_heads * hd, kv, kv), dim=2)
-        q, k, v = (t.view(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hs)
-        # 2. QK-norm, before the positions: the one well-defined place once a scheme changes q and k (xPos, xl)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        # this layer's positions where they depend on its input x (the shared ctx otherwise)
-        ctx = pe.layer_context(x, ctx, self.pe_layer, cache)
-        # 3. positions and the cache: keys are cached as transform_qk made them; or cached raw and all of
-        # them transformed every forward (xPos, a rolling cache); or left to the scheme (cache_keys='scheme')
-        mode = pe.cache_keys
-        if mode == 'transformed' and cache is not None and cache.raw_keys:
-            mode = 'raw'
-        if mode == 'transformed':
-            q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
-        if cache is not None and mode != 'scheme':
-            k, v = cache.append(k, v)
-        if mode == 'raw':
-            q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
-        # 4. attention over the keys the mask lets each query see (key 0 is token k0 of the text)
-        mask = self.mask.at(cache.start) if cache is not None else self.mask
-        attend = attention.Attend(mask, self.backend, self.dropout if self.training else 0.0, self.sinks)
-        y = pe.attention(q, k, v, x, ctx, self.pe_layer, cache, attend)  # a scheme's own attention, or None
-        if y is None:
-            mod = pe.score_mod(q, k, ctx, self.pe_layer)
-            if self.scaling is not None:  # length-dependent attention scaling (attn_scaling)
-                s = attention.logit_scale(self.scaling, self.ssmax, ctx.q_pos, k.size(2), mask)
-                q, mod = attention.scale_logits(q, mod, s)
-            vmod = pe.value_mod(q, k, ctx, self.pe_layer, attention.masked(mod, mask, q.size(2), k.size(2)))
-            y = attend(q, k, v, mod, vmod)
-        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * hd)  # (B, T, attention heads x hs)
-        return self.resid_dropout(self.c_proj(y))
-
+    add or drop in a fine-tune: a positional one, or one of the weights a layer plan adds to a layer's
+    attention (attention.PLAN_WEIGHTS: sink logits, SSMax scales, QK-norm weights)."""
+    return is_positional(name) or name.endswith(tuple('.attn.' + w for w in attention.PLAN_WEIGHTS))
 
 
 class MLP(nn.Module):
@@ -163,7 +70,7 @@ class Block(nn.Module):
     def __init__(self, config, spec, pe):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config, spec, pe)
+        self.attn = attention.CausalSelfAttention(config, spec, pe)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -207,13 +114,11 @@ class GPT(nn.Module):
             if pn.endswith('c_proj.weight'):  # scaled residual projections (GPT-2)
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    @torch.no_grad()
     def start_fresh(self, names):
-        """Weights a fine-tune adds to trained ones (names) keep their init, except sink logits, which
-        start at SINK_FRESH, where they change nothing yet."""
-        for name, p in self.named_parameters():
-            if name in names and name.endswith('.attn.sinks'):
-                p.fill_(SINK_FRESH)
+        """Weights a fine-tune adds to trained ones (names) keep their init, except where a layer's attention
+        starts them where they change nothing yet (sink logits)."""
+        for i, block in enumerate(self.transformer.h):
+            block.attn.start_fresh({n.split('.attn.', 1)[1] for n in names if n.startswith(f'transformer.h.{i}.attn.')})
 
     @staticmethod
     def _init_weights(m):
@@ -303,10 +208,8 @@ class GPT(nn.Module):
                              f"see a sliding window or chunk of the text's tokens (sliding_window, "
                              f"attention_chunk_size), which it cannot tell apart; those layers' caches are bounded "
                              f"already: sample without window=")
-        if window is not None and any(s.cache_keys == 'scheme' for s in self.pe.schemes):
-            raise ValueError(f"{self.pe.name} keeps its own cache of keys (rewritten as tokens arrive), which a "
-                             f"rolling (sink + window) cache cannot re-index: sample without window=")
-        return KVCache(self.config.n_layer, sink=sink, window=window, masks=masks)
+        return KVCache(self.config.n_layer, sink=sink, window=window, masks=masks,
+                       keys=[self.pe.at(i).cache_keys for i in range(self.config.n_layer)], scheme=self.pe.name)
 
     @classmethod
     def from_pretrained(cls, name, **overrides):
@@ -398,8 +301,11 @@ class GPT(nn.Module):
 
 
 class KVCache:
-    """Per-layer keys and values (keys already position-transformed), their positions
-    and the length so far (tokens seen).
+    """Per-layer keys and values, their positions and the length so far (tokens seen).
+    Each layer's cache has a mode (LayerKV.mode), from what its scheme asks (keys=, the schemes'
+    cache_keys) and what this cache can do: 'transformed' (keys kept as transform_qk made them),
+    'raw' (kept raw, and all of them transformed every forward: xPos, ExtendedRoPE, and any
+    scheme in a rolling cache) or 'scheme' (the scheme appends and rewrites them itself: PaTH).
 
     A layer with a sliding window or a chunk (its attention.Mask) keeps only the keys a later
     query can still see: after every forward it drops the keys before the next token's window
@@ -410,17 +316,20 @@ class KVCache:
     authors' StartRecentKVCache, called after each step), so a forward sees at most
     sink + window cached keys plus its own. Positions are places in the cache: the
     keys are 0..n-1 and the new tokens follow, re-indexed every forward, so the cache
-    holds raw keys (raw_keys) and the scheme transforms all of them each forward."""
+    holds raw keys (mode 'raw') and the scheme transforms all of them each forward."""
 
-    def __init__(self, n_layer, sink=4, window=None, masks=None):
+    def __init__(self, n_layer, sink=4, window=None, masks=None, keys=None, scheme='this scheme'):
         if window is not None:
             for name, v, lo in (('window', window, 1), ('sink', sink, 0)):
                 if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                     raise ValueError(f"attention-sink cache: {name} must be an integer >= {lo}, got {v!r}")
+            if 'scheme' in (keys or ()):
+                raise ValueError(f"{scheme} keeps its own cache of keys (rewritten as tokens arrive), which a "
+                                 f"rolling (sink + window) cache cannot re-index: sample without window=")
         self.sink, self.window = sink, window
-        self.raw_keys = window is not None
         self.masks = masks or [attention.CAUSAL] * n_layer
-        self.layers = [LayerKV(self.raw_keys) for _ in range(n_layer)]
+        modes = keys or ['transformed'] * n_layer
+        self.layers = [LayerKV('raw' if window is not None and m == 'transformed' else m) for m in modes]
         self.length = 0
         self.k_pos, self.n_pos = None, 0
 
@@ -464,13 +373,15 @@ class LayerKV:
     (e.g. FoX's log forget gates), one entry per key along dim 2, appended by the scheme;
     keep() and evict() drop them with their keys. `carry` belongs to the scheme too: per-layer
     tensors that are not per key (a running sum of angles, a convolution's last inputs), which
-    keep() and evict() leave as they are."""
+    keep() and evict() leave as they are.
+    `mode` says who transforms the keys: 'transformed' (the model, before they are cached), 'raw' (the model,
+    all of them every forward, after they are cached) or 'scheme' (the scheme, which appends them itself)."""
 
-    def __init__(self, raw_keys=False):
+    def __init__(self, mode='transformed'):
         self.k = self.v = None
         self.n = 0
         self.start = 0
-        self.raw_keys = raw_keys  # keys not position-transformed (transformed every forward)
+        self.mode = mode
         self.state = {}
         self.carry = {}
 

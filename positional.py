@@ -10,7 +10,7 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
                                               input x (GRAPE-M contextual, Selective RoPE); ctx otherwise
   transform_qk(q, k, ctx, layer) -> (q, k)    rotate, scale or extend queries and keys
   score_mod(q, k, ctx, layer)    -> f | None  additive logit bias f(score, b, h, i, j)
-  value_mod(q, k, ctx, layer, f) -> g | None  g(lse) added to the output (Shaw's values)
+  value_mod(q, k, ctx, layer, f, attend) -> g | None  g(lse) added to the output (Shaw's values)
   attention(q, k, v, x, ctx, layer, cache, attend) -> y | None   the layer's own attention; `attend`
                                               (attention.Attend) carries the layer's mask and sink logits
   cache_keys = 'transformed'                  what the KV cache keeps: keys as transform_qk returned
@@ -154,9 +154,10 @@ class PositionalEncoding(nn.Module):
     def score_mod(self, q, k, ctx, layer):
         return None
 
-    def value_mod(self, q, k, ctx, layer, score_mod):
+    def value_mod(self, q, k, ctx, layer, score_mod, attend):
         """g(lse) added to the attention output, built from the q and score_mod that the model's
-        path uses after attention scaling (attn_scaling) has scaled them. One user (Shaw's relative
+        path uses after attention scaling (attn_scaling) has scaled them; `attend` says which keys each
+        query sees (its mask), since a value term that rebuilds weights must give hidden keys none. One user (Shaw's relative
         values); it is a hook of its own rather than part of `attention` because a scheme with its
         own attention gets no attention scaling, and Shaw's values must be read from scaled logits
         to train with logn/ssmax."""
@@ -829,7 +830,7 @@ class Shaw(PositionalEncoding):
             return score + qa[b, h, i, ctx.dist(i, j).clamp(max=kmax)]
         return mod
 
-    def value_mod(self, q, k, ctx, layer, score_mod):
+    def value_mod(self, q, k, ctx, layer, score_mod, attend):
         B, H, Tq, d = q.shape
         K, off = self.k, k.size(2) - Tq  # query i is key i + off
         # the K nearest keys of every query in one sliding-window view (no copy per distance, and
@@ -842,7 +843,8 @@ class Shaw(PositionalEncoding):
         j = i + off - torch.arange(K, device=q.device)  # [Tq, K] the key at distance r
         b = torch.arange(B, device=q.device)[:, None, None, None]
         h = torch.arange(H, device=q.device)[None, :, None, None]
-        e = torch.where(j >= 0, score_mod(raw, b, h, i, j.clamp(min=0)), float('-inf'))  # no key r back: weight 0
+        seen = (j >= 0) & attend.mask.visible(i, j, Tq, k.size(2))  # no key r back, or hidden: weight 0
+        e = torch.where(seen, score_mod(raw, b, h, i, j.clamp(min=0)), float('-inf'))
 
         def g(lse):
             p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
@@ -1407,11 +1409,6 @@ class _PathLayer(nn.Module):
         self.fgate = _linear(n_embd, n_head, bias=0.0) if forget_gate else None
 
 
-def _logit_attend(q, k, v, A, attend):
-    """attend's softmax over the logits A [B, H, Tq, Tk] (float32, scaled): q zeroed, A the bias."""
-    return attend(torch.zeros_like(q), k, v, A)
-
-
 @register('path')
 class PaTH(PositionalEncoding):
     """PaTH attention (Yang et al., arXiv 2505.16381), as flash-linear-attention's PaTHAttention layer builds it:
@@ -1480,7 +1477,7 @@ class PaTH(PositionalEncoding):
             if n:
                 cache.rewrite(lambda old: keys[:, :, :n].to(old.dtype))
             k, v = cache.append(keys[:, :, n:].to(k.dtype), v)
-        return _logit_attend(q, k, v, A, attend)
+        return attend.logits(A, v)
 
 
 @register('path_fox')
@@ -1536,7 +1533,7 @@ class Wall(PositionalEncoding):
             if gs is not None:
                 C = gs.cumsum(-1)
                 A = A + C[..., C.size(-1) - T:, None] - C[..., None, :]
-        return _logit_attend(q, k, v, A, attend)
+        return attend.logits(A, v)
 
 
 # --- RoPE's successors, 2025-26: GRAPE (multiplicative and additive), FoPE, RoPE++, Selective RoPE
@@ -1671,7 +1668,7 @@ def _running_sum(inc, cache, name):
     if cache is None:
         s = cumsum_tokens(inc)
         return s, s, inc
-    if not cache.raw_keys:
+    if cache.mode != 'raw':
         s = cumsum_tokens(inc)
         if name in cache.carry:
             s = s + cache.carry[name]
@@ -2105,7 +2102,7 @@ class SelectiveRoPE(PositionalEncoding):
                 c = log_f.cumsum(-1)
                 extra.update(sel_c=c, sel_cq=c[..., c.size(-1) - T:])
             zeros = u.new_zeros(B, H, K - 1, P)
-            if cache is None or not cache.raw_keys:
+            if cache is None or cache.mode != 'raw':
                 left = zeros if cache is None else cache.carry.get('sel_tail', zeros)
                 phi = self.increments(u, g, layer, left)
                 s = cumsum_tokens(phi)

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import layers
 import runtime
 from checkpoint import (atomic_save, check_writable, init_model, load_shared, load_weights, lock_out_dir, name_groups,
                         read_meta, resolve_init, restore_rng, rng_states, trim_metrics)
@@ -62,15 +63,10 @@ bias = False
 pos_encoding = 'rope'
 pos_options = {}
 rope_scaling = None       # run-time RoPE context extension (rope_scaling.py)
-# the layer plan (layers.py): each a value for every layer, or {layer index or layer type: value}
-layer_types = None        # the layers' types: a list of n_layer names, or a pattern tiled over them ('SSSL')
-nope_layers = None        # int k: every k-th layer runs without positions (RNoPE); a list of layers; a type
-layer_options = None      # {layer: pos_options overrides}, e.g. a different RoPE base on some layers
-attn_scaling = None       # {'type': 'logn' | 'ssmax' | 'llama4' | 'drope', ...}: length-dependent logit scaling
-sliding_window = None     # W: a query sees the W most recent keys, its own included (HF's convention)
-attention_chunk_size = None  # C: a query sees the earlier keys of its own chunk of C tokens (Llama 4)
-qk_norm = None            # True / 'weight' | 'weightless': RMSNorm of q and k per head, before the positions
-sink_logits = None        # True: a learned logit per head in every row's softmax denominator (gpt-oss)
+# the layer plan's per-layer keys, each a value for every layer or {layer index or layer type: value}:
+# layer_types, nope_layers, layer_options, attn_scaling, sliding_window, attention_chunk_size, qk_norm,
+# sink_logits (defaults and meanings: layers.PlanKeys)
+globals().update(vars(layers.PlanKeys()))
 attn_backend = 'auto'
 # optimizer
 learning_rate = 2e-3
@@ -278,10 +274,7 @@ def run_eval():
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, bias=bias,
                   vocab_size=vocab_size or 50304, vocab_multiple=64 if (vocab_size or 50304) > 1024 else 1,
                   dropout=dropout, pos_encoding=pos_encoding, pos_options=pos_options, rope_scaling=rope_scaling,
-                  layer_types=layer_types, nope_layers=nope_layers, layer_options=layer_options,
-                  attn_scaling=attn_scaling, sliding_window=sliding_window, attention_chunk_size=attention_chunk_size,
-                  qk_norm=qk_norm, sink_logits=sink_logits,
-                  attn_backend=attn_backend)
+                  attn_backend=attn_backend, **{k: globals()[k] for k in layers.PLAN_KEYS})
 # resume: the checkpoint's vocabulary; fine-tune: its shape at this run's length; gpt2: GPT-2's shape;
 # refused if it cannot address block_size (or a task's pos_max)
 model, model_args = init_model(ckpt, ckpt_path, model_args, vocab_size, config, explicit_keys, master)

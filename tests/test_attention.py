@@ -151,7 +151,7 @@ def test_shaw_value_term_saves_no_per_distance_copies():
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        g = pe.value_mod(q, k, ctx, layer, mod)
+        g = pe.value_mod(q, k, ctx, layer, mod, A.Attend())
         out = g(torch.randn(2, 2, 128, requires_grad=True))
     out.sum().backward()
     assert layer.rel_v.grad is not None and q.grad is not None

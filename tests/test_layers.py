@@ -15,7 +15,7 @@ import checkpoint
 import layers
 import positional
 from conftest import ROOT, SCHEMES, assert_causal, fork_run, tiny_config, tiny_model
-from model import GPT, SINK_FRESH
+from model import GPT
 
 EVERY_PATH_SCHEMES = SCHEMES + ['rope+self_extend']
 
@@ -455,7 +455,7 @@ def test_added_sink_logits_start_where_the_outputs_do_not_change():
     new = tiny_model('rope', seed=2, sink_logits=True).eval()
     kept, dropped, fresh = checkpoint.load_shared(new, old.state_dict(), 'old.pt')
     assert sorted(fresh) == ['transformer.h.0.attn.sinks', 'transformer.h.1.attn.sinks'] and not dropped
-    assert all((b.attn.sinks == SINK_FRESH).all() for b in new.transformer.h)
+    assert all((b.attn.sinks == A.SINK_FRESH).all() for b in new.transformer.h)
     x = torch.randint(0, 37, (2, 16))
     with torch.no_grad():
         assert torch.allclose(new(x)[0], old(x)[0], atol=1e-5)
@@ -512,8 +512,7 @@ PRESETS = {  # written out from the models' own configs, scaled as each config f
 }
 
 
-PLAN_KEYS = ('pos_options', 'layer_types', 'nope_layers', 'layer_options', 'attn_scaling', 'sliding_window',
-             'attention_chunk_size', 'qk_norm', 'sink_logits', 'rope_scaling')
+PLAN_KEYS = ('pos_options', 'rope_scaling') + layers.PLAN_KEYS
 
 
 @pytest.mark.parametrize('name', list(PRESETS))

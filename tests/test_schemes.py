@@ -395,7 +395,7 @@ def shaw_reference(q, k, v, aK, aV, K, q_pos, k_pos):
 def shaw_attention(pe, layer, q, k, v, q_pos, k_pos, backend='dense'):
     ctx = pe.context(q_pos, k_pos)
     mod = pe.score_mod(q, k, ctx, layer)
-    return A.attend(q, k, v, mod, pe.value_mod(q, k, ctx, layer, mod), backend)
+    return A.attend(q, k, v, mod, pe.value_mod(q, k, ctx, layer, mod, A.Attend()), backend)
 
 
 @pytest.mark.parametrize('q0', [0, 6])  # 6: the last queries of a cached sequence
@@ -805,7 +805,7 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
             qq, kk = pe.transform_qk(q[:, :, qp], k, ctx, layer)  # xPos: all keys (cache_keys='raw')
             with torch.no_grad():
                 mod = pe.score_mod(qq, kk, ctx, layer)
-                vmod = pe.value_mod(qq, kk, ctx, layer, mod)
+                vmod = pe.value_mod(qq, kk, ctx, layer, mod, A.Attend())
                 dense = A.attend(qq, kk, v, mod, vmod, 'dense')
                 flex = A.attend(qq, kk, v, mod, vmod, 'flex')
             assert torch.allclose(flex, dense, atol=1e-5), name
