@@ -1,6 +1,8 @@
 """
-Attention for nanoPE: what a query may see (a Mask), how logits become weights (a softmax, with optional
-sink logits and logit scaling), and one entry point that runs it on SDPA, FlexAttention or a dense path:
+Attention for nanoPE: one layer's attention as the layer plan says (CausalSelfAttention, at the end of the
+file: project, QK-norm, the scheme's hooks, the KV cache, attend), what a query may see (a Mask), how logits
+become weights (a softmax, with optional sink logits and logit scaling), and one entry point that runs it on
+SDPA, FlexAttention or a dense path:
 
     y = attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sinks=None)
 
@@ -479,7 +481,7 @@ class CausalSelfAttention(nn.Module):
         self.ssmax = None  # SSMax's learned per-head scales
         if self.scaling is not None:
             if scheme.owns_attention:
-                raise ValueError(f"attn_scaling multiplies the logits of model.py's attention, but {scheme.name} "
+                raise ValueError(f"attn_scaling multiplies the logits of the attention's softmax, but {scheme.name} "
                                  f"computes its attention itself (its `attention` hook) on layer {spec.index}; apply "
                                  f"attn_scaling to other layers ('layers': 'nope' with nope_layers, or a list) or "
                                  f"drop it")

@@ -1,9 +1,9 @@
 """
 One-file GPT for nanoPE. Pre-LN blocks, tied embeddings, GPT-2 init, a KV cache, and
 a layer plan (layers.py) computed once from the config and handed to each layer with
-its index: each layer's attention asks its positional scheme (positional.py) for
-everything position-related, and attends over the keys its mask lets a query see,
-with its own QK-norm, sink logits and logit scaling (attention.py).
+its index: each layer's attention (attention.CausalSelfAttention) asks its positional
+scheme (positional.py) for everything position-related, and attends over the keys its
+mask lets a query see, with its own QK-norm, sink logits and logit scaling.
 """
 
 import inspect

@@ -3,8 +3,11 @@ written from the formula, per pair, on every attention path and for every scheme
 included; KV-cache decoding past the window and across chunks with a bounded cache; the block mask
 skips blocks), sink logits and QK-norm against explicit formulas, the sink's gradient against finite
 differences, the plan grammar, a fine-tune that changes the scheme, the presets' plans, and bad input."""
+import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,7 +18,7 @@ import checkpoint
 import layers
 import positional
 from conftest import ROOT, SCHEMES, assert_causal, fork_run, tiny_config, tiny_model
-from model import GPT
+from model import GPT, GPTConfig, changeable
 
 EVERY_PATH_SCHEMES = SCHEMES + ['rope+self_extend']
 
@@ -536,6 +539,30 @@ def test_each_preset_plan_is_what_its_config_says(name):
         assert [s.attn_scaling is not None for s in m.plan] == [False] * 3 + [True]
 
 
+# --- one declaration of the per-layer keys -----------------------------------------------------
+
+def test_every_plan_key_has_one_default_in_the_config_train_py_and_the_fine_tune_rules():
+    """layers.PlanKeys is the one declaration: GPTConfig has each key with its default, train.py's resolved
+    config (--dry_run) has it with the same default, and a fine-tune may change each (checkpoint.PLAN_KEYS)."""
+    out = subprocess.run([sys.executable, 'train.py', '--dry_run=True'], cwd=ROOT, capture_output=True, text=True)
+    train = json.loads(out.stdout)
+    defaults = vars(layers.PlanKeys())
+    assert set(layers.PLAN_KEYS) == set(defaults) and len(layers.PLAN_KEYS) == 8
+    for key, default in defaults.items():
+        assert GPTConfig.__dataclass_fields__[key].default == default, key
+        assert train[key] == default, key
+        assert key in checkpoint.PLAN_KEYS, key
+
+
+def test_plan_weights_are_the_weights_the_plan_adds():
+    """model.changeable names exactly the attention weights that sink_logits, SSMax and QK-norm add."""
+    plain = set(tiny_model('rope').state_dict())
+    full = set(tiny_model('rope', sink_logits=True, qk_norm=True, attn_scaling={'type': 'ssmax'}).state_dict())
+    added = full - plain
+    assert len(added) == 2 * 4 and all(changeable(k) for k in added)
+    assert not any(changeable(k) for k in plain if '.pe' not in k)
+
+
 # --- the cache mode for schemes that keep their own keys (cache_keys='scheme') --------
 
 @pytest.fixture
@@ -565,6 +592,38 @@ def test_scheme_cache_mode_leaves_the_cache_to_the_scheme(own_cache_scheme):
         assert torch.allclose(torch.cat(steps, 1), ref(x)[0], atol=1e-5)
     with pytest.raises(ValueError, match='keeps its own cache'):
         m.new_cache(window=8)
+
+
+@pytest.mark.parametrize('scheme, ordinary, rolling', [('rope', 'transformed', 'raw'), ('xpos', 'raw', 'raw'),
+                                                       ('path', 'scheme', None)])
+def test_the_cache_owns_each_layers_key_mode(scheme, ordinary, rolling):
+    """A layer's cache mode is its scheme's ask, except that a rolling cache re-indexes keys every forward
+    (raw) and refuses a scheme that keeps its own keys; NoPE layers keep transformed keys."""
+    m = tiny_model(scheme, n_layer=3, **({} if scheme == 'path' else dict(nope_layers=[1])))
+    modes = [layer.mode for layer in m.new_cache().layers]
+    assert modes == [ordinary] * 3 if scheme == 'path' else modes == [ordinary, 'transformed', ordinary]
+    if rolling is None:
+        with pytest.raises(ValueError, match='keeps its own cache'):
+            m.new_cache(window=8)
+    else:
+        assert [layer.mode for layer in m.new_cache(window=8).layers] == [rolling, 'raw', rolling]
+
+
+@pytest.mark.parametrize('mask', [dict(), dict(window=4), dict(chunk=5)])
+@pytest.mark.parametrize('path', ['dense', 'flex', 'sinks'])
+def test_attend_logits_is_the_softmax_of_given_logits(mask, path):
+    """Attend.logits(A, v), for a scheme that computes its logits whole, is softmax over the visible keys of
+    A (plus a sink logit per head) times v, per pair in float64."""
+    q, k, v = qkv(2, 3, 11, 11, 8, seed=3)
+    logits = (q @ k.transpose(-2, -1)) / math.sqrt(8) + torch.randn(2, 3, 11, 11)
+    sinks = torch.randn(3) if path == 'sinks' else None
+    att = A.Attend(A.Mask(**mask), 'flex' if path == 'flex' else 'dense', sinks=sinks)
+    with torch.no_grad():
+        y = att.logits(logits, v)
+    zero = torch.zeros_like(q)
+    ref = reference_attend(zero, zero, v, window=mask.get('window'), chunk=mask.get('chunk'),
+                           bias=lambda b, h, i, j: logits[b, h, i, j], sinks=sinks)
+    assert torch.allclose(y.double(), ref, atol=1e-5)
 
 
 def test_rewrite_changes_cached_keys_in_place_only_without_gradients():
