@@ -506,7 +506,7 @@ class CausalSelfAttention(nn.Module):
         if 'sinks' in names:
             self.sinks.fill_(SINK_FRESH)
 
-    def forward(self, x, pe, ctx, cache=None):
+    def forward(self, x, scheme, ctx, cache=None):
         B, T, C = x.size()
         # 1. project
         hd, kv = self.hd, self.kv_heads * self.hd
@@ -516,25 +516,25 @@ class CausalSelfAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         # this layer's positions where they depend on its input x (the shared ctx otherwise)
-        ctx = pe.layer_context(x, ctx, self.pe_layer, cache)
+        ctx = scheme.layer_context(x, ctx, self.pe_layer, cache)
         # 3. positions and the cache, as the cache's mode says (model.LayerKV): keys cached as transform_qk made
         # them; cached raw and all of them transformed every forward; or appended and rewritten by the scheme
         mode = cache.mode if cache is not None else 'transformed'
         if mode == 'transformed':
-            q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
+            q, k = scheme.transform_qk(q, k, ctx, self.pe_layer)
         if cache is not None and mode != 'scheme':
             k, v = cache.append(k, v)
         if mode == 'raw':
-            q, k = pe.transform_qk(q, k, ctx, self.pe_layer)
+            q, k = scheme.transform_qk(q, k, ctx, self.pe_layer)
         # 4. attention over the keys the mask lets each query see (key 0 is token k0 of the text)
         mask = self.mask.at(cache.start) if cache is not None else self.mask
         att = Attend(mask, self.backend, self.dropout if self.training else 0.0, self.sinks)
-        y = pe.attention(q, k, v, x, ctx, self.pe_layer, cache, att)  # a scheme's own attention, or None
+        y = scheme.attention(q, k, v, x, ctx, self.pe_layer, cache, att)  # a scheme's own attention, or None
         if y is None:
-            mod = pe.score_mod(q, k, ctx, self.pe_layer)
+            mod = scheme.score_mod(q, k, ctx, self.pe_layer)
             if self.scaling is not None:  # length-dependent attention scaling (attn_scaling)
                 s = logit_scale(self.scaling, self.ssmax, ctx.q_pos, k.size(2), mask)
                 q, mod = scale_logits(q, mod, s)
-            y = att(q, k, v, mod, pe.value_mod(q, k, ctx, self.pe_layer, mod, att))
+            y = att(q, k, v, mod, scheme.value_mod(q, k, ctx, self.pe_layer, mod, att))
         y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * hd)  # (B, T, attention heads x hs)
         return self.resid_dropout(self.c_proj(y))

@@ -74,8 +74,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, pe, ctx, cache=None):
-        x = x + self.attn(self.ln_1(x), pe, ctx, cache)
+    def forward(self, x, scheme, ctx, cache=None):
+        x = x + self.attn(self.ln_1(x), scheme, ctx, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -149,9 +149,9 @@ class GPT(nn.Module):
         if pos is None:
             q_pos, n_pos = torch.arange(start, start + T, device=idx.device), start + T
         else:
-            if cache is not None and cache.window is not None:
-                raise ValueError("a rolling (sink + window) KV cache assigns positions by place in the cache; "
-                                 "do not pass pos with it")
+            if cache is not None and cache.recent is not None:
+                raise ValueError("a StreamingLLM (sink tokens + recent) KV cache assigns positions by place in the "
+                                 "cache; do not pass pos with it")
             q_pos, n_pos = pos, n_pos or int(pos.max()) + 1
         if cache is not None:
             k_pos, n_pos = cache.add_positions(q_pos, n_pos)
@@ -164,11 +164,11 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             layer_cache = cache.layers[i] if cache is not None else None
             n_keys = T + (layer_cache.n if layer_cache is not None else 0)  # a windowed cache keeps fewer
-            pe = self.pe.at(i)
+            scheme = self.pe.at(i)
             key = (self.pe.slot[i], n_keys)
             if key not in ctxs:
-                ctxs[key] = pe.context(q_pos, k_pos if n_keys == k_pos.numel() else k_pos[-n_keys:], n_pos)
-            x = block(x, pe, ctxs[key], layer_cache)
+                ctxs[key] = scheme.context(q_pos, k_pos if n_keys == k_pos.numel() else k_pos[-n_keys:], n_pos)
+            x = block(x, scheme, ctxs[key], layer_cache)
         if cache is not None:
             cache.advance(T)
         x = self.transformer.ln_f(x if last is None else x[:, -last:])
@@ -191,24 +191,24 @@ class GPT(nn.Module):
                                targets[s:s + n], ignore_index=-1, reduction='none') for s in range(0, B * T, n)]
         return torch.cat(out).view(B, T)
 
-    def new_cache(self, window=None, sink=4):
-        """An empty KV cache. With `window`, a StreamingLLM cache (Xiao et al., arXiv
-        2309.17453): after each forward it keeps the first `sink` tokens (the paper's 4)
-        and the last `window`, holds raw keys and re-indexes them 0..n-1 every forward,
+    def new_cache(self, recent=None, sink_tokens=4):
+        """An empty KV cache. With `recent`, a StreamingLLM cache (Xiao et al., arXiv
+        2309.17453): after each forward it keeps the first `sink_tokens` tokens (the paper's
+        4) and the last `recent`, holds raw keys and re-indexes them 0..n-1 every forward,
         so its memory stays bounded (see KVCache)."""
         masks = [block.attn.mask for block in self.transformer.h]
-        if window is not None and self.pe.embeds_positions:
+        if recent is not None and self.pe.embeds_positions:
             raise ValueError(f"{self.pe.name} adds positions to the token embeddings, so every cached key carries "
-                             f"its position in the text, which a rolling (sink + window) cache cannot re-index. "
-                             f"Attention sinks need a relative scheme; sample {self.pe.name} with the sliding "
-                             f"window (use_cache=False)")
+                             f"its position in the text, which a StreamingLLM cache (sink tokens + recent) cannot "
+                             f"re-index. Attention sinks need a relative scheme; sample {self.pe.name} over its last "
+                             f"max_len tokens (use_cache=False)")
         bounded = [i for i, m in enumerate(masks) if m.bounded]
-        if window is not None and bounded:
-            raise ValueError(f"a rolling (sink + window) KV cache numbers its keys by place, but layers {bounded} "
-                             f"see a sliding window or chunk of the text's tokens (sliding_window, "
+        if recent is not None and bounded:
+            raise ValueError(f"a StreamingLLM (sink tokens + recent) KV cache numbers its keys by place, but layers "
+                             f"{bounded} see a sliding window or chunk of the text's tokens (sliding_window, "
                              f"attention_chunk_size), which it cannot tell apart; those layers' caches are bounded "
                              f"already: sample without window=")
-        return KVCache(self.config.n_layer, sink=sink, window=window, masks=masks,
+        return KVCache(self.config.n_layer, sink_tokens=sink_tokens, recent=recent, masks=masks,
                        keys=[self.pe.at(i).cache_keys for i in range(self.config.n_layer)], scheme=self.pe.name)
 
     @classmethod
@@ -265,29 +265,29 @@ class GPT(nn.Module):
         return flops_per_iter / dt / peak_flops
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, window=None, sink=4):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, recent=None, sink_tokens=4):
         """Sample max_new_tokens after idx [B, T]. With a KV cache, each new token
         costs one position. A scheme with a finite position table (learned) falls
-        back to a sliding window of its last max_len tokens, recomputed each step.
-        window: StreamingLLM attention sinks (new_cache(window, sink)): every token
-        attends to the first `sink` tokens, the `window` before it and itself, at
+        back to its last max_len tokens, recomputed each step.
+        recent: StreamingLLM attention sinks (new_cache(recent, sink_tokens)): every token
+        attends to the first `sink_tokens` tokens, the `recent` before it and itself, at
         positions 0..n-1 in the cache; the prompt goes in one forward up to
-        sink + window + 1 tokens, then one token at a time, so every token sees
+        sink_tokens + recent + 1 tokens, then one token at a time, so every token sees
         exactly that. Bounded memory for any max_new_tokens."""
         max_len = self.pe.max_len
-        if window is not None and not use_cache:
+        if recent is not None and not use_cache:
             raise ValueError("attention sinks (window=...) are a KV cache policy; use_cache must be True")
-        cache = self.new_cache(window, sink) if use_cache else None
+        cache = self.new_cache(recent, sink_tokens) if use_cache else None
         for _ in range(max_new_tokens):
             fits = self.pe.addresses(idx.size(1))
-            if cache is not None and window is not None:
+            if cache is not None and recent is not None:
                 while cache.length < idx.size(1):
-                    n = sink + window + 1 if cache.length == 0 else 1
+                    n = sink_tokens + recent + 1 if cache.length == 0 else 1
                     logits, _ = self(idx[:, cache.length:cache.length + n], cache=cache)
             elif cache is not None and fits:
                 inp = idx if cache.length == 0 else idx[:, cache.length:]
                 logits, _ = self(inp, cache=cache)
-            else:  # sliding window (or no cache): recompute over the visible context
+            else:  # no cache, or a finite position table: recompute over its last max_len tokens
                 cache = None
                 ctx = idx if max_len is None else idx[:, -max_len:]
                 logits, _ = self(ctx)
@@ -311,36 +311,36 @@ class KVCache:
     query can still see: after every forward it drops the keys before the next token's window
     or chunk, so its memory is bounded; the positions kept are those of the longest layer.
 
-    With `window` (StreamingLLM attention sinks, arXiv 2309.17453): after every forward
-    each layer keeps only the first `sink` tokens and the last `window` (as the
+    With `recent` (StreamingLLM attention sinks, arXiv 2309.17453): after every forward
+    each layer keeps only the first `sink_tokens` tokens and the last `recent` (as the
     authors' StartRecentKVCache, called after each step), so a forward sees at most
-    sink + window cached keys plus its own. Positions are places in the cache: the
+    sink_tokens + recent cached keys plus its own. Positions are places in the cache: the
     keys are 0..n-1 and the new tokens follow, re-indexed every forward, so the cache
     holds raw keys (mode 'raw') and the scheme transforms all of them each forward."""
 
-    def __init__(self, n_layer, sink=4, window=None, masks=None, keys=None, scheme='this scheme'):
-        if window is not None:
-            for name, v, lo in (('window', window, 1), ('sink', sink, 0)):
+    def __init__(self, n_layer, sink_tokens=4, recent=None, masks=None, keys=None, scheme='this scheme'):
+        if recent is not None:
+            for name, v, lo in (('window', recent, 1), ('sink', sink_tokens, 0)):
                 if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                     raise ValueError(f"attention-sink cache: {name} must be an integer >= {lo}, got {v!r}")
             if 'scheme' in (keys or ()):
                 raise ValueError(f"{scheme} keeps its own cache of keys (rewritten as tokens arrive), which a "
-                                 f"rolling (sink + window) cache cannot re-index: sample without window=")
-        self.sink, self.window = sink, window
+                                 f"StreamingLLM (sink tokens + recent) cache cannot re-index: sample without window=")
+        self.sink_tokens, self.recent = sink_tokens, recent
         self.masks = masks or [attention.CAUSAL] * n_layer
         modes = keys or ['transformed'] * n_layer
-        self.layers = [LayerKV('raw' if window is not None and m == 'transformed' else m) for m in modes]
+        self.layers = [LayerKV('raw' if recent is not None and m == 'transformed' else m) for m in modes]
         self.length = 0
         self.k_pos, self.n_pos = None, 0
 
     @property
     def next_position(self):
         """Position of the next token: its index in the text, or its place in a rolling cache."""
-        return self.length if self.window is None else self.layers[0].n
+        return self.length if self.recent is None else self.layers[0].n
 
     def add_positions(self, q_pos, n_pos):
         """Positions of all keys once q_pos's tokens are added, and the bound on them."""
-        if self.window is not None:  # places in the cache, every forward
+        if self.recent is not None:  # places in the cache, every forward
             n = self.layers[0].n + q_pos.numel()
             self.k_pos, self.n_pos = torch.arange(n, device=q_pos.device), n
             return self.k_pos, n
@@ -351,9 +351,9 @@ class KVCache:
     def advance(self, T):
         """After a forward of T tokens: count them, and evict what no later query sees."""
         self.length += T
-        if self.window is not None:
+        if self.recent is not None:
             for layer in self.layers:
-                layer.keep(self.sink, self.window)
+                layer.keep(self.sink_tokens, self.recent)
         elif any(m.bounded for m in self.masks):
             for layer, mask in zip(self.layers, self.masks):
                 if mask.bounded:
@@ -409,18 +409,18 @@ class LayerKV:
         else:
             self.k[:, :, :self.n] = k
 
-    def keep(self, sink, window):
-        """Keep the first `sink` and the last `window` entries (in place: the buffer does not grow)."""
+    def keep(self, sink, recent):
+        """Keep the first `sink` and the last `recent` entries (in place: the buffer does not grow)."""
         n = self.n
-        if n <= sink + window:
+        if n <= sink + recent:
             return
         if torch.is_grad_enabled():  # never write into a tensor an earlier step saved for backward
-            self.k, self.v = (torch.cat((t[:, :, :sink], t[:, :, n - window:n]), 2) for t in (self.k, self.v))
+            self.k, self.v = (torch.cat((t[:, :, :sink], t[:, :, n - recent:n]), 2) for t in (self.k, self.v))
         else:
             for t in (self.k, self.v):
-                t[:, :, sink:sink + window] = t[:, :, n - window:n].clone()
-        self.state = {name: torch.cat((t[:, :, :sink], t[:, :, n - window:n]), 2) for name, t in self.state.items()}
-        self.n = sink + window
+                t[:, :, sink:sink + recent] = t[:, :, n - recent:n].clone()
+        self.state = {name: torch.cat((t[:, :, :sink], t[:, :, n - recent:n]), 2) for name, t in self.state.items()}
+        self.n = sink + recent
 
     def evict(self, first):
         """Drop the keys of the tokens before `first` (in place: the buffer does not grow)."""

@@ -78,7 +78,7 @@ for _ in range(num_samples):
     with rt.autocast:
         try:
             y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
-                               window=window or None, sink=sink)
+                               recent=window or None, sink_tokens=sink)
         except ValueError as e:  # e.g. sinks asked of a scheme with absolute positions
             sys.exit(str(e))
     print(decode(y[0].tolist()))

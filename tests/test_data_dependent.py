@@ -272,7 +272,7 @@ def test_bad_options_say_what_to_do(scheme, opts, match):
 
 def test_path_refuses_a_rolling_cache():
     with pytest.raises(ValueError, match='keeps its own cache'):
-        tiny_model('path').new_cache(window=8)
+        tiny_model('path').new_cache(recent=8)
 
 
 @pytest.mark.parametrize('name, source', [('path', '2505.16381'), ('path_fox', '2505.16381'),

@@ -427,7 +427,7 @@ def test_sink_logits_refused_where_the_softmax_is_not_attends(scheme, kw, match)
 def test_rolling_cache_refused_with_a_window_or_chunk(kw):
     m = tiny_model('rope', **kw).eval()
     with pytest.raises(ValueError, match='rolling .* cannot tell apart'):
-        m.generate(torch.zeros(1, 2, dtype=torch.long), 4, window=8, sink=2)
+        m.generate(torch.zeros(1, 2, dtype=torch.long), 4, recent=8, sink_tokens=2)
 
 
 def test_windowed_generation_with_cache_equals_without_far_past_block_size():
@@ -591,7 +591,7 @@ def test_scheme_cache_mode_leaves_the_cache_to_the_scheme(own_cache_scheme):
         assert all(layer.n == 20 for layer in cache.layers)  # appended once, by the scheme
         assert torch.allclose(torch.cat(steps, 1), ref(x)[0], atol=1e-5)
     with pytest.raises(ValueError, match='keeps its own cache'):
-        m.new_cache(window=8)
+        m.new_cache(recent=8)
 
 
 @pytest.mark.parametrize('scheme, ordinary, rolling', [('rope', 'transformed', 'raw'), ('xpos', 'raw', 'raw'),
@@ -604,9 +604,9 @@ def test_the_cache_owns_each_layers_key_mode(scheme, ordinary, rolling):
     assert modes == [ordinary] * 3 if scheme == 'path' else modes == [ordinary, 'transformed', ordinary]
     if rolling is None:
         with pytest.raises(ValueError, match='keeps its own cache'):
-            m.new_cache(window=8)
+            m.new_cache(recent=8)
     else:
-        assert [layer.mode for layer in m.new_cache(window=8).layers] == [rolling, 'raw', rolling]
+        assert [layer.mode for layer in m.new_cache(recent=8).layers] == [rolling, 'raw', rolling]
 
 
 @pytest.mark.parametrize('mask', [dict(), dict(window=4), dict(chunk=5)])

@@ -42,11 +42,13 @@ def test_unknown_scheme_lists_valid_ones():
 # --- model properties for every registered scheme --------------------------------
 
 @pytest.mark.parametrize('scheme', SCHEMES)
+@pytest.mark.fast
 def test_causal(scheme):
     assert_causal(tiny_model(scheme).eval())
 
 
 @pytest.mark.parametrize('scheme', SCHEMES)
+@pytest.mark.fast
 def test_kv_cache_matches_full_forward(scheme):
     assert_kv_cache_matches_full_forward(tiny_model(scheme).eval())
 
@@ -67,6 +69,7 @@ def test_forward_at_4x_block_size(scheme):
 
 
 @pytest.mark.parametrize('scheme', SCHEMES)
+@pytest.mark.fast
 def test_training_lowers_loss(scheme):
     assert_trains_and_pe_params_learn(tiny_model(scheme))
 
@@ -109,6 +112,7 @@ def test_padded_vocab_is_never_scored_or_sampled():
 # --- FlexAttention, compiled forwards, bf16 ---------------------------------------
 
 @pytest.mark.parametrize('scheme', BIAS_SCHEMES)
+@pytest.mark.fast
 def test_flex_attention_equals_dense_on_cpu(scheme):
     """Compiled FlexAttention forward (CPU, no grad) gives the dense path's logits."""
     assert_flex_equals_dense(tiny_model(scheme, block_size=64).eval())
@@ -200,12 +204,12 @@ def test_sink0_and_a_window_past_the_sequence_equals_ordinary_decoding(scheme):
     m = (stack_model(scheme[6:]) if scheme.startswith('stack:') else tiny_model(scheme)).eval()
     torch.manual_seed(1)
     a = m.generate(torch.zeros(1, 3, dtype=torch.long), 40, top_k=1)
-    b = m.generate(torch.zeros(1, 3, dtype=torch.long), 40, top_k=1, window=100, sink=0)
+    b = m.generate(torch.zeros(1, 3, dtype=torch.long), 40, top_k=1, recent=100, sink_tokens=0)
     assert torch.equal(a, b)
     with torch.no_grad():  # and the logits themselves, with a prompt longer than one chunk
         x = torch.randint(0, 37, (2, 30))
         full, _ = m(x)
-        cache = m.new_cache(window=100, sink=0)
+        cache = m.new_cache(recent=100, sink_tokens=0)
         steps = [m(x[:, :5], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(5, 30)]
     assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
 
@@ -218,7 +222,7 @@ def test_sink_cache_keeps_first_and_last_tokens_at_places_0_to_n(scheme):
     sink, window, T = 3, 5, 30
     m = tiny_model(scheme, n_layer=1).eval()
     x = torch.randint(0, 37, (1, T), generator=torch.Generator().manual_seed(0))
-    cache = m.new_cache(window=window, sink=sink)
+    cache = m.new_cache(recent=window, sink_tokens=sink)
     attn = m.transformer.h[0].attn
     with torch.no_grad():
         raw_k = split_heads(attn, m.transformer.h[0].ln_1(m.transformer.wte(x)))[1]  # layer-0 keys, no position
@@ -248,7 +252,7 @@ def test_sink_cache_memory_is_constant_over_20x_block_size():
                       [lk.k.size(2) for lk in c.layers]))
     m.register_forward_hook(measure)
     torch.manual_seed(0)
-    out = m.generate(torch.zeros(1, 2, dtype=torch.long), 20 * L, window=window, sink=sink)
+    out = m.generate(torch.zeros(1, 2, dtype=torch.long), 20 * L, recent=window, sink_tokens=sink)
     assert out.shape == (1, 2 + 20 * L) and len(sizes) == 20 * L
     full = [s for s in sizes if s[0] == sink + window]
     assert len(full) >= 20 * L - window - sink  # full from the 15th step on
@@ -261,20 +265,20 @@ def test_sink_cache_memory_is_constant_over_20x_block_size():
 def test_sinks_refused_where_positions_are_absolute_or_bad():
     for scheme in ('learned', 'sinusoidal'):
         with pytest.raises(ValueError, match='cannot re-index'):
-            tiny_model(scheme).generate(torch.zeros(1, 2, dtype=torch.long), 3, window=8)
+            tiny_model(scheme).generate(torch.zeros(1, 2, dtype=torch.long), 3, recent=8)
     m = tiny_model('rope')
     with pytest.raises(ValueError, match='use_cache must be True'):
-        m.generate(torch.zeros(1, 2, dtype=torch.long), 3, window=8, use_cache=False)
-    for kw in (dict(window=0), dict(window=4, sink=-1), dict(window=2.5)):
+        m.generate(torch.zeros(1, 2, dtype=torch.long), 3, recent=8, use_cache=False)
+    for kw in (dict(recent=0), dict(recent=4, sink_tokens=-1), dict(recent=2.5)):
         with pytest.raises(ValueError, match='integer'):
             m.new_cache(**kw)
     with pytest.raises(ValueError, match='do not pass pos'):
-        m(torch.zeros(1, 2, dtype=torch.long), cache=m.new_cache(window=4), pos=torch.arange(2))
+        m(torch.zeros(1, 2, dtype=torch.long), cache=m.new_cache(recent=4), pos=torch.arange(2))
 
 
 def test_rolling_cache_evicts_fox_state_with_its_keys():
     m = tiny_model('fox').eval()
-    cache = m.new_cache(window=5, sink=2)
+    cache = m.new_cache(recent=5, sink_tokens=2)
     with torch.no_grad():
         for t in range(12):
             m(torch.randint(0, 37, (1, 1)), cache=cache)
@@ -326,8 +330,8 @@ def test_sinks_keep_generation_in_distribution_far_past_block_size():
     prompt = data[:L][None]
     n_new = 20 * L
     results = {}
-    for name, kw in (('sinks 4 + window 27', dict(window=L - 5, sink=4)),
-                     ('window only (sink 0, window 31)', dict(window=L - 1, sink=0)),
+    for name, kw in (('sinks 4 + window 27', dict(recent=L - 5, sink_tokens=4)),
+                     ('window only (sink 0, window 31)', dict(recent=L - 1, sink_tokens=0)),
                      ('recompute last L (no cache)', None),
                      ('full context, no cache (extrapolating)', 'full')):
         torch.manual_seed(1)

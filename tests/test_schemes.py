@@ -1341,7 +1341,7 @@ def test_successor_variants_cache_windows_sinks_and_16x(name, opts):
         assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5), mask
     with torch.no_grad():
         full = m(x)[0]
-        cache = m.new_cache(window=100, sink=0)
+        cache = m.new_cache(recent=100, sink_tokens=0)
         steps = [m(x[:, :5], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(5, 40)]
         assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
         long = torch.randint(0, 37, (1, 16 * 16), generator=torch.Generator().manual_seed(4))
@@ -1383,7 +1383,7 @@ def test_successor_variants_compile_without_graph_breaks_and_flex_equals_dense(n
     sink, window, T = 3, 5, 20
     m = tiny_model(name, n_layer=1, pos_options=opts).eval()
     x = torch.randint(0, 37, (1, T), generator=torch.Generator().manual_seed(0))
-    cache = m.new_cache(window=window, sink=sink)
+    cache = m.new_cache(recent=window, sink_tokens=sink)
     with torch.no_grad():
         m(x[:, :sink + window + 1], cache=cache)
         for t in range(sink + window + 1, T):
