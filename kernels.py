@@ -8,9 +8,31 @@ nanoPE's own (the readable reference, and the path on CPU):
   path_scores(q, k, w, beta, ...)  PaTH's logits by the chunked UT transform, no d x d matrix
   wall_scores(q, k, P, ...)        Wall's logits, every exponent a difference of prefix sums <= 0
 
+flash-linear-attention's Triton kernels (fla-core 0.6.0, imported only when a layer runs them), for a scheme
+whose `fla_kernel` names one of FLA_KERNELS; each adapter takes nanoPE's layout [B, H, T, D] and conventions, calls
+fla's [B, T, H, D] kernel, and returns nanoPE's output [B, H, T, Dv]:
+  fla_fox(q, k, v, log_f, attend)              FoX: parallel_attn with the log forget gates, added after the scale
+  fla_path(q, k, v, w, beta, log_f=None)       PaTH, PaTH-FoX: parallel_path_attn, the gate inside the scale
+  fla_wall(q, k, v, g, g_scalar, attend)       Wall: parallel_wall_attn, the scalar gate after the scale
+  fla_stick_breaking(q, k, v, attend_current, remainder)  parallel_stickbreaking_attn, plus nanoPE's remainder term
+Which layers run them: fla_plan (at build: attn_backend 'fla' refused in one line where the kernel cannot run the
+layer; 'auto' notes why not) and runs_fla / use_fla (per forward: CUDA, or 'fla' under Triton's interpreter, and
+no KV cache, whose decoding stays on nanoPE's path). fla_status says whether fla can run here at all.
+Shared conventions, the same on both sides: a query head h reads key/value head h // (HQ / H); a window of W keys
+includes the query's own (fla's window_size = nanoPE's sliding_window); sink logits are one logit per query head in
+every row's denominator, unscaled (fla's sink_bias). Every adapter is a torch.compile graph break
+(torch.compiler.disable): the rest of the layer compiles around it.
+
 A file of its own rather than a section of positional.py: positional.py holds the schemes, the file a fork edits;
-these are the computations the schemes call, shared by several of them.
+these are the computations the schemes call, shared by several of them, and the adapters carry the import and
+availability logic of an outside package, which a scheme file should not.
 """
+
+import functools
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -148,3 +170,197 @@ def wall_scores(q, k, P, run=128):
         A[:, :, a:a + n, r:r + n] = _wall_block(q[:, :, a:a + n], k[:, :, r:r + n], Pq)
         a += n
     return A
+
+
+# --- flash-linear-attention's Triton kernels (fla-core): what each takes, whether it can run, and the adapters
+
+
+FLA_VERSION = '0.6.0'  # the fla-core whose conventions the adapters map (read from its source and its naive_* refs)
+
+
+@dataclass(frozen=True)
+class FlaKernel:
+    """One fla kernel as nanoPE calls it: where it lives and which of a layer's options it takes."""
+    function: str            # 'module:name'
+    window: bool             # a sliding window (window_size: W keys, the query's own included)
+    sinks: bool              # sink logits (sink_bias [HQ])
+    head_dims: tuple = None  # the head sizes it takes; None: 1..256
+
+    @property
+    def name(self):
+        return self.function.split(':')[1]
+
+    def refusal(self, mask, sinks, head_dim, dropout):
+        """Why a layer with these options cannot run on this kernel (a phrase naming the fix), or None."""
+        if mask.chunk is not None:
+            return f"{self.name} has no chunked attention: drop attention_chunk_size on this layer"
+        if mask.window is not None and not self.window:
+            return f"{self.name} has no sliding window: drop sliding_window on this layer"
+        if sinks and not self.sinks:
+            return f"{self.name} takes no sink logits: drop sink_logits on this layer"
+        if head_dim not in (self.head_dims or range(1, 257)):
+            dims = ', '.join(map(str, self.head_dims)) if self.head_dims else 'at most 256'
+            return f"{self.name} takes head sizes {dims}, not n_embd / n_head = {head_dim}: change n_embd or n_head"
+        if dropout:
+            return f"{self.name} has no attention dropout: set dropout=0"
+        return None
+
+
+FLA_KERNELS = {
+    'attn': FlaKernel('fla.ops.attn.parallel:parallel_attn', window=True, sinks=True),
+    'path': FlaKernel('fla.ops.path_attn.parallel:parallel_path_attn', window=False, sinks=False,
+                      head_dims=(16, 32, 64, 128)),
+    'wall': FlaKernel('fla.ops.wall_attn.parallel:parallel_wall_attn', window=True, sinks=True),
+    'stickbreaking': FlaKernel('fla.ops.stickbreaking_attn.parallel:parallel_stickbreaking_attn', window=False,
+                               sinks=False),
+}
+
+
+def interpreting():
+    """True when Triton's interpreter is on (TRITON_INTERPRET=1, read by triton when it is imported): its kernels
+    then run on CPU tensors, slowly (NumPy)."""
+    return os.environ.get('TRITON_INTERPRET') == '1'
+
+
+def _first_config_only():
+    """Under the interpreter, an autotuned kernel runs its first candidate config: choosing among several
+    benchmarks each on a GPU, which the interpreter has not ("0 active drivers")."""
+    from triton.runtime.autotuner import Autotuner
+    if getattr(Autotuner.prune_configs, 'first_only', False):
+        return
+    prune = Autotuner.prune_configs
+
+    def first(self, kwargs):
+        return prune(self, kwargs)[:1]
+    first.first_only = True
+    Autotuner.prune_configs = first
+
+
+@functools.cache
+def fla_op(kernel):
+    """The fla function of FLA_KERNELS[kernel], imported once (triton with it)."""
+    if interpreting():
+        _first_config_only()
+    module, name = FLA_KERNELS[kernel].function.split(':')
+    return getattr(importlib.import_module(module), name)
+
+
+@functools.cache
+def fla_status():
+    """(True, None) when fla's kernels can run in this process, else (False, why: one line naming the fix)."""
+    for module, package, fix in (('triton', 'triton', 'pip install triton (Linux wheels only)'),
+                                 ('einops', 'einops', 'pip install einops'),
+                                 ('fla', 'fla-core', f'pip install fla-core=={FLA_VERSION}')):
+        if importlib.util.find_spec(module) is None:
+            return False, f"{package} is not installed: {fix}"
+    if not torch.cuda.is_available() and not interpreting():
+        return False, ("there is no CUDA GPU, and Triton's interpreter is off (TRITON_INTERPRET=1 in the environment "
+                       "runs fla's kernels on a CPU, slowly)")
+    try:
+        for kernel in FLA_KERNELS:
+            fla_op(kernel)
+    except Exception as e:  # a broken install: say what failed, in one line
+        return False, f"importing fla's kernels failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return True, None
+
+
+def fla_plan(backend, scheme, index, mask, sinks, head_dim, dropout):
+    """The fla kernel a layer may run (a key of FLA_KERNELS) and, under 'auto', why it runs none: (kernel or None,
+    note or None). scheme: the layer's PositionalEncoding, whose `fla_kernel` names its kernel (None: none).
+    attn_backend='fla' where the layer cannot run on fla is a ValueError of one line; 'auto' considers fla only
+    where there is a CUDA GPU (on CPU it is nanoPE's path, as before); 'flex' and 'dense' never use it."""
+    kernel = scheme.fla_kernel
+    if backend not in ('auto', 'fla') or kernel is None and backend == 'auto':
+        return None, None
+    where = f"{scheme.name} on layer {index}"
+    if kernel is None:
+        raise ValueError(f"attn_backend='fla': {where} has no flash-linear-attention kernel (schemes with one: "
+                         f"{', '.join(fla_schemes())}); use attn_backend='auto', which runs fla where it can")
+    why = FLA_KERNELS[kernel].refusal(mask, sinks, head_dim, dropout)
+    if why is None and (backend == 'fla' or torch.cuda.is_available()):
+        why = fla_status()[1]
+    if why is None:
+        return kernel, None
+    if backend == 'fla':
+        raise ValueError(f"attn_backend='fla' cannot run {where}: {why}; or use attn_backend='auto'")
+    return None, (why if torch.cuda.is_available() else None)
+
+
+def fla_schemes():
+    """The registered schemes with an fla kernel."""
+    from positional import REGISTRY
+    return sorted(name for name, cls in REGISTRY.items() if cls.fla_kernel is not None)
+
+
+def runs_fla(kernel, backend, device_type):
+    """Whether a layer whose fla_plan gave `kernel` runs it on this device without a KV cache: on CUDA, and on CPU
+    when attn_backend is 'fla' (Triton's interpreter)."""
+    return kernel is not None and (device_type == 'cuda' or backend == 'fla')
+
+
+def use_fla(attend, q, cache):
+    """Whether a scheme's `attention` hook runs its fla kernel in this forward: runs_fla for the layer (attend.fla,
+    attend.backend), and no KV cache (decoding stays on nanoPE's path)."""
+    if cache is not None or not runs_fla(attend.fla, attend.backend, q.device.type):
+        return False
+    if not q.is_cuda and not interpreting():
+        raise ValueError("attn_backend='fla' on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1 in the "
+                         "environment); or use attn_backend='auto'")
+    return True
+
+
+def _fla_layout(x):
+    """nanoPE's [B, H, T, ...] <-> fla's [B, T, H, ...] (fla's kernels make their inputs contiguous)."""
+    return x.transpose(1, 2)
+
+
+@torch.compiler.disable
+def fla_fox(q, k, v, log_f, attend):
+    """FoX through parallel_attn: softmax_j(q_i . k_j / sqrt(d) + c_i - c_j), c the prefix sums of log_f [B, HQ, T]
+    (the log forget gates per query head; fla's g, summed by the kernel and added unscaled, as nanoPE's FoX adds
+    them), over the keys of attend's window, with attend's sink logits. -> [B, HQ, T, Dv]."""
+    y = fla_op('attn')(_fla_layout(q), _fla_layout(k), _fla_layout(v), _fla_layout(log_f), scale=q.size(-1) ** -0.5,
+                       window_size=attend.mask.window, sink_bias=attend.sinks)
+    return _fla_layout(y).to(q.dtype)
+
+
+@torch.compiler.disable
+def fla_path(q, k, v, w, beta, log_f=None):
+    """PaTH through parallel_path_attn: softmax_j((q_i^T H_i .. H_{j+1} k_j + G_i - G_j) / sqrt(d)), H_t = I - beta_t
+    w_t w_t^T; w [B, H, T, d] and beta [B, H, T] per key head, float32, beta as it is (nanoPE's 2 sigmoid, in
+    (0, 2)); log_f [B, HQ, T] PaTH-FoX's log gates, whose prefix sums G fla puts inside the scale, as nanoPE.
+    -> [B, HQ, T, Dv]."""
+    y, _ = fla_op('path')(_fla_layout(q), _fla_layout(k), _fla_layout(v), _fla_layout(w.float()),
+                          _fla_layout(beta.float()), None if log_f is None else _fla_layout(log_f.float()),
+                          scale=q.size(-1) ** -0.5)
+    return _fla_layout(y).to(q.dtype)
+
+
+@torch.compiler.disable
+def fla_wall(q, k, v, g, g_scalar, attend):
+    """Wall through parallel_wall_attn: softmax_j(sum_n q_in k_jn exp(P_in - P_jn) / sqrt(d) + C_i - C_j), P the
+    prefix sums of g [B, HQ, T, d] (log gates per query head and channel, <= 0) and C those of g_scalar [B, HQ, T]
+    or None (FoX's gate, added after the scale by fla and nanoPE alike), over attend's window, with its sink
+    logits. fla returns float32 whatever the input: cast to q's dtype. -> [B, HQ, T, Dv].
+    Exact while no channel decays by more than about 76 nats (2^110, where fla 0.6.0 clamps the exponent of its
+    diagonal tiles) within one of the kernel's key tiles (32 or 64 tokens); past that, near-diagonal logits of that
+    channel come out too small. nanoPE's wall_scores has no such limit."""
+    y = fla_op('wall')(_fla_layout(q), _fla_layout(k), _fla_layout(v), _fla_layout(g),
+                       g_scalar=None if g_scalar is None else _fla_layout(g_scalar), sink_bias=attend.sinks,
+                       scale=q.size(-1) ** -0.5, window_size=attend.mask.window)
+    return _fla_layout(y).to(q.dtype)
+
+
+@torch.compiler.disable
+def fla_stick_breaking(q, k, v, attend_current, remainder):
+    """Stick-breaking through parallel_stickbreaking_attn: A_ij = beta_ij prod_{j<l<i} (1 - beta_il) over keys
+    j < i (attend_current: j <= i, the product over j < l <= i: fla's flag means what nanoPE's does), o_i =
+    sum_j A_ij v_j; fla also returns the stick left over, rem_i = 1 - sum_j A_ij, which nanoPE's remainder=True
+    gives to the query's own value (v_i of its key/value head; fla's layer drops it). -> [B, HQ, T, Dv]."""
+    o, rem = fla_op('stickbreaking')(_fla_layout(q), _fla_layout(k), _fla_layout(v), scale=q.size(-1) ** -0.5,
+                                     attend_current=attend_current)
+    y = _fla_layout(o).float()
+    if remainder:
+        own = v.repeat_interleave(q.size(1) // v.size(1), dim=1)  # query head h's value head, h // g
+        y = y + _fla_layout(rem).float().unsqueeze(-1) * own.float()
+    return y.to(q.dtype)

@@ -18,6 +18,8 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
                                               'scheme' (the scheme appends and rewrites them itself)
   softmax = 'attend'                          whose softmax makes the weights: attention.attend's (sink
                                               logits act there); 'own' or None (stick-breaking)
+  fla_kernel = None                           the flash-linear-attention kernel its `attention` hook can run
+                                              (a key of kernels.FLA_KERNELS: FoX, PaTH, Wall, stick-breaking)
 
 i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; the queries
 are the last Tq keys. A score_mod has no host syncs, indexes each tensor that needs gradients
@@ -45,7 +47,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention import CAUSAL
-from kernels import causal_conv, cumsum_tokens, path_scores, wall_scores
+from kernels import (causal_conv, cumsum_tokens, fla_fox, fla_path, fla_stick_breaking, fla_wall, path_scores, use_fla,
+                     wall_scores)
 from rope_scaling import EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, resolve_rope_scaling, rope_frequencies
 
 REGISTRY = {}
@@ -92,6 +95,7 @@ class PositionalEncoding(nn.Module):
     cache_keys = 'transformed'     # 'transformed' | 'raw' | 'scheme' (see the module docstring)
     softmax = 'attend'             # 'attend' | 'own' | None (see the module docstring)
     x_lookback = 0                 # tokens before a query's first visible key whose input x its logits read
+    fla_kernel = None              # the fla kernel its `attention` hook can run (kernels.FLA_KERNELS), or None
 
     def __init__(self, config):
         super().__init__()
@@ -1120,7 +1124,9 @@ class FoX(PositionalEncoding):
     Runs through `attention`: the gates need x, and the log gates of cached tokens live
     in cache.state (one per key), so decoding recomputes c over all keys. The score_mod
     reads c at the query and at the key from two tensors (c's last Tq entries and c), each
-    indexed once, so FlexAttention's backward takes it; memory O(T) beyond attention."""
+    indexed once, so FlexAttention's backward takes it; memory O(T) beyond attention.
+    fla kernel: parallel_attn with the log gates as its g (kernels.fla_fox), windows and sink logits too."""
+    fla_kernel = 'attn'
 
     def __init__(self, config, bias_init=0.0):
         super().__init__(config)
@@ -1132,6 +1138,8 @@ class FoX(PositionalEncoding):
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
         with torch.autocast(x.device.type, enabled=False):  # the bias stays float32
             log_f = F.logsigmoid(layer.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
+        if use_fla(attend, q, cache):
+            return fla_fox(q, k, v, log_f, attend)
         if cache is not None:
             if 'fox_log_f' in cache.state:
                 log_f = torch.cat((cache.state['fox_log_f'], log_f), 2)  # [B, H, Tk]: every key's log f
@@ -1217,9 +1225,11 @@ class StickBreaking(PositionalEncoding):
     softplus(z_il), a reversed cumulative sum), O(T^2) memory, in query chunks without
     gradients (attention.DENSE_CHUNK_BYTES). There is no FlexAttention path: `attention` computes
     the output itself, applies attention dropout to A while training (config.dropout;
-    the remainder term is not dropped), and ignores attn_backend. A sliding window or chunk hides keys,
-    which then break nothing off. No softmax, so no sink logits."""
+    the remainder term is not dropped), and ignores attn_backend but 'fla'. A sliding window or chunk hides keys,
+    which then break nothing off. No softmax, so no sink logits.
+    fla kernel: parallel_stickbreaking_attn (kernels.fla_stick_breaking): no window, no dropout."""
     softmax = None
+    fla_kernel = 'stickbreaking'
 
     def __init__(self, config, attend_current=False, remainder=True):
         super().__init__(config)
@@ -1239,6 +1249,8 @@ class StickBreaking(PositionalEncoding):
             return A, log_keep.sum(-1).exp()
 
     def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        if use_fla(attend, q, cache):
+            return fla_stick_breaking(q, k, v, self.attend_current, self.remainder)
         p = self.dropout if self.training else 0.0
 
         def run(q, k, v, a):
@@ -1296,9 +1308,12 @@ class PaTH(PositionalEncoding):
     costs O(n d) for n cached keys (a segment of new tokens: the segment's product, in WY form). The
     convolution's last inputs ride in cache.carry. A query reads x up to width - 2 tokens before the first
     key it sees (x_lookback: the first Householder a key's product takes is its successor's).
-    Options: rank (32), conv (3: the convolution's width; 0 for none), chunk (64)."""
+    Options: rank (32), conv (3: the convolution's width; 0 for none), chunk (64).
+    fla kernel: parallel_path_attn (kernels.fla_path), without a KV cache: head sizes 16, 32, 64, 128, no window, no
+    sink logits."""
     cache_keys = 'scheme'
     forget_gate = False
+    fla_kernel = 'path'
 
     def __init__(self, config, rank=32, conv=3, chunk=64):
         super().__init__(config)
@@ -1331,10 +1346,12 @@ class PaTH(PositionalEncoding):
         with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
             xf = x.float()
             w, beta = self.gates(xf, layer, cache)
+            log_f = F.logsigmoid(layer.fgate(xf)).transpose(1, 2) if layer.fgate is not None else None  # [B, H, T]
+            if use_fla(attend, q, cache):
+                return fla_path(q, k, v, w, beta, log_f)
             A, keys = path_scores(q.float(), k.float(), w, beta, cache[0].float() if n else None, self.chunk,
                                   keys=cache is not None)
-            if layer.fgate is not None:  # PaTH-FoX: G_i - G_j inside the scale, G the prefix sum of log f
-                log_f = F.logsigmoid(layer.fgate(xf)).transpose(1, 2)  # [B, H, T]
+            if log_f is not None:  # PaTH-FoX: G_i - G_j inside the scale, G the prefix sum of log f
                 if cache is not None:
                     log_f = torch.cat((cache.state['path_log_f'], log_f), 2) if n else log_f
                     cache.state['path_log_f'] = log_f
@@ -1376,7 +1393,9 @@ class Wall(PositionalEncoding):
     Computed stably (wall_scores): every exponent is a difference of prefix sums <= 0, never exp(P) alone. The
     logits form a dense float32 [B, H, Tq, Tk] tensor (O(T^2) memory) read by attend as a bias. The KV cache keeps
     the raw keys and each key's g (cache.state): decoding costs O(n d).
-    Options: bias_init (8), scalar_gate (False)."""
+    Options: bias_init (8), scalar_gate (False).
+    fla kernel: parallel_wall_attn (kernels.fla_wall), windows and sink logits too."""
+    fla_kernel = 'wall'
 
     def __init__(self, config, bias_init=8.0, scalar_gate=False):
         super().__init__(config)
@@ -1391,6 +1410,8 @@ class Wall(PositionalEncoding):
             xf = x.float()
             g = F.logsigmoid(layer.gate(xf)).view(B, T, H, d).transpose(1, 2)  # [B, H, T, d]
             gs = F.logsigmoid(layer.scalar(xf)).transpose(1, 2) if layer.scalar is not None else None
+            if use_fla(attend, q, cache):
+                return fla_wall(q, k, v, g, gs, attend)
             if cache is not None:  # the gates of every key in the cache (its keys include the new ones)
                 for name, t in (('wall_g', g), ('wall_gs', gs)):
                     if t is not None:
