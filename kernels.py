@@ -293,9 +293,10 @@ def fla_schemes():
 
 
 def runs_fla(kernel, backend, device_type):
-    """Whether a layer whose fla_plan gave `kernel` runs it on this device without a KV cache: on CUDA, and on CPU
-    when attn_backend is 'fla' (Triton's interpreter)."""
-    return kernel is not None and (device_type == 'cuda' or backend == 'fla')
+    """Whether a layer whose fla_plan gave `kernel` runs it on this device without a KV cache under `backend`:
+    'fla' anywhere (on CPU under Triton's interpreter), 'auto' on CUDA; never 'flex' or 'dense', which a script may
+    set on a built model (bench.py, gpu_check.py)."""
+    return kernel is not None and (backend == 'fla' or backend == 'auto' and device_type == 'cuda')
 
 
 def use_fla(attend, q, cache):

@@ -151,6 +151,9 @@ def test_a_kv_cache_stays_on_nanopes_path(monkeypatch):
     assert not kernels.use_fla(fla, q, cache=object())
     assert not kernels.use_fla(Attend(backend='auto', fla='attn'), q, None)  # 'auto' on CPU
     assert not kernels.use_fla(Attend(backend='fla'), q, None)  # no kernel for this layer
+    for backend in ('flex', 'dense'):  # set on a built model by bench.py and gpu_check.py: never fla
+        assert not kernels.runs_fla('attn', backend, 'cuda')
+    assert kernels.runs_fla('attn', 'auto', 'cuda') and kernels.runs_fla('attn', 'fla', 'cpu')
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     with pytest.raises(ValueError, match=r"^attn_backend='fla' on CPU tensors needs Triton's interpreter"):
         kernels.use_fla(fla, q, None)
@@ -167,3 +170,17 @@ def test_train_log_and_eval_json_say_which_backend_each_layer_ran(char_data, tmp
     assert json.load(open(os.path.join(out, 'eval.json')))['attn_backends'] == ['auto', 'auto']
     r = fork_run(['train.py', f'--out_dir={out}-x', '--attn_backend=flash', '--wandb_log=False'])
     assert r.returncode != 0 and "attn_backend" in r.stderr and 'Traceback' not in r.stderr
+    # a checkpoint saved with 'fla' (a GPU run's), evaluated where fla cannot run: refused in one line, and
+    # eval.py's --attn_backend replaces it
+    path = os.path.join(out, 'ckpt.pt')
+    ck = torch.load(path, weights_only=True)
+    ck['model_args']['attn_backend'] = 'fla'
+    torch.save(ck, path)
+    quick = ['eval.py', f'--out_dir={out}', '--mults=[1]', '--tokens=64', '--quick=True']
+    if not kernels.fla_status()[0]:  # this process: no GPU and no interpreter, or no fla
+        r = fork_run(quick)
+        assert r.returncode != 0 and "attn_backend='fla' cannot run fox on layer 0" in r.stderr, r.stderr[-2000:]
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = fork_run(quick + ['--attn_backend=dense'])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.load(open(os.path.join(out, 'eval.json')))['attn_backends'] == ['dense', 'dense']
