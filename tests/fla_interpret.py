@@ -27,7 +27,7 @@ from attention import Attend, Mask  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 TOL = 2e-5       # kernels that compute in float32 (the interpreter's dots are float32 matmuls)
-TOL_PATH = 1e-4  # parallel_path_attn: the Householder vectors of earlier chunks in float16 (its forward and backward)
+TOL_PATH = 1e-3  # parallel_path_attn: Householder vectors in float16 across its 64-query blocks (forward and backward)
 FAR = 1e-2       # what a wrong mapping must miss by, relative
 
 
@@ -166,7 +166,7 @@ CASES = {
         'fox', B=1, H=4, window=8, sink_logits=True, gqa=2,
         wrong=[('window of W + 1 keys', 'attn', window_plus_one),
                ('sink logits passed as if fla scaled them', 'attn', scaled_kw('sink_bias', R))]),
-    'path': lambda: hook_case('path', tol=TOL_PATH, wrong=[('beta passed as if fla doubled it', 'path',
+    'path': lambda: hook_case('path', T=72, tol=TOL_PATH, wrong=[('beta passed as if fla doubled it', 'path',
                                                               scaled(4, 0.5))]),
     'path_fox': lambda: hook_case('path_fox', tol=TOL_PATH,
                                   wrong=[('gate passed as if fla added it after the scale', 'path',
