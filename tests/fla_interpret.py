@@ -161,7 +161,7 @@ R = math.sqrt(16)  # sqrt(head_dim) of the cases below
 # computed wrong there (docs/speed.md#fla-kernels); nanoPE's wall_scores has no such limit.
 WALL = dict(weights=0.05, biases=(-1.0, 3.0))
 CASES = {
-    'fox': lambda: hook_case('fox', wrong=[('gate passed as if fla scaled it', 'attn', scaled(3, R))]),
+    'fox': lambda: hook_case('fox', T=72, wrong=[('gate passed as if fla scaled it', 'attn', scaled(3, R))]),
     'fox_window_sinks_gqa': lambda: hook_case(
         'fox', B=1, H=4, window=8, sink_logits=True, gqa=2,
         wrong=[('window of W + 1 keys', 'attn', window_plus_one),
@@ -172,13 +172,13 @@ CASES = {
                                   wrong=[('gate passed as if fla added it after the scale', 'path',
                                           scaled(5, 1 / R))]),
     'path_gqa': lambda: hook_case('path', B=1, H=4, gqa=2, tol=TOL_PATH),
-    'wall': lambda: hook_case('wall', params=WALL),
+    'wall': lambda: hook_case('wall', T=72, params=WALL),
     'wall_scalar_window_sinks_gqa': lambda: hook_case(
         'wall', {'scalar_gate': True}, B=1, H=4, window=12, sink_logits=True, gqa=2, params=WALL,
         wrong=[('scalar gate passed as if fla scaled it', 'wall', scaled_kw('g_scalar', R)),
                ('window of W + 1 keys', 'wall', window_plus_one)]),
     'stick_breaking': lambda: hook_case(
-        'stick_breaking', wrong=[('attend_current flipped', None, 'attend_current'),
+        'stick_breaking', B=1, T=72, wrong=[('attend_current flipped', None, 'attend_current'),
                                  ('remainder dropped', None, 'remainder')]),
     'stick_breaking_current_gqa': lambda: hook_case(
         'stick_breaking', {'attend_current': True, 'remainder': False}, B=1, H=4, gqa=2,
