@@ -27,6 +27,8 @@ Paths (same logits on all of them):
     the kernel's float32 one: -500.3 becomes -500)
   - value term or sinks       -> need each row's logsumexp: FlexAttention returns it on CUDA;
     compiled flex on CPU cannot in torch 2.13, so these run dense on CPU
+  - a scheme's own fla kernel -> not through attend: the scheme's `attention` hook calls kernels.py's adapter
+    where kernels.use_fla says so (attn_backend 'fla', or 'auto' on CUDA; no KV cache)
 Without gradients, the dense path and every windowed or chunked layer go through in query chunks
 (chunk_queries) that slice in only the keys the chunk's queries can see: a windowed layer then costs
 time and memory linear in the length.
@@ -46,6 +48,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import kernels
 
 # Compiled FlexAttention on CPU cannot return the logsumexp (torch 2.13: "return_lse is
 # not supported yet"), so a value term (Shaw) or sink logits run dense on CPU.
@@ -160,10 +164,12 @@ class Attend:
     attend(q, k, v, mod=None, vmod=None), with this layer's mask, sink logits, backend and dropout
     bound; ask it which keys each query sees (visibility); or run a function over chunks of query rows
     without gradients (rows), each chunk with the keys it can see. A chunk's Attend has `s` and `lo`:
-    its first query row and first key in the whole problem."""
+    its first query row and first key in the whole problem. `fla`: the flash-linear-attention kernel the
+    layer may run (kernels.fla_plan; kernels.use_fla says whether a forward does), or None."""
 
-    def __init__(self, mask=CAUSAL, backend='auto', dropout_p=0.0, sinks=None, s=0, lo=0):
+    def __init__(self, mask=CAUSAL, backend='auto', dropout_p=0.0, sinks=None, s=0, lo=0, fla=None):
         self.mask, self.backend, self.dropout_p, self.sinks, self.s, self.lo = mask, backend, dropout_p, sinks, s, lo
+        self.fla = fla
 
     def __call__(self, q, k, v, mod=None, vmod=None):
         return attend(q, k, v, mod, vmod, self.backend, self.dropout_p, self.mask, self.sinks)
@@ -182,7 +188,7 @@ class Attend:
     def part(self, s, lo):
         """The Attend of query rows s.. and keys lo.. of this one's problem."""
         return Attend(self.mask.at(self.mask.k0 + lo), self.backend, self.dropout_p, self.sinks,
-                      self.s + s, self.lo + lo)
+                      self.s + s, self.lo + lo, self.fla)
 
 
 def chunk_queries(fn, q, k, v, att=None):
@@ -234,7 +240,8 @@ def causal_block_mask(Tq, Tk, device):
 def use_flex(q, backend, need_lse):
     """'auto': FlexAttention on CUDA; on CPU the dense path, which is as fast there (query
     chunks without gradients, SDPA's fused kernel) while compiled flex costs 9-500 s per
-    new shape (docs/speed.md). A decoding step's bias is one row per head: dense too."""
+    new shape (docs/speed.md). A decoding step's bias is one row per head: dense too. 'fla' is
+    'auto' here: attend runs what a layer's fla kernel does not (a KV cache's decoding)."""
     if backend == 'dense' or (need_lse and q.device.type == 'cpu' and not FLEX_LSE_ON_CPU):
         return False
     return backend == 'flex' or (q.device.type == 'cuda' and q.size(2) > 1)
@@ -455,6 +462,9 @@ def scale_logits(q, mod, s):
 # e^-16 (1e-7, float32's resolution) of its mass, so the outputs stay as they were, and Adam, whose steps
 # do not shrink with the gradient, still moves them at the learning rate
 SINK_FRESH = -16.0
+# attn_backend: 'auto' (FlexAttention on CUDA, dense on CPU; fla's kernels on CUDA for the schemes that have one),
+# 'flex', 'dense', or 'fla' (fla's kernels, refused where they cannot run; kernels.py)
+BACKENDS = ('auto', 'flex', 'dense', 'fla')
 # the weights a layer plan adds to a layer's attention (sink_logits, attn_scaling's SSMax, qk_norm): a fine-tune
 # that changes the plan may add or drop them (model.changeable)
 PLAN_WEIGHTS = ('sinks', 'ssmax', 'q_norm.weight', 'k_norm.weight')
@@ -474,6 +484,8 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(self.n_head * hd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
+        if config.attn_backend not in BACKENDS:
+            raise ValueError(f"attn_backend={config.attn_backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
         self.backend = config.attn_backend
         self.pe_layer = scheme.new_layer()  # this layer's positional parameters, if any
         self.mask = Mask(spec.sliding_window, spec.attention_chunk_size)
@@ -498,6 +510,14 @@ class CausalSelfAttention(nn.Module):
                 raise ValueError(f"sink_logits add a logit to attention.attend's softmax, but {scheme.name} {why} "
                                  f"on layer {spec.index}: drop sink_logits there, or use another scheme")
             self.sinks = nn.Parameter(torch.randn(self.n_head) * 0.02)  # HF gpt-oss's init, N(0, 0.02)
+        # the fla kernel this layer may run, and under 'auto' why it runs none ('fla' refuses what cannot run)
+        self.fla, self.fla_note = kernels.fla_plan(self.backend, scheme, spec.index, self.mask, spec.sink_logits, hd,
+                                                   config.dropout)
+
+    def backend_on(self, device):
+        """The attention this layer runs on `device` without a KV cache: 'fla' (its fla kernel), or its
+        attn_backend for nanoPE's PyTorch path."""
+        return 'fla' if kernels.runs_fla(self.fla, self.backend, torch.device(device).type) else self.backend
 
     @torch.no_grad()
     def start_fresh(self, names):
@@ -528,7 +548,7 @@ class CausalSelfAttention(nn.Module):
             q, k = scheme.transform_qk(q, k, ctx, self.pe_layer)
         # 4. attention over the keys the mask lets each query see (key 0 is token k0 of the text)
         mask = self.mask.at(cache.start) if cache is not None else self.mask
-        att = Attend(mask, self.backend, self.dropout if self.training else 0.0, self.sinks)
+        att = Attend(mask, self.backend, self.dropout if self.training else 0.0, self.sinks, fla=self.fla)
         y = scheme.attention(q, k, v, x, ctx, self.pe_layer, cache, att)  # a scheme's own attention, or None
         if y is None:
             mod = scheme.score_mod(q, k, ctx, self.pe_layer)

@@ -454,7 +454,7 @@ if __name__ == '__main__':
     import runtime
     from configurator import options
     o = options(dict(out_dir='out', init_from='resume', data_dir='', device='auto', dtype='auto', rope_scaling=None,
-                     attn_scaling=None,
+                     attn_scaling=None, attn_backend='auto',
                      mults=[1, 2, 4, 8, 16], tokens=32768, stride=0, sliding_tokens=0, last_k=0, last_k_spans=0,
                      batch_tokens=2**14, quick=False, name='', label='', wandb_log=False, wandb_project='nanoPE',
                      doc_aware=False, longppl_short=0, longppl_k=0),
@@ -466,7 +466,8 @@ if __name__ == '__main__':
     rt = runtime.setup(o.device, o.dtype)
     # run-time choices as given on the command line (--rope_scaling=None turns a fine-tuned model's off)
     model, ckpt = checkpoint.load(o.init_from, o.out_dir, rt.device,
-                                  **{k: getattr(o, k) for k in ('rope_scaling', 'attn_scaling') if k in o.explicit})
+                                  **{k: getattr(o, k) for k in ('rope_scaling', 'attn_scaling', 'attn_backend')
+                                     if k in o.explicit})
     checkpoint.check_writable(o.out_dir)  # before the work, not after it
     checkpoint.lock_out_dir(o.out_dir, 'eval.py', hint=f"to evaluate a run while it trains: "
                             f"--init_from={os.path.join(o.out_dir, 'ckpt.pt')} --out_dir=ANOTHER_DIR")
@@ -490,7 +491,8 @@ if __name__ == '__main__':
         sys.exit(f"eval.py: {e}")
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
            'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'attn_scaling': o.attn_scaling,
-           'iter': ckpt.get('iter_num'), 'out_dir': o.out_dir, 'dtype': rt.dtype, **res}
+           'iter': ckpt.get('iter_num'), 'out_dir': o.out_dir, 'dtype': rt.dtype,
+           'attn_backends': model.attention_backends(rt.device), **res}
     if o.label:  # the row's name in compare.py's report
         res = {'name': o.label, **res}
     for k, v in flat_metrics(res).items():

@@ -33,7 +33,7 @@ class GPTConfig(layers.PlanKeys):  # the layer plan's per-layer keys (layer_type
     pos_encoding: str = 'rope'     # a key of positional.REGISTRY
     pos_options: dict = field(default_factory=dict)  # kwargs for that scheme
     rope_scaling: dict = None      # run-time RoPE context extension (overrides pos_options)
-    attn_backend: str = 'auto'     # 'auto' | 'flex' | 'dense' (for schemes that bias scores)
+    attn_backend: str = 'auto'     # 'auto' | 'flex' | 'dense' | 'fla' (attention.BACKENDS)
 
 
 def is_positional(name):
@@ -129,9 +129,30 @@ class GPT(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
-    def plan_lines(self):
-        """The layer plan, a line a layer (train.py prints it at start-up)."""
-        return [spec.describe(self.pe.at(spec.index).name) for spec in self.plan]
+    def plan_lines(self, device=None):
+        """The layer plan, a line a layer (train.py prints it at start-up); with `device`, the attention each
+        layer runs there (attention_backends)."""
+        lines = [spec.describe(self.pe.at(spec.index).name) for spec in self.plan]
+        if device is None:
+            return lines
+        return [f"{line}; attention {b}" for line, b in zip(lines, self.attention_backends(device))]
+
+    def attention_backends(self, device):
+        """What each layer's attention runs on `device` without a KV cache: 'fla' (its scheme's flash-linear-attention
+        kernel), or its attn_backend ('auto', 'flex', 'dense') for nanoPE's PyTorch path."""
+        return [block.attn.backend_on(device) for block in self.transformer.h]
+
+    def fla_notes(self, device):
+        """Under attn_backend='auto' on CUDA: why layers whose scheme has an fla kernel run nanoPE's path instead,
+        one line per reason with its layers (train.py prints them once)."""
+        if torch.device(device).type != 'cuda':
+            return []
+        notes = {}
+        for i, block in enumerate(self.transformer.h):
+            if block.attn.fla_note:
+                notes.setdefault(block.attn.fla_note, []).append(str(i))
+        return [f"attn_backend='auto': layers {', '.join(ix)} run nanoPE's PyTorch attention, not fla's kernel: {why}"
+                for why, ix in notes.items()]
 
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())

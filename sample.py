@@ -31,6 +31,7 @@ dtype = 'auto'            # 'auto' (bf16 autocast on CUDA) | 'float32' | 'bfloat
 data_dir = ''             # only for checkpoints without a saved vocabulary: where its meta.json is
 rope_scaling = None       # run-time RoPE context extension, e.g. {'type': 'ntk', 'factor': 4}
 attn_scaling = None       # run-time logit scaling, e.g. {'type': 'logn', 'original_max_len': 128}
+attn_backend = 'auto'     # given: replaces the checkpoint's ('auto' | 'flex' | 'dense' | 'fla')
 use_cache = True
 window = 0                # > 0: StreamingLLM attention sinks, a KV cache of `sink` first tokens + `window` recent ones
 sink = 4
@@ -52,7 +53,8 @@ rt = runtime.setup(device, dtype)
 torch.manual_seed(seed)
 # run-time choices as given on the command line (--rope_scaling=None turns a fine-tuned model's off)
 model, ckpt = checkpoint.load(init_from, out_dir, rt.device,
-                              **{k: globals()[k] for k in ('rope_scaling', 'attn_scaling') if k in explicit})
+                              **{k: globals()[k] for k in ('rope_scaling', 'attn_scaling', 'attn_backend')
+                                 if k in explicit})
 cfg = model.config
 print(f"scheme {cfg.pos_encoding}, trained at block_size={cfg.block_size} with "
       f"rope_scaling={ckpt['model_args'].get('rope_scaling')}; sampling with rope_scaling="

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import attention
 import layers
 import runtime
 from checkpoint import (atomic_save, check_writable, init_model, load_shared, load_weights, lock_out_dir, name_groups,
@@ -67,7 +68,7 @@ rope_scaling = None       # run-time RoPE context extension (rope_scaling.py)
 # layer_types, nope_layers, layer_options, attn_scaling, sliding_window, attention_chunk_size, qk_norm,
 # sink_logits (defaults and meanings: layers.PlanKeys)
 globals().update(vars(layers.PlanKeys()))
-attn_backend = 'auto'
+attn_backend = 'auto'      # 'auto' | 'flex' | 'dense' | 'fla' (docs/speed.md#fla-kernels)
 # optimizer
 learning_rate = 2e-3
 max_iters = 1000
@@ -98,7 +99,8 @@ RULES = dict(batch_size='>0', block_size='>0', task_n='>=0', pos_max='>=0',
              gradient_accumulation_steps='>0', n_layer='>0', n_head='>0',
              n_embd='>0', max_iters='>=0', eval_interval='>0', log_interval='>0', eval_tokens='>0',
              final_eval_tokens='>=0', learning_rate='>0', min_lr='>=0', warmup_iters='>=0', lr_decay_iters='>=0',
-             weight_decay='>=0', grad_clip='>=0', dropout='[0,1)', beta1='[0,1)', beta2='[0,1)', ddp_timeout='>0')
+             weight_decay='>=0', grad_clip='>=0', dropout='[0,1)', beta1='[0,1)', beta2='[0,1)', ddp_timeout='>0',
+             attn_backend=(lambda v: v in attention.BACKENDS, "'auto', 'flex', 'dense' or 'fla'"))
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and k != 'RULES'
                and isinstance(v, (int, float, bool, str, list, dict, type(None)))]
 explicit_keys = configure(globals(), sys.argv[1:], RULES, keys=config_keys)
@@ -299,8 +301,10 @@ model.to(device)
 if master:
     print(f"scheme {pos_encoding}: {model.get_num_params() / 1e6:.2f}M parameters, "
           f"rope_scaling={model_args['rope_scaling']}; layer plan:")
-    for line in model.plan_lines():
+    for line in model.plan_lines(device):
         print('  ' + line)
+    for line in model.fla_notes(device):
+        print(line)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 # float16 needs loss scaling against gradient underflow; a no-op for float32/bfloat16
 scaler = torch.amp.GradScaler(device_type, enabled=(ptdtype == torch.float16))
@@ -492,8 +496,9 @@ t_train = t_train or t_end  # iters_trained: by this process (a resumed run trai
 timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': round(t_end - t_train, 3),
           'iters_trained': iter_num - (resumed_at or 0)}
 if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
+    # eval.json's first keys; attn_backends: what each layer's attention ran (model.attention_backends)
     head = dict(scheme=pos_encoding, name=wandb_run_name or pos_encoding, seed=seed, rope_scaling=rope_scaling,
-                iter=iter_num, out_dir=out_dir)  # eval.json's first keys
+                iter=iter_num, out_dir=out_dir, attn_backends=raw_model.attention_backends(device))
     failure = final_suite(raw_model, out_dir, head, val_data, block_size, final_eval_mults,
                           final_eval_tokens or eval_tokens, task, task_n, positions, pos_max, device, autocast,
                           control.stopping, wandb_run, timing)

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels as K
 import positional as P
 from conftest import tiny_model
 
@@ -50,7 +51,7 @@ def rand_path(B=2, H=2, T=13, d=4, seed=0):
 @pytest.mark.parametrize('chunk', [64, 5, 1])
 def test_path_scores_equal_the_per_pair_product(chunk):
     q, k, w, beta = rand_path()
-    A, keys = P.path_scores(q, k, w, beta, chunk=chunk, keys=True)
+    A, keys = K.path_scores(q, k, w, beta, chunk=chunk, keys=True)
     want = householder_logits(q, k, w, beta)
     causal = torch.ones(13, 13, dtype=torch.bool).tril()
     assert torch.allclose(A[..., causal].double(), want[..., causal], atol=1e-5)
@@ -65,7 +66,7 @@ def test_path_scores_over_a_cache_of_moved_keys_equal_the_whole_sequence():
     want = householder_logits(q, k, w, beta)
     prev = None
     for a, b in ((0, 7), (7, 8), (8, 9), (9, 13)):
-        A, prev = P.path_scores(q[:, :, a:b], k[:, :, a:b], w[:, :, a:b], beta[:, :, a:b], prev, chunk=3, keys=True)
+        A, prev = K.path_scores(q[:, :, a:b], k[:, :, a:b], w[:, :, a:b], beta[:, :, a:b], prev, chunk=3, keys=True)
         seen = torch.ones(b - a, b, dtype=torch.bool).tril(a)
         assert torch.allclose(A[..., seen].double(), want[:, :, a:b, :b][..., seen], atol=1e-5)
     assert torch.allclose(prev.double(), moved_keys(k, w, beta), atol=1e-5)
@@ -156,14 +157,14 @@ def test_cumsum_tokens_op_is_cumsum_bit_for_bit_eager_and_compiled():
     x = torch.randn(2, 3, 1000, 5, generator=torch.Generator().manual_seed(0)).transpose(2, 3).contiguous()
     x = x.transpose(2, 3).requires_grad_()  # a non-contiguous input, as the transposed gates are
     want = torch.stack([x[:, :, :t + 1].double().sum(2) for t in (0, 1, 499, 999)], 2)
-    assert torch.allclose(P.aten_cumsum_tokens(x)[:, :, [0, 1, 499, 999]].double(), want, atol=1e-4)
+    assert torch.allclose(K.aten_cumsum_tokens(x)[:, :, [0, 1, 499, 999]].double(), want, atol=1e-4)
     w = torch.randn_like(x)
-    for f in (P.aten_cumsum_tokens, torch.compile(P.aten_cumsum_tokens, fullgraph=True), P.cumsum_tokens):
+    for f in (K.aten_cumsum_tokens, torch.compile(K.aten_cumsum_tokens, fullgraph=True), P.cumsum_tokens):
         y = f(x)
         assert torch.equal(y, x.cumsum(2))
         assert torch.equal(torch.autograd.grad((y * w).sum(), x)[0],
                            torch.autograd.grad((x.cumsum(2) * w).sum(), x)[0])
-    torch.library.opcheck(P.aten_cumsum_tokens, (x.detach().requires_grad_(),))
+    torch.library.opcheck(K.aten_cumsum_tokens, (x.detach().requires_grad_(),))
 
 
 @pytest.mark.parametrize('scheme', ['selective_rope', 'wall'])
@@ -172,14 +173,14 @@ def test_cuda_prefix_sum_op_compiles_in_the_model_as_one_graph(scheme, monkeypat
     and its loss and gradients equal plain cumsum's."""
     x = torch.randint(0, 37, (2, 33), generator=torch.Generator().manual_seed(0))
     grads = []
-    for op in (P.aten_cumsum_tokens, lambda t: t.cumsum(2)):
+    for op in (K.aten_cumsum_tokens, lambda t: t.cumsum(2)):
         monkeypatch.setattr(P, 'cumsum_tokens', op)
         m = tiny_model(scheme, block_size=32)
         loss = m(x[:, :-1], x[:, 1:])[1]
         loss.backward()
         grads.append(torch.cat([loss.detach()[None]] + [p.grad.flatten() for p in m.parameters()
                                                          if p.grad is not None]))
-        if op is P.aten_cumsum_tokens:
+        if op is K.aten_cumsum_tokens:
             torch._dynamo.reset()
             ex = torch._dynamo.explain(tiny_model(scheme, block_size=32))(x[:, :-1], x[:, 1:])
             assert ex.graph_break_count == 0 and ex.graph_count == 1, [str(b.reason)[:200] for b in ex.break_reasons]
@@ -206,7 +207,7 @@ def test_wall_scores_equal_the_per_pair_formula(T, q0, run):
     gen = torch.Generator().manual_seed(2)
     q, k = torch.randn(2, 2, T, 4, generator=gen), torch.randn(2, 2, T, 4, generator=gen)
     g = F.logsigmoid(2 * torch.randn(2, 2, T, 4, generator=gen))
-    A = P.wall_scores(q[:, :, q0:], k, g.cumsum(2), run)
+    A = K.wall_scores(q[:, :, q0:], k, g.cumsum(2), run)
     want = wall_logits(q, k, g)[:, :, q0:]
     seen = torch.ones(T - q0, T, dtype=torch.bool).tril(q0)
     assert torch.allclose(A[..., seen].double(), want[..., seen], atol=1e-5) and (A[..., ~seen] == 0).all()
@@ -218,7 +219,7 @@ def test_wall_is_stable_where_exp_of_a_prefix_sum_overflows():
     gen = torch.Generator().manual_seed(3)
     q, k = torch.randn(1, 1, T, 4, generator=gen), torch.randn(1, 1, T, 4, generator=gen)
     Pk = torch.full((1, 1, T, 4), -5.0).cumsum(2)
-    A = P.wall_scores(q, k, Pk)
+    A = K.wall_scores(q, k, Pk)
     assert torch.isfinite(A).all()
     for i, j in ((2999, 2999), (2999, 2997), (1500, 1490), (65, 63)):
         want = (q[0, 0, i].double() * k[0, 0, j].double()).sum() * math.exp(-5.0 * (i - j))

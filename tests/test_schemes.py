@@ -1463,7 +1463,7 @@ def test_learned_position_parameters_get_gradients(name):
 
 
 HOOKS = ('embed', 'context', 'new_layer', 'heads', 'layer_context', 'transform_qk', 'score_mod', 'value_mod',
-         'attention', 'cache_keys', 'softmax')
+         'attention', 'cache_keys', 'softmax', 'fla_kernel')
 
 
 def variant_classes():
