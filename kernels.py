@@ -185,6 +185,8 @@ class FlaKernel:
     window: bool             # a sliding window (window_size: W keys, the query's own included)
     sinks: bool              # sink logits (sink_bias [HQ])
     head_dims: tuple = None  # the head sizes it takes; None: 1..256
+    not_auto: str = None     # why 'auto' does not take it (it is exact only in a range nanoPE's path has no limit
+                             # on); None: 'auto' takes it on CUDA
 
     @property
     def name(self):
@@ -210,7 +212,10 @@ FLA_KERNELS = {
     'attn': FlaKernel('fla.ops.attn.parallel:parallel_attn', window=True, sinks=True),
     'path': FlaKernel('fla.ops.path_attn.parallel:parallel_path_attn', window=False, sinks=False,
                       head_dims=(16, 32, 64, 128)),
-    'wall': FlaKernel('fla.ops.wall_attn.parallel:parallel_wall_attn', window=True, sinks=True),
+    'wall': FlaKernel('fla.ops.wall_attn.parallel:parallel_wall_attn', window=True, sinks=True,
+                      not_auto="parallel_wall_attn is exact only while no channel decays by more than about 76 nats "
+                               "within one of its key tiles (fla_wall), which a trained gate can pass: "
+                               "attn_backend='fla' takes it"),
     'stickbreaking': FlaKernel('fla.ops.stickbreaking_attn.parallel:parallel_stickbreaking_attn', window=False,
                                sinks=False),
 }
@@ -277,6 +282,8 @@ def fla_plan(backend, scheme, index, mask, sinks, head_dim, dropout):
         raise ValueError(f"attn_backend='fla': {where} has no flash-linear-attention kernel (schemes with one: "
                          f"{', '.join(fla_schemes())}); use attn_backend='auto', which runs fla where it can")
     why = FLA_KERNELS[kernel].refusal(mask, sinks, head_dim, dropout)
+    if why is None and backend == 'auto':
+        why = FLA_KERNELS[kernel].not_auto
     if why is None and (backend == 'fla' or torch.cuda.is_available()):
         why = fla_status()[1]
     if why is None:
@@ -288,7 +295,7 @@ def fla_plan(backend, scheme, index, mask, sinks, head_dim, dropout):
 
 def fla_schemes():
     """The registered schemes with an fla kernel."""
-    from positional import REGISTRY
+    from positional import REGISTRY  # here: positional imports this module
     return sorted(name for name, cls in REGISTRY.items() if cls.fla_kernel is not None)
 
 

@@ -141,6 +141,11 @@ def test_auto_on_cuda_uses_fla_where_it_can_and_says_once_why_not(monkeypatch):
     assert m.fla_notes('cuda') == ["attn_backend='auto': layers 0, 1 run nanoPE's PyTorch attention, not fla's "
                                    "kernel: fla-core is not installed: pip install fla-core"]
     assert tiny_model('rope', attn_backend='auto').fla_notes('cuda') == []  # no kernel: nothing to fall back from
+    monkeypatch.setattr(kernels, 'fla_status', lambda: (True, None))
+    m = tiny_model('wall', attn_backend='auto')  # exact only in a range a trained gate can leave: not under 'auto'
+    assert m.attention_backends('cuda') == ['auto', 'auto']
+    assert 'decays by more than about 76 nats' in m.fla_notes('cuda')[0]
+    assert tiny_model('wall', attn_backend='fla').attention_backends('cuda') == ['fla', 'fla']
 
 
 def test_a_kv_cache_stays_on_nanopes_path(monkeypatch):
