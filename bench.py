@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -114,19 +113,6 @@ class Clock:
         return time.process_time() if self.kind == 'cpu' else time.perf_counter()
 
 
-@contextmanager
-def attention_backend(model, backend):
-    """Every attention layer on `backend` ('flex' | 'dense') inside the block, as before after it."""
-    saved = [(blk.attn, blk.attn.backend) for blk in model.transformer.h]
-    for m, _ in saved:
-        m.backend = backend
-    try:
-        yield
-    finally:
-        for m, b in saved:
-            m.backend = b
-
-
 def static_bytes(*objs):
     """Bytes of distinct tensor storages held by modules (params, buffers) and optimizers (state)."""
     ts = [t for o in objs for t in ([*o.parameters(), *o.buffers()] if isinstance(o, nn.Module) else
@@ -158,29 +144,6 @@ def peak_extra_bytes(fn, device_type):
                     if e.name() == '[memory]' and e.device_type() == torch.autograd.DeviceType.CPU)
     # running total of allocations in order; frees of blocks allocated before fn() are not reported: no negative drift
     return max([0, *itertools.accumulate(n for _, n in events)])
-
-
-def peak_flops(device_type, cores):
-    """(peak FLOP/s, label). CPU: cores x clock x fp32 FLOPs/cycle from the ISA flags, an estimate."""
-    if device_type == 'cuda':
-        v = runtime.peak_flops(name := torch.cuda.get_device_name())
-        label = f'{name} bf16 dense {v / 1e12:.0f} TFLOP/s' if v else f'{name}: not in runtime.PEAK_BF16_FLOPS, no MFU'
-        return v, label
-    info = runtime.cpu_info()
-    try:
-        mhz = float(info['cpu MHz'])
-    except (KeyError, ValueError):
-        return None, 'CPU clock unknown, no MFU'
-    flags = info.get('flags', '').split()
-    per_cycle = 64 if 'avx512f' in flags else 32 if 'fma' in flags else 8  # 2 FMA pipes x lanes x 2
-    v = cores * mhz * 1e6 * per_cycle
-    return v, f'ESTIMATE: {cores} core(s) x {mhz / 1e3:.2f} GHz x {per_cycle} fp32 FLOP/cycle = {v / 1e9:.0f} GFLOP/s'
-
-
-def flops_per_token(model, cfg, T):
-    """6N + 12 * n_layer * n_head * head_dim * T (PaLM, arXiv 2204.02311, App. B), as GPT.estimate_mfu."""
-    head_dim = cfg.n_embd // cfg.n_head
-    return 6 * sum(p.numel() for p in model.parameters()) + 12 * cfg.n_layer * cfg.n_head * head_dim * T
 
 
 def median_ratio(xs, refs):
@@ -298,8 +261,7 @@ class Bench:
                     times['rope'], times[name]), train_vs_nanogpt=median_ratio(times[BASELINE], times[name]),
                     train_ms_all=[t * 1e3 for t in times[name]])
                 if peak:
-                    m = self.models[name]
-                    res[name]['mfu'] = flops_per_token(m, m.config, L) * B * L / dt / peak
+                    res[name]['mfu'] = runtime.mfu(self.models[name], L, B, dt, peak)
         for name in self.order if 'memory' in parts else []:
             m, opt = self.models[name], self.opts[name]
             res[name]['train_peak_MiB'] = self.peak_MiB(lambda: self.train_step(name), m, opt)
@@ -321,7 +283,7 @@ class Bench:
             m = self.models[name]
             res[name]['fwd8L_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
             if any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in m.pe.schemes):
-                with attention_backend(m, 'dense'):  # a bias scheme: the same forward with T x T biases
+                with runtime.attention_backend(m, 'dense'):  # a bias scheme: the same forward with T x T biases
                     res[name]['fwd8L_dense_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
 
     def sample(self):
@@ -431,7 +393,6 @@ def smoke_run(name, args, a):
     """One `python train.py config/<name>.py ARGS --smoke_args` into a fresh out_dir -> its numbers; its
     output goes to its log, kept in --smoke_logs if given. --smoke_cache: 'cold' (an empty torch.compile
     cache) or 'user' (yours). Past --smoke_timeout, or when bench stops, its process group is killed."""
-    from sweep import spawn
     cfg = f"config/{'nope' if name == 'none' else name}.py"  # the scheme's own config file, if it has one
     cfg = cfg if os.path.exists(os.path.join(HERE, cfg)) else None
     with tempfile.TemporaryDirectory(prefix=f'nanope-smoke-{name}-') as tmp:
@@ -442,7 +403,7 @@ def smoke_run(name, args, a):
         log, load = os.path.join(a.smoke_logs or tmp, f'{name}.log'), os.getloadavg()[0]
         ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         with open(log, 'w') as f:
-            p = spawn(cmd, f, env)
+            p = runtime.spawn(cmd, f, env)
         try:
             rc = p.wait(a.smoke_timeout)
         except subprocess.TimeoutExpired:
@@ -536,7 +497,7 @@ def main(argv):
     size = model_size(a, a.preset)
     out, meta, smoked = {}, {}, smoke(a, asked) if 'smoke' in parts else None
     if parts & SCHEME_PARTS:  # the CPU clock sums every thread's time: its throughput is per core, as its peak
-        peak, peak_label = peak_flops(rt.device_type, 1 if clock.kind == 'cpu' else threads)
+        peak, peak_label = runtime.peak_flops(rt.device_type, 1 if clock.kind == 'cpu' else threads)
         cpu = f'{runtime.cpu_name()}, {threads} thread(s)'
         dev_name = torch.cuda.get_device_name() if rt.device_type == 'cuda' else cpu
         shape = {k: v for k, v in size.items() if k != 'batch_size'}

@@ -64,6 +64,7 @@ if __name__ == '__main__':  # a Ctrl-C before the runs start (torch loading, the
     exit_on_ctrl_c('sweep.py', 'no run had started; run the same command again')
 import positional  # noqa: E402
 import rope_scaling  # noqa: E402
+import runtime  # noqa: E402
 from checkpoint import lock_out_dir  # noqa: E402
 from compare import read_result  # noqa: E402
 from files import atomic_json, open_no_follow, read_json  # noqa: E402
@@ -178,25 +179,15 @@ def wait_for_folder(d, timeout=120):
                 time.sleep(0.2)
 
 
-def spawn(cmd, log, env=None, preexec_fn=None):
-    """Start cmd in the repo with its output going straight to the open file `log` (sweep.py's and
-    bench.py's children): no pipe through the parent, so the child never dies of a broken pipe, and
-    the log is written line by line as it runs. A session of its own: a terminal's Ctrl-C reaches
-    the parent only, which decides what the child gets."""
-    return subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
-                            preexec_fn=preexec_fn)
-
-
 def start(cmd, log_path, env=None):
-    """Start a child whose output goes to log_path (spawn) and that gets SIGTERM when the sweep dies;
+    """Start a child whose output goes to log_path (runtime.spawn) and that gets SIGTERM when the sweep dies;
     a SIGTERM/SIGINT to the sweep passes one SIGTERM on to it."""
     wait_for_folder(os.path.dirname(log_path))
     stop_if_asked()
     with open(log_path, 'a') as log:
         log.write('$ ' + ' '.join(cmd) + '\n')
         log.flush()
-        p = spawn(cmd, log, env, preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
+        p = runtime.spawn(cmd, log, env, preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
     children.append(p)
     if stop_signal:  # the signal came while it was starting
         on_signal(stop_signal, None)
@@ -571,8 +562,7 @@ def log_aggregate(report_dir, base):
                 p = paired.get(lab, {})
                 rows.append([metric, col, lab, r['n'], r['mean'], r['sd'], r['min'], r['max'], p.get('diff'),
                              p.get('lo'), p.get('hi'), p.get('excludes_zero'), places.get(lab)])
-    import runtime
-    import wandb
+    import wandb  # here, not at the head: wandb is optional and slow to import
     meta = {k: agg[k] for k in ('baseline', 'interval')}
     run = runtime.wandb_init(base.get('wandb_project', 'nanoPE'), 'aggregate', meta, report_dir,
                              group=base['wandb_group'], job_type='aggregate')
@@ -591,8 +581,7 @@ def provenance():
     except OSError:
         commit = 'unknown'
     import torch
-    from runtime import cpu_name
-    hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{cpu_name()}, {os.cpu_count()} cores"
+    hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{runtime.cpu_name()}, {os.cpu_count()} cores"
     return f"commit {commit}, torch {torch.__version__}, {hw}"
 
 

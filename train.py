@@ -364,7 +364,7 @@ if master:  # a new run starts a fresh metrics.jsonl; a resumed one drops what w
 run_name = (wandb_run_name or pos_encoding) + (f'-s{seed}' if wandb_group else '')  # a sweep's runs: one per seed
 wandb_run = runtime.wandb_init(wandb_project, run_name, config, out_dir, resume_state.get('wandb_id'), wandb_group,
                                task or 'lm') if wandb_log and master else None
-peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
+peak_flops = runtime.peak_flops('cuda', gpu=runtime.device_name(rt))[0] if device_type == 'cuda' else None  # one GPU's
 
 # -----------------------------------------------------------------------------
 # Runs that survive: SIGTERM/SIGINT only set a flag, so the loop finishes its iteration (an evaluation
