@@ -17,7 +17,7 @@ prompt in the KV cache: per-token cost, and how it grows). smoke: train.py run a
 it, each run's time as it reports it. The model is config/bench_<preset>.py. --clock=cpu (the default
 on CPU) is process CPU time, blind to other processes on a shared machine: use it with --threads=1
 (more threads also count OpenMP spin-waiting). The GPU check is gpu_check.py.
---presets: the layer plans of config/<preset>.py (sweep.PRESETS) on the bench model, each beside its twin
+--presets: the layer plans of config/<preset>.py (presets.PRESETS) on the bench model, each beside its twin
 without windows or chunks (NAME-full); the '× full' columns are a preset's eval tok/s and forward peak
 over its twin's, measured in the same run. --windowed=W adds rope-windowW: rope with a W-key sliding window on
 every layer.
@@ -38,13 +38,13 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import layers
 import positional
 import runtime
-from configurator import options, read_config_file
+from configurator import options
 from console import exit_on_ctrl_c, progress
 from files import atomic_write, read_json
 from model import GPT, GPTConfig
+from presets import model_size, preset_plans, scheme_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASELINE = 'nanogpt'
@@ -163,41 +163,6 @@ def round_robin(names, rounds, fn, clock, desc):
                 times[n].append(clock.now() - t0)
             bar.update()
     return times
-
-
-def model_size(a, preset):
-    """The named model config/bench_<preset>.py, with any size given on the command line."""
-    path = os.path.join(HERE, 'config', f'bench_{preset}.py')
-    if not os.path.exists(path):
-        sys.exit(f"--preset={preset!r}: there is no config/bench_{preset}.py; use default or gpt2 (or write that file)")
-    size = read_config_file(path)
-    size.update({k: getattr(a, k) for k in size if getattr(a, k)})
-    return size
-
-
-PLAN_KEYS = ('pos_encoding', 'pos_options', 'n_layer') + layers.PLAN_KEYS
-
-
-def preset_plans(presets):
-    """{name: GPTConfig keys} of the presets (config/NAME.py's plan) and their twins NAME-full."""
-    from sweep import PRESETS
-    names = PRESETS if presets == 'all' else [p for p in presets.split(',') if p]
-    bad = [p for p in names if p not in PRESETS]
-    if bad:
-        sys.exit(f"unknown preset(s) {bad}; presets: {', '.join(PRESETS)} (or 'all')")
-    plans = {}
-    for p in names:
-        plan = {k: v for k, v in read_config_file(os.path.join(HERE, 'config', f'{p}.py')).items() if k in PLAN_KEYS}
-        plans[p], plans[f'{p}-full'] = plan, {**plan, 'sliding_window': None, 'attention_chunk_size': None}
-    return plans
-
-
-def scheme_names(schemes):
-    names = sorted(positional.REGISTRY) if schemes == 'all' else [s.strip() for s in schemes.split(',') if s.strip()]
-    bad = [n for n in names if n not in positional.REGISTRY]
-    if bad:
-        sys.exit(f"unknown scheme(s) {bad}; valid: {', '.join(sorted(positional.REGISTRY))} (or 'all')")
-    return names
 
 
 # --- the round-robin over schemes (parts train, memory, eval, sample) ------------------
@@ -462,12 +427,12 @@ def smoke(a, names):
 # --- main ---------------------------------------------------------------------------
 
 def main(argv):
-    if '--gpu_check=True' in argv:  # the GPU check's former command
-        import gpu_check
-        return gpu_check.main([x for x in argv if x != '--gpu_check=True'])
+    if '--gpu_check=True' in argv:  # the GPU check's former command: gpu_check.py in this process's place
+        os.execv(sys.executable, [sys.executable, os.path.join(HERE, 'gpu_check.py')]
+                 + [x for x in argv if x != '--gpu_check=True'])
     a = options(dict(
         schemes='all',                     # comma list of positional.REGISTRY names; rope is always added
-        presets='',                        # comma list of sweep.PRESETS (config/<preset>.py), or 'all'
+        presets='',                        # comma list of presets.PRESETS (config/<preset>.py), or 'all'
         windowed=0,                        # W > 0: also rope with a W-key sliding window on every layer
         parts='train,memory,eval,sample',  # which measurements to run, or smoke
         preset='default',                  # the model: config/bench_<preset>.py ('default' | 'gpt2')

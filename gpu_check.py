@@ -23,11 +23,11 @@ import torch
 
 import positional
 import runtime
-from bench import model_size, preset_plans, scheme_names
 from configurator import options
 from console import exit_on_ctrl_c
 from files import atomic_write
 from model import GPT, GPTConfig
+from presets import model_size, preset_plans, scheme_names
 from runtime import attention_backend
 
 MAIN_SCHEMES = ['rope', 'alibi', 't5', 'fire', 'learned']  # checked first; the first four also at 8L and 16L
@@ -167,7 +167,7 @@ def main(argv):
                            backend=(lambda b: b in ('auto', 'flex', 'dense'), "one of 'auto', 'flex', 'dense'")))
     names = sorted(set(scheme_names(a.schemes) + ['rope']),
                    key=lambda n: (MAIN_SCHEMES.index(n) if n in MAIN_SCHEMES else 99, n))
-    plans = {p: plan for p, plan in preset_plans(a.presets).items() if not p.endswith('-full')}
+    plans = preset_plans(a.presets, twins=False)
     exit_on_ctrl_c('gpu_check.py', f'{a.json} holds the schemes checked so far')
     rt = runtime.setup(a.device, a.dtype)
     preset = a.preset or ('gpt2' if rt.device_type == 'cuda' else 'default')

@@ -35,7 +35,7 @@ Sweep options (the rest go to train.py):
   --tasks=a,b         the task suite instead of language modelling ('default': TASK_SUITE below)
   --randomized=a,b    task suite: schemes also trained with randomized positions (default rope,learned)
   --workers=N         task suite: runs at a time, one CPU thread each (default 2)
-  --presets=a,b       the attention stacks of config/ (PRESETS; 'default': all), each also as NAME-full, its
+  --presets=a,b       the attention stacks of config/ (presets.PRESETS; 'default': all), each also as NAME-full, its
                       twin without windows or chunks; with --presets and no --schemes, only these run
   --drope=True        DroPE (config/drope.py, drope.py) on each seed's rope run: NoPE recalibrated for a fifth
                       of the steps (drope-c0), then DroPE's logit scaling with c fitted (drope); LM only
@@ -68,6 +68,7 @@ import runtime  # noqa: E402
 from checkpoint import lock_out_dir  # noqa: E402
 from compare import read_result  # noqa: E402
 from files import atomic_json, open_no_follow, read_json  # noqa: E402
+from presets import preset_args  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALINGS = ['linear', 'ntk', 'dynamic', 'yarn', 'llama3', 'yarn_nomscale', 'longrope', 'self_extend', 'rerope',
@@ -79,8 +80,6 @@ VARIANTS = {'rope-prope': {'pos_encoding': 'rope', 'pos_options': "{'p_rope': 0.
             'rope-logn': {'pos_encoding': 'rope', 'attn_scaling': "{'type': 'logn'}"},
             'rope-ssmax': {'pos_encoding': 'rope', 'attn_scaling': "{'type': 'ssmax'}"}}
 SCALED_SCHEMES = ['rope']  # schemes evaluated with each rope_scaling type
-# the attention stacks of 2025-26 models (config/NAME.py); each also runs as NAME-full, without windows or chunks
-PRESETS = ['rnope_swa', 'irope', 'gemma3', 'gpt_oss', 'sssl']
 DROPE = os.path.join(HERE, 'config', 'drope.py')
 EVAL_MULTS = 16            # eval.py's longest length, in units of L
 # the task suite: tasks and schemes; the small model every task run trains is config/task_small.py;
@@ -345,7 +344,7 @@ def main(argv):
         sys.exit("sweep.py sets pos_encoding and out_dir itself; choose schemes with --schemes and the folder "
                  "with --out")
     out = os.path.abspath(sweep['out'] or ('out-sweep-gpu' if sweep['gpu'] else 'out-sweep'))
-    presets = preset_args(PRESETS if sweep['presets'] == 'default' else [p for p in sweep['presets'].split(',') if p])
+    presets = preset_args(sweep['presets'])
     schemes = scheme_list(sweep['schemes'] or ('' if presets else 'all'))
     bad = [s for s in schemes if s not in positional.REGISTRY]
     if bad:
@@ -462,8 +461,7 @@ def task_suite(sweep, train_args, argv):
     import tasks
     names = TASK_SUITE['tasks'] if sweep['tasks'] == 'default' else sweep['tasks']
     names = names.split(',')
-    presets = preset_args(PRESETS if sweep['presets'] == 'default' else [p for p in sweep['presets'].split(',') if p],
-                          task=True)
+    presets = preset_args(sweep['presets'], task=True)
     schemes = scheme_list(sweep['schemes'] or ('' if presets else TASK_SUITE['schemes']))
     bad = [t for t in names if t not in tasks.TASKS] + [s for s in schemes if s not in positional.REGISTRY]
     if bad:
@@ -583,21 +581,6 @@ def provenance():
     import torch
     hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{runtime.cpu_name()}, {os.cpu_count()} cores"
     return f"commit {commit}, torch {torch.__version__}, {hw}"
-
-
-def preset_args(names, task=False):
-    """{run name: train.py args} of the presets and their twins (NAME-full: no windows, no chunks). In the task
-    suite a preset keeps its own depth (train.py's 4 layers unless it sets n_layer), so its pattern fits."""
-    unknown = [p for p in names if p not in PRESETS]
-    if unknown:
-        sys.exit(f"unknown preset(s) {unknown}; presets: {', '.join(PRESETS)} (or 'default' for all)")
-    out = {}
-    for p in names:
-        a = {k: v for k, v in config_args(os.path.join(HERE, 'config', f'{p}.py')).items() if k != 'out_dir'}
-        a = {'n_layer': '4', **a} if task else a
-        out[p] = a
-        out[f'{p}-full'] = {**a, 'sliding_window': 'None', 'attention_chunk_size': 'None'}
-    return out
 
 
 def config_args(path):
