@@ -65,10 +65,13 @@ if __name__ == '__main__':  # a Ctrl-C before the runs start (torch loading, the
 import positional  # noqa: E402
 import rope_scaling  # noqa: E402
 import runtime  # noqa: E402
+import tasks  # noqa: E402
 from checkpoint import lock_out_dir  # noqa: E402
-from compare import read_result  # noqa: E402
+from configurator import configure, read_config_file  # noqa: E402
+from evaluation import scaling_tag  # noqa: E402
 from files import atomic_json, open_no_follow, read_json  # noqa: E402
 from presets import preset_args  # noqa: E402
+from report import make_report, make_task_report, read_result  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALINGS = ['linear', 'ntk', 'dynamic', 'yarn', 'llama3', 'yarn_nomscale', 'longrope', 'self_extend', 'rerope',
@@ -322,7 +325,6 @@ def plan_line(what, jobs, seeds, kind, workers, out, evals=0):
 
 
 def main(argv):
-    from configurator import configure
     sweep = dict(out='', schemes='', scalings=','.join(SCALINGS), scaling_factor=float(EVAL_MULTS), passkey=None,
                  passkey_iters=300, passkey_trials=20, gpu=False, tasks='', randomized=TASK_SUITE['randomized'],
                  workers=2, variants='default', seeds=None, presets='', drope=False)
@@ -355,7 +357,6 @@ def main(argv):
     base.update(train_args)  # the user's keys win
     seeds = seed_list(sweep['seeds'], int(base['seed']))
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
-    from eval import scaling_tag
     # train.py resolves (and checks) the settings every run will use: one dry run, no training
     cfg = train_config(base)
     max_iters, L = cfg['max_iters'], cfg['block_size']
@@ -434,7 +435,6 @@ def main(argv):
                     failed += [(s, why)] if why else []
         if len(failed) == n:
             print(f"sweep: {s} done in {time.time() - t0:.0f}s ({time.time() - t_start:.0f}s so far)", flush=True)
-    from compare import make_report
     done = [os.path.join(out, s) for s, a in runs if finished(read_result(os.path.join(out, s, 'eval.json'))[0],
                                                               int(a.get('max_iters', max_iters)))]
     if done:
@@ -457,8 +457,7 @@ def scheme_list(value):
 def task_suite(sweep, train_args, argv):
     """Train every task x scheme (x randomized positions for some schemes) from scratch, `workers`
     runs at a time (one thread each: tiny models gain nothing from a second thread), resumable as
-    the LM sweep; then compare.make_task_report. Each run: out/<task>/<scheme>[-randomized]-s<seed>."""
-    import tasks
+    the LM sweep; then report.make_task_report. Each run: out/<task>/<scheme>[-randomized]-s<seed>."""
     names = TASK_SUITE['tasks'] if sweep['tasks'] == 'default' else sweep['tasks']
     names = names.split(',')
     presets = preset_args(sweep['presets'], task=True)
@@ -522,7 +521,6 @@ def task_suite(sweep, train_args, argv):
                   f"the suite started)", flush=True)
             failed += [(d, why)] if why else []
         time.sleep(0.1)
-    from compare import make_task_report
     own_iters = {a['task']: a['max_iters'] for a in jobs if a['max_iters'] != base['max_iters']}
     notes = (f"Task suite: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}"
              + (f" (max_iters per task: {own_iters})" if own_iters else '') + f"; {sweep['workers']} single-threaded "
@@ -585,7 +583,6 @@ def provenance():
 
 def config_args(path):
     """A config file's settings as train.py --key=value strings, in the file's order."""
-    from configurator import read_config_file
     return {k: str(v) for k, v in read_config_file(path).items()}
 
 

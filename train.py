@@ -21,12 +21,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import layers
 import runtime
+import tasks
 from checkpoint import (atomic_save, check_writable, init_model, load_shared, load_weights, lock_out_dir, name_groups,
                         read_meta, resolve_init, restore_rng, rng_states, trim_metrics)
 from configurator import configure
 from console import exit_on_ctrl_c
+from evaluation import Interrupted, eval_lengths, final_suite
 from files import link_or_copy, open_append
-from eval import Interrupted, eval_lengths, final_suite
 
 # -----------------------------------------------------------------------------
 # defaults: the small CPU model; config/*.py files only change the scheme
@@ -117,7 +118,6 @@ if master:
 ckpt, ckpt_path = resolve_init(config, explicit_keys, master)
 globals().update(config)
 if task:  # an algorithmic task instead of a corpus: the model's L is its longest training sequence
-    import tasks
     if task not in tasks.TASKS:
         sys.exit(f"unknown task {task!r}; tasks: {', '.join(tasks.TASKS)}")
     if task_n > tasks.MAX_N:
