@@ -17,7 +17,7 @@ prompt in the KV cache: per-token cost, and how it grows). smoke: train.py run a
 it, each run's time as it reports it. The model is config/bench_<preset>.py. --clock=cpu (the default
 on CPU) is process CPU time, blind to other processes on a shared machine: use it with --threads=1
 (more threads also count OpenMP spin-waiting). The GPU check is gpu_check.py.
---presets: the layer plans of config/<preset>.py (sweep.PRESETS) on the bench model, each beside its twin
+--presets: the layer plans of config/<preset>.py (presets.PRESETS) on the bench model, each beside its twin
 without windows or chunks (NAME-full); the '× full' columns are a preset's eval tok/s and forward peak
 over its twin's, measured in the same run. --windowed=W adds rope-windowW: rope with a W-key sliding window on
 every layer.
@@ -33,19 +33,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import layers
 import positional
 import runtime
-from configurator import options, read_config_file
+from configurator import options
 from console import exit_on_ctrl_c, progress
 from files import atomic_write, read_json
 from model import GPT, GPTConfig
+from presets import model_size, preset_plans, scheme_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASELINE = 'nanogpt'
@@ -114,19 +113,6 @@ class Clock:
         return time.process_time() if self.kind == 'cpu' else time.perf_counter()
 
 
-@contextmanager
-def attention_backend(model, backend):
-    """Every attention layer on `backend` ('flex' | 'dense') inside the block, as before after it."""
-    saved = [(blk.attn, blk.attn.backend) for blk in model.transformer.h]
-    for m, _ in saved:
-        m.backend = backend
-    try:
-        yield
-    finally:
-        for m, b in saved:
-            m.backend = b
-
-
 def static_bytes(*objs):
     """Bytes of distinct tensor storages held by modules (params, buffers) and optimizers (state)."""
     ts = [t for o in objs for t in ([*o.parameters(), *o.buffers()] if isinstance(o, nn.Module) else
@@ -160,29 +146,6 @@ def peak_extra_bytes(fn, device_type):
     return max([0, *itertools.accumulate(n for _, n in events)])
 
 
-def peak_flops(device_type, cores):
-    """(peak FLOP/s, label). CPU: cores x clock x fp32 FLOPs/cycle from the ISA flags, an estimate."""
-    if device_type == 'cuda':
-        v = runtime.peak_flops(name := torch.cuda.get_device_name())
-        label = f'{name} bf16 dense {v / 1e12:.0f} TFLOP/s' if v else f'{name}: not in runtime.PEAK_BF16_FLOPS, no MFU'
-        return v, label
-    info = runtime.cpu_info()
-    try:
-        mhz = float(info['cpu MHz'])
-    except (KeyError, ValueError):
-        return None, 'CPU clock unknown, no MFU'
-    flags = info.get('flags', '').split()
-    per_cycle = 64 if 'avx512f' in flags else 32 if 'fma' in flags else 8  # 2 FMA pipes x lanes x 2
-    v = cores * mhz * 1e6 * per_cycle
-    return v, f'ESTIMATE: {cores} core(s) x {mhz / 1e3:.2f} GHz x {per_cycle} fp32 FLOP/cycle = {v / 1e9:.0f} GFLOP/s'
-
-
-def flops_per_token(model, cfg, T):
-    """6N + 12 * n_layer * n_head * head_dim * T (PaLM, arXiv 2204.02311, App. B), as GPT.estimate_mfu."""
-    head_dim = cfg.n_embd // cfg.n_head
-    return 6 * sum(p.numel() for p in model.parameters()) + 12 * cfg.n_layer * cfg.n_head * head_dim * T
-
-
 def median_ratio(xs, refs):
     """Median over rounds of x/ref, each ratio taken within one round."""
     return statistics.median(x / r for x, r in zip(xs, refs))
@@ -200,41 +163,6 @@ def round_robin(names, rounds, fn, clock, desc):
                 times[n].append(clock.now() - t0)
             bar.update()
     return times
-
-
-def model_size(a, preset):
-    """The named model config/bench_<preset>.py, with any size given on the command line."""
-    path = os.path.join(HERE, 'config', f'bench_{preset}.py')
-    if not os.path.exists(path):
-        sys.exit(f"--preset={preset!r}: there is no config/bench_{preset}.py; use default or gpt2 (or write that file)")
-    size = read_config_file(path)
-    size.update({k: getattr(a, k) for k in size if getattr(a, k)})
-    return size
-
-
-PLAN_KEYS = ('pos_encoding', 'pos_options', 'n_layer') + layers.PLAN_KEYS
-
-
-def preset_plans(presets):
-    """{name: GPTConfig keys} of the presets (config/NAME.py's plan) and their twins NAME-full."""
-    from sweep import PRESETS
-    names = PRESETS if presets == 'all' else [p for p in presets.split(',') if p]
-    bad = [p for p in names if p not in PRESETS]
-    if bad:
-        sys.exit(f"unknown preset(s) {bad}; presets: {', '.join(PRESETS)} (or 'all')")
-    plans = {}
-    for p in names:
-        plan = {k: v for k, v in read_config_file(os.path.join(HERE, 'config', f'{p}.py')).items() if k in PLAN_KEYS}
-        plans[p], plans[f'{p}-full'] = plan, {**plan, 'sliding_window': None, 'attention_chunk_size': None}
-    return plans
-
-
-def scheme_names(schemes):
-    names = sorted(positional.REGISTRY) if schemes == 'all' else [s.strip() for s in schemes.split(',') if s.strip()]
-    bad = [n for n in names if n not in positional.REGISTRY]
-    if bad:
-        sys.exit(f"unknown scheme(s) {bad}; valid: {', '.join(sorted(positional.REGISTRY))} (or 'all')")
-    return names
 
 
 # --- the round-robin over schemes (parts train, memory, eval, sample) ------------------
@@ -298,8 +226,7 @@ class Bench:
                     times['rope'], times[name]), train_vs_nanogpt=median_ratio(times[BASELINE], times[name]),
                     train_ms_all=[t * 1e3 for t in times[name]])
                 if peak:
-                    m = self.models[name]
-                    res[name]['mfu'] = flops_per_token(m, m.config, L) * B * L / dt / peak
+                    res[name]['mfu'] = runtime.mfu(self.models[name], L, B, dt, peak)
         for name in self.order if 'memory' in parts else []:
             m, opt = self.models[name], self.opts[name]
             res[name]['train_peak_MiB'] = self.peak_MiB(lambda: self.train_step(name), m, opt)
@@ -321,7 +248,7 @@ class Bench:
             m = self.models[name]
             res[name]['fwd8L_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
             if any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in m.pe.schemes):
-                with attention_backend(m, 'dense'):  # a bias scheme: the same forward with T x T biases
+                with runtime.attention_backend(m, 'dense'):  # a bias scheme: the same forward with T x T biases
                     res[name]['fwd8L_dense_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
 
     def sample(self):
@@ -431,7 +358,6 @@ def smoke_run(name, args, a):
     """One `python train.py config/<name>.py ARGS --smoke_args` into a fresh out_dir -> its numbers; its
     output goes to its log, kept in --smoke_logs if given. --smoke_cache: 'cold' (an empty torch.compile
     cache) or 'user' (yours). Past --smoke_timeout, or when bench stops, its process group is killed."""
-    from sweep import spawn
     cfg = f"config/{'nope' if name == 'none' else name}.py"  # the scheme's own config file, if it has one
     cfg = cfg if os.path.exists(os.path.join(HERE, cfg)) else None
     with tempfile.TemporaryDirectory(prefix=f'nanope-smoke-{name}-') as tmp:
@@ -442,7 +368,7 @@ def smoke_run(name, args, a):
         log, load = os.path.join(a.smoke_logs or tmp, f'{name}.log'), os.getloadavg()[0]
         ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         with open(log, 'w') as f:
-            p = spawn(cmd, f, env)
+            p = runtime.spawn(cmd, f, env)
         try:
             rc = p.wait(a.smoke_timeout)
         except subprocess.TimeoutExpired:
@@ -501,12 +427,12 @@ def smoke(a, names):
 # --- main ---------------------------------------------------------------------------
 
 def main(argv):
-    if '--gpu_check=True' in argv:  # the GPU check's former command
-        import gpu_check
-        return gpu_check.main([x for x in argv if x != '--gpu_check=True'])
+    if '--gpu_check=True' in argv:  # the GPU check's former command: gpu_check.py in this process's place
+        os.execv(sys.executable, [sys.executable, os.path.join(HERE, 'gpu_check.py')]
+                 + [x for x in argv if x != '--gpu_check=True'])
     a = options(dict(
         schemes='all',                     # comma list of positional.REGISTRY names; rope is always added
-        presets='',                        # comma list of sweep.PRESETS (config/<preset>.py), or 'all'
+        presets='',                        # comma list of presets.PRESETS (config/<preset>.py), or 'all'
         windowed=0,                        # W > 0: also rope with a W-key sliding window on every layer
         parts='train,memory,eval,sample',  # which measurements to run, or smoke
         preset='default',                  # the model: config/bench_<preset>.py ('default' | 'gpt2')
@@ -536,7 +462,7 @@ def main(argv):
     size = model_size(a, a.preset)
     out, meta, smoked = {}, {}, smoke(a, asked) if 'smoke' in parts else None
     if parts & SCHEME_PARTS:  # the CPU clock sums every thread's time: its throughput is per core, as its peak
-        peak, peak_label = peak_flops(rt.device_type, 1 if clock.kind == 'cpu' else threads)
+        peak, peak_label = runtime.peak_flops(rt.device_type, 1 if clock.kind == 'cpu' else threads)
         cpu = f'{runtime.cpu_name()}, {threads} thread(s)'
         dev_name = torch.cuda.get_device_name() if rt.device_type == 'cuda' else cpu
         shape = {k: v for k, v in size.items() if k != 'batch_size'}

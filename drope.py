@@ -21,7 +21,7 @@ import numpy as np
 import checkpoint
 import runtime
 from configurator import options
-from eval import length_of, nonoverlap_loss
+from evaluation import length_of, nonoverlap_loss
 
 GRID = [round(0.05 * i, 2) for i in range(21)]
 

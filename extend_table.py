@@ -9,7 +9,7 @@ and as a control the same fine-tune without scaling), then prints val loss at
 L, 2L, 4L and 8L for RoPE without scaling, with each scaling method applied at
 evaluation only (s = 4, no training), and for the fine-tuned models (evaluated
 with the scaling they were fine-tuned with).
-Same windows as train.py's evaluation (eval.eval_loss), so numbers compare.
+Same windows as train.py's evaluation (evaluation.eval_loss), so numbers compare.
 Options: --device, --dtype (as train.py; auto = CUDA + bf16 where available).
 """
 import os
@@ -22,7 +22,7 @@ import runtime
 from checkpoint import data_dir, load_model
 from configurator import configure
 from console import exit_on_ctrl_c
-from eval import eval_loss
+from evaluation import eval_loss
 
 S, MULTS, TOKENS = 4, (1, 2, 4, 8), 32768
 RUNS = {'out-rope': ['config/rope.py'], 'out-extend-pi': ['config/extend_pi.py'],

@@ -23,11 +23,12 @@ import torch
 
 import positional
 import runtime
-from bench import attention_backend, flops_per_token, model_size, peak_flops, preset_plans, scheme_names
 from configurator import options
 from console import exit_on_ctrl_c
 from files import atomic_write
 from model import GPT, GPTConfig
+from presets import model_size, preset_plans, scheme_names
+from runtime import attention_backend
 
 MAIN_SCHEMES = ['rope', 'alibi', 't5', 'fire', 'learned']  # checked first; the first four also at 8L and 16L
 # The training check's learning rate, constant: at GPT-2's 6e-4 with no warm-up, the 124M model's first steps spike
@@ -138,7 +139,7 @@ def check_train(model, size, B, L, a, rt, peak, r):
     dt = (time.perf_counter() - t0) / a.iters
     r.update(train_ms=dt * 1e3, train_tok_s=B * L / dt, train_peak_MiB=mem, loss=loss.item())
     if peak:
-        r['mfu'] = flops_per_token(model, model.config, L) * B * L / dt / peak
+        r['mfu'] = runtime.mfu(model, L, B, dt, peak)
 
 
 @torch.no_grad()
@@ -166,13 +167,13 @@ def main(argv):
                            backend=(lambda b: b in ('auto', 'flex', 'dense'), "one of 'auto', 'flex', 'dense'")))
     names = sorted(set(scheme_names(a.schemes) + ['rope']),
                    key=lambda n: (MAIN_SCHEMES.index(n) if n in MAIN_SCHEMES else 99, n))
-    plans = {p: plan for p, plan in preset_plans(a.presets).items() if not p.endswith('-full')}
+    plans = preset_plans(a.presets, twins=False)
     exit_on_ctrl_c('gpu_check.py', f'{a.json} holds the schemes checked so far')
     rt = runtime.setup(a.device, a.dtype)
     preset = a.preset or ('gpt2' if rt.device_type == 'cuda' else 'default')
     size = model_size(a, preset)
     B, L = size.pop('batch_size'), size['block_size']
-    peak, peak_label = peak_flops(rt.device_type, 1)
+    peak, peak_label = runtime.peak_flops(rt.device_type)
     out = {'meta': dict(torch=torch.__version__, device=runtime.device_name(rt), dtype=rt.dtype, preset=preset,
                         model=size, batch_size=B, peak=peak_label, argv=sys.argv), 'results': {}}
     path, t_start, tol = a.json or 'gpu_check.json', time.perf_counter(), tolerance(rt)

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 import attention
 import layers
+import runtime
 import stack
 
 
@@ -278,12 +279,8 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops):
-        """Model FLOPs utilisation (PaLM appendix B): 6N + 12*L*H*Q*T FLOPs per token."""
-        N = self.get_num_params()
-        cfg = self.config
-        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
-        flops_per_iter = (6 * N + 12 * L * H * Q * T) * T * fwdbwd_per_iter
-        return flops_per_iter / dt / peak_flops
+        """Model FLOPs utilisation of fwdbwd_per_iter sequences of block_size tokens in dt seconds (runtime.mfu)."""
+        return runtime.mfu(self, self.config.block_size, fwdbwd_per_iter, dt, peak_flops)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, recent=None, sink_tokens=4):

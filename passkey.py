@@ -33,7 +33,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import checkpoint
+import console
+import runtime
 import tasks
+from configurator import options
+from evaluation import length_of, scaling_tag
+from report import plot_heatmap
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 KEY = "The pass key is {}. "
@@ -87,7 +93,6 @@ def key_depth(prompt):
 def get_codec(ckpt, data_dir=''):
     """encode for the run's vocabulary. Character level only: the prompt's length in
     tokens is its length in characters, so prompts hit the eval lengths exactly."""
-    import checkpoint
     folder = checkpoint.data_dir(ckpt, data_dir) if data_dir or not ckpt.get('meta') else None  # (refuses a misfit)
     meta = ckpt.get('meta') or checkpoint.read_meta(folder) or {}
     if 'stoi' not in meta:
@@ -169,8 +174,6 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
     """Grids [len(mults)][len(depths)] of accuracy, digit accuracy and answer loss (None
     where the scheme cannot address the length). The prompts depend only on (seed,
     length), so every scheme sees the same ones. Logits only for the answer positions."""
-    import console
-    from eval import length_of
     model.eval()
     grids = {'acc': [], 'digit_acc': [], 'answer_loss': []}
     for m in mults:
@@ -205,43 +208,12 @@ def evaluate(model, encode, L, mults=(1, 2, 4, 8, 16), depths=(0.0, 0.25, 0.5, 0
             'trials': trials, **grids}
 
 
-def plot_heatmap(res, path=None, ax=None, title=None):
-    """Accuracy over eval length (x) x key depth (y); grey where the scheme cannot go."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    grid = np.array([[np.nan] * len(res['depths']) if a is None else a for a in res['acc']], dtype=float).T
-    own = ax is None
-    if own:
-        fig, ax = plt.subplots(figsize=(1.1 * len(res['mults']) + 1.5, 0.5 * len(res['depths']) + 1.5))
-    cmap = matplotlib.colormaps['viridis'].with_extremes(bad='lightgrey')
-    ax.imshow(np.ma.masked_invalid(grid), vmin=0, vmax=1, cmap=cmap, aspect='auto', origin='lower')
-    for (j, i), v in np.ndenumerate(grid):
-        if not np.isnan(v):
-            ax.text(i, j, f"{v:.2f}", ha='center', va='center', fontsize=7, color='white' if v < 0.6 else 'black')
-    ax.set_xticks(range(len(res['mults'])), [f"{m}L" for m in res['mults']])
-    ax.set_yticks(range(len(res['depths'])), [f"{d:g}" for d in res['depths']])
-    ax.set_xlabel('prompt length')
-    ax.set_ylabel('key depth')
-    ax.set_title(title or f"passkey: {res.get('scheme', '')}", fontsize=9)
-    if own:
-        fig.tight_layout()
-        from files import atomic_write
-        atomic_write(path, lambda f: fig.savefig(f, dpi=120, format='png'))  # never through a link
-        plt.close(fig)
-
-
 if __name__ == '__main__':
-    import checkpoint
-    import runtime
-    from configurator import options
-    from eval import scaling_tag
     o = options(dict(out_dir='out', device='auto', dtype='auto', iters=300, lr=1e-3, batch_size=32, train_len=0,
                      retrain=False, mults=[1, 2, 4, 8, 16], depths=[0.0, 0.25, 0.5, 0.75, 1.0], trials=20, seed=0,
                      batch_tokens=2**14, rope_scaling=None, name='', data_dir=''), sys.argv[1:],
                 rules=dict(iters='>=0', lr='>0', batch_size='>0', train_len='>=0', trials='>0', batch_tokens='>0'))
-    from console import exit_on_ctrl_c
-    exit_on_ctrl_c('passkey.py', 'a finished fine-tune (passkey_ckpt.pt) is reused when you run it again')
+    console.exit_on_ctrl_c('passkey.py', 'a finished fine-tune (passkey_ckpt.pt) is reused when you run it again')
     rt = runtime.setup(o.device, o.dtype)
     checkpoint.check_writable(o.out_dir)
     checkpoint.lock_out_dir(o.out_dir, 'passkey.py')  # it writes passkey_ckpt.pt and its results there

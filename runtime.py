@@ -1,7 +1,9 @@
 """
-Device, precision and peak FLOP/s: the one place every script (train, eval, sample,
-passkey, bench, extend_table) gets them from, so a GPU run of each uses the same
-bf16 autocast and TF32 settings and the tables they write are comparable.
+Device, precision and speed: the one place every script (train, eval, sample, passkey, bench, gpu_check,
+extend_table) gets them from, so a GPU run of each uses the same bf16 autocast and TF32 settings and the tables
+they write are comparable. Also: peak FLOP/s, FLOPs per token and MFU (one formula for train.py, bench.py and
+gpu_check.py), the attention backend of a built model, the global batch split, signals and the DDP stop
+agreement, child runs (spawn) and wandb.
 
   rt = runtime.setup('auto', 'auto')   # CUDA + bf16 autocast where available, else CPU float32
   with rt.autocast: logits, loss = model(x, y)
@@ -9,10 +11,11 @@ bf16 autocast and TF32 settings and the tables they write are comparable.
 import atexit
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -23,6 +26,7 @@ import torch
 PEAK_BF16_FLOPS = [('H100 PCIe', 756e12), ('H100 NVL', 835e12), ('H100', 989e12), ('H200', 989e12),
                    ('GH200', 989e12), ('A100', 312e12), ('L40S', 362e12), ('A10G', 70e12)]
 DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+HERE = os.path.dirname(os.path.abspath(__file__))  # the repo: where child runs start
 
 
 @dataclass
@@ -57,9 +61,50 @@ def setup(device='auto', dtype='auto'):
     return Runtime(device, device_type, dtype, ctx)
 
 
-def peak_flops(device_name):
-    """Dense bf16 peak FLOP/s of one GPU named `device_name`, or None if unknown."""
-    return next((v for k, v in PEAK_BF16_FLOPS if k in device_name), None)
+def peak_flops(device_type, cores=1, gpu=None):
+    """(peak FLOP/s, label) that MFU is taken against; (None, why not) where it is unknown. CUDA: one GPU's dense
+    bf16 peak from PEAK_BF16_FLOPS, by its name (`gpu`; default the current GPU's). CPU: an ESTIMATE, `cores` x the
+    clock x fp32 FLOPs per cycle from the ISA flags (2 FMA pipes x vector lanes x 2)."""
+    if device_type == 'cuda':
+        name = gpu or torch.cuda.get_device_name()
+        v = next((v for k, v in PEAK_BF16_FLOPS if k in name), None)
+        label = f'{name} bf16 dense {v / 1e12:.0f} TFLOP/s' if v else f'{name}: not in runtime.PEAK_BF16_FLOPS, no MFU'
+        return v, label
+    info = cpu_info()
+    try:
+        mhz = float(info['cpu MHz'])
+    except (KeyError, ValueError):
+        return None, 'CPU clock unknown, no MFU'
+    flags = info.get('flags', '').split()
+    per_cycle = 64 if 'avx512f' in flags else 32 if 'fma' in flags else 8  # 2 FMA pipes x lanes x 2
+    v = cores * mhz * 1e6 * per_cycle
+    return v, f'ESTIMATE: {cores} core(s) x {mhz / 1e3:.2f} GHz x {per_cycle} fp32 FLOP/cycle = {v / 1e9:.0f} GFLOP/s'
+
+
+def flops_per_token(model, T):
+    """Training FLOPs per token at sequence length T (PaLM, arXiv 2204.02311, App. B): 6N for the N parameters
+    (all of them) + 12 * n_layer * n_head * head_dim * T for the attention. Any model with a GPTConfig-like
+    .config: nanoPE's GPT, bench.py's nanoGPT."""
+    c = model.config
+    return 6 * sum(p.numel() for p in model.parameters()) + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * T
+
+
+def mfu(model, T, rows, seconds, peak):
+    """Model FLOPs utilisation: `rows` sequences of T tokens trained in `seconds`, a fraction of `peak` FLOP/s."""
+    return flops_per_token(model, T) * T * rows / seconds / peak
+
+
+@contextmanager
+def attention_backend(model, backend):
+    """Every attention layer of a built GPT on `backend` ('flex' | 'dense') inside the block, as before after it."""
+    saved = [(blk.attn, blk.attn.backend) for blk in model.transformer.h]
+    for m, _ in saved:
+        m.backend = backend
+    try:
+        yield
+    finally:
+        for m, b in saved:
+            m.backend = b
 
 
 def cpu_info():
@@ -267,6 +312,16 @@ class RunControl:
             self.heartbeat.last_word(why)
         print(f"[rank {rank}] {why}; the run cannot go on: {resume}", file=sys.stderr, flush=True)
         os._exit(1)  # not a normal exit: gloo's teardown with a peer gone can abort with a C++ message
+
+
+def spawn(cmd, log, env=None, preexec_fn=None):
+    """Start cmd in the repo with its output going straight to the open file `log` (sweep.py's and
+    bench.py's children): no pipe through the parent, so the child never dies of a broken pipe, and
+    the log is written line by line as it runs. A session of its own: a terminal's Ctrl-C reaches
+    the parent only, which decides what the child gets."""
+    return subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
+                            preexec_fn=preexec_fn)
 
 
 def process_start():

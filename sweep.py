@@ -35,7 +35,7 @@ Sweep options (the rest go to train.py):
   --tasks=a,b         the task suite instead of language modelling ('default': TASK_SUITE below)
   --randomized=a,b    task suite: schemes also trained with randomized positions (default rope,learned)
   --workers=N         task suite: runs at a time, one CPU thread each (default 2)
-  --presets=a,b       the attention stacks of config/ (PRESETS; 'default': all), each also as NAME-full, its
+  --presets=a,b       the attention stacks of config/ (presets.PRESETS; 'default': all), each also as NAME-full, its
                       twin without windows or chunks; with --presets and no --schemes, only these run
   --drope=True        DroPE (config/drope.py, drope.py) on each seed's rope run: NoPE recalibrated for a fifth
                       of the steps (drope-c0), then DroPE's logit scaling with c fitted (drope); LM only
@@ -64,9 +64,14 @@ if __name__ == '__main__':  # a Ctrl-C before the runs start (torch loading, the
     exit_on_ctrl_c('sweep.py', 'no run had started; run the same command again')
 import positional  # noqa: E402
 import rope_scaling  # noqa: E402
+import runtime  # noqa: E402
+import tasks  # noqa: E402
 from checkpoint import lock_out_dir  # noqa: E402
-from compare import read_result  # noqa: E402
+from configurator import configure, read_config_file  # noqa: E402
+from evaluation import scaling_tag  # noqa: E402
 from files import atomic_json, open_no_follow, read_json  # noqa: E402
+from presets import preset_args  # noqa: E402
+from report import make_report, make_task_report, read_result  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALINGS = ['linear', 'ntk', 'dynamic', 'yarn', 'llama3', 'yarn_nomscale', 'longrope', 'self_extend', 'rerope',
@@ -78,8 +83,6 @@ VARIANTS = {'rope-prope': {'pos_encoding': 'rope', 'pos_options': "{'p_rope': 0.
             'rope-logn': {'pos_encoding': 'rope', 'attn_scaling': "{'type': 'logn'}"},
             'rope-ssmax': {'pos_encoding': 'rope', 'attn_scaling': "{'type': 'ssmax'}"}}
 SCALED_SCHEMES = ['rope']  # schemes evaluated with each rope_scaling type
-# the attention stacks of 2025-26 models (config/NAME.py); each also runs as NAME-full, without windows or chunks
-PRESETS = ['rnope_swa', 'irope', 'gemma3', 'gpt_oss', 'sssl']
 DROPE = os.path.join(HERE, 'config', 'drope.py')
 EVAL_MULTS = 16            # eval.py's longest length, in units of L
 # the task suite: tasks and schemes; the small model every task run trains is config/task_small.py;
@@ -178,25 +181,15 @@ def wait_for_folder(d, timeout=120):
                 time.sleep(0.2)
 
 
-def spawn(cmd, log, env=None, preexec_fn=None):
-    """Start cmd in the repo with its output going straight to the open file `log` (sweep.py's and
-    bench.py's children): no pipe through the parent, so the child never dies of a broken pipe, and
-    the log is written line by line as it runs. A session of its own: a terminal's Ctrl-C reaches
-    the parent only, which decides what the child gets."""
-    return subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
-                            preexec_fn=preexec_fn)
-
-
 def start(cmd, log_path, env=None):
-    """Start a child whose output goes to log_path (spawn) and that gets SIGTERM when the sweep dies;
+    """Start a child whose output goes to log_path (runtime.spawn) and that gets SIGTERM when the sweep dies;
     a SIGTERM/SIGINT to the sweep passes one SIGTERM on to it."""
     wait_for_folder(os.path.dirname(log_path))
     stop_if_asked()
     with open(log_path, 'a') as log:
         log.write('$ ' + ' '.join(cmd) + '\n')
         log.flush()
-        p = spawn(cmd, log, env, preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
+        p = runtime.spawn(cmd, log, env, preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
     children.append(p)
     if stop_signal:  # the signal came while it was starting
         on_signal(stop_signal, None)
@@ -332,7 +325,6 @@ def plan_line(what, jobs, seeds, kind, workers, out, evals=0):
 
 
 def main(argv):
-    from configurator import configure
     sweep = dict(out='', schemes='', scalings=','.join(SCALINGS), scaling_factor=float(EVAL_MULTS), passkey=None,
                  passkey_iters=300, passkey_trials=20, gpu=False, tasks='', randomized=TASK_SUITE['randomized'],
                  workers=2, variants='default', seeds=None, presets='', drope=False)
@@ -354,7 +346,7 @@ def main(argv):
         sys.exit("sweep.py sets pos_encoding and out_dir itself; choose schemes with --schemes and the folder "
                  "with --out")
     out = os.path.abspath(sweep['out'] or ('out-sweep-gpu' if sweep['gpu'] else 'out-sweep'))
-    presets = preset_args(PRESETS if sweep['presets'] == 'default' else [p for p in sweep['presets'].split(',') if p])
+    presets = preset_args(sweep['presets'])
     schemes = scheme_list(sweep['schemes'] or ('' if presets else 'all'))
     bad = [s for s in schemes if s not in positional.REGISTRY]
     if bad:
@@ -365,7 +357,6 @@ def main(argv):
     base.update(train_args)  # the user's keys win
     seeds = seed_list(sweep['seeds'], int(base['seed']))
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
-    from eval import scaling_tag
     # train.py resolves (and checks) the settings every run will use: one dry run, no training
     cfg = train_config(base)
     max_iters, L = cfg['max_iters'], cfg['block_size']
@@ -444,7 +435,6 @@ def main(argv):
                     failed += [(s, why)] if why else []
         if len(failed) == n:
             print(f"sweep: {s} done in {time.time() - t0:.0f}s ({time.time() - t_start:.0f}s so far)", flush=True)
-    from compare import make_report
     done = [os.path.join(out, s) for s, a in runs if finished(read_result(os.path.join(out, s, 'eval.json'))[0],
                                                               int(a.get('max_iters', max_iters)))]
     if done:
@@ -467,12 +457,10 @@ def scheme_list(value):
 def task_suite(sweep, train_args, argv):
     """Train every task x scheme (x randomized positions for some schemes) from scratch, `workers`
     runs at a time (one thread each: tiny models gain nothing from a second thread), resumable as
-    the LM sweep; then compare.make_task_report. Each run: out/<task>/<scheme>[-randomized]-s<seed>."""
-    import tasks
+    the LM sweep; then report.make_task_report. Each run: out/<task>/<scheme>[-randomized]-s<seed>."""
     names = TASK_SUITE['tasks'] if sweep['tasks'] == 'default' else sweep['tasks']
     names = names.split(',')
-    presets = preset_args(PRESETS if sweep['presets'] == 'default' else [p for p in sweep['presets'].split(',') if p],
-                          task=True)
+    presets = preset_args(sweep['presets'], task=True)
     schemes = scheme_list(sweep['schemes'] or ('' if presets else TASK_SUITE['schemes']))
     bad = [t for t in names if t not in tasks.TASKS] + [s for s in schemes if s not in positional.REGISTRY]
     if bad:
@@ -533,7 +521,6 @@ def task_suite(sweep, train_args, argv):
                   f"the suite started)", flush=True)
             failed += [(d, why)] if why else []
         time.sleep(0.1)
-    from compare import make_task_report
     own_iters = {a['task']: a['max_iters'] for a in jobs if a['max_iters'] != base['max_iters']}
     notes = (f"Task suite: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}"
              + (f" (max_iters per task: {own_iters})" if own_iters else '') + f"; {sweep['workers']} single-threaded "
@@ -571,8 +558,7 @@ def log_aggregate(report_dir, base):
                 p = paired.get(lab, {})
                 rows.append([metric, col, lab, r['n'], r['mean'], r['sd'], r['min'], r['max'], p.get('diff'),
                              p.get('lo'), p.get('hi'), p.get('excludes_zero'), places.get(lab)])
-    import runtime
-    import wandb
+    import wandb  # here, not at the head: wandb is optional and slow to import
     meta = {k: agg[k] for k in ('baseline', 'interval')}
     run = runtime.wandb_init(base.get('wandb_project', 'nanoPE'), 'aggregate', meta, report_dir,
                              group=base['wandb_group'], job_type='aggregate')
@@ -591,29 +577,12 @@ def provenance():
     except OSError:
         commit = 'unknown'
     import torch
-    from runtime import cpu_name
-    hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{cpu_name()}, {os.cpu_count()} cores"
+    hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{runtime.cpu_name()}, {os.cpu_count()} cores"
     return f"commit {commit}, torch {torch.__version__}, {hw}"
-
-
-def preset_args(names, task=False):
-    """{run name: train.py args} of the presets and their twins (NAME-full: no windows, no chunks). In the task
-    suite a preset keeps its own depth (train.py's 4 layers unless it sets n_layer), so its pattern fits."""
-    unknown = [p for p in names if p not in PRESETS]
-    if unknown:
-        sys.exit(f"unknown preset(s) {unknown}; presets: {', '.join(PRESETS)} (or 'default' for all)")
-    out = {}
-    for p in names:
-        a = {k: v for k, v in config_args(os.path.join(HERE, 'config', f'{p}.py')).items() if k != 'out_dir'}
-        a = {'n_layer': '4', **a} if task else a
-        out[p] = a
-        out[f'{p}-full'] = {**a, 'sliding_window': 'None', 'attention_chunk_size': 'None'}
-    return out
 
 
 def config_args(path):
     """A config file's settings as train.py --key=value strings, in the file's order."""
-    from configurator import read_config_file
     return {k: str(v) for k, v in read_config_file(path).items()}
 
 

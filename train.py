@@ -22,12 +22,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import attention
 import layers
 import runtime
+import tasks
 from checkpoint import (atomic_save, check_writable, init_model, load_shared, load_weights, lock_out_dir, name_groups,
                         read_meta, resolve_init, restore_rng, rng_states, trim_metrics)
 from configurator import configure
 from console import exit_on_ctrl_c
+from evaluation import Interrupted, eval_lengths, final_suite
 from files import link_or_copy, open_append
-from eval import Interrupted, eval_lengths, final_suite
 
 # -----------------------------------------------------------------------------
 # defaults: the small CPU model; config/*.py files only change the scheme
@@ -119,7 +120,6 @@ if master:
 ckpt, ckpt_path = resolve_init(config, explicit_keys, master)
 globals().update(config)
 if task:  # an algorithmic task instead of a corpus: the model's L is its longest training sequence
-    import tasks
     if task not in tasks.TASKS:
         sys.exit(f"unknown task {task!r}; tasks: {', '.join(tasks.TASKS)}")
     if task_n > tasks.MAX_N:
@@ -368,7 +368,7 @@ if master:  # a new run starts a fresh metrics.jsonl; a resumed one drops what w
 run_name = (wandb_run_name or pos_encoding) + (f'-s{seed}' if wandb_group else '')  # a sweep's runs: one per seed
 wandb_run = runtime.wandb_init(wandb_project, run_name, config, out_dir, resume_state.get('wandb_id'), wandb_group,
                                task or 'lm') if wandb_log and master else None
-peak_flops = runtime.peak_flops(runtime.device_name(rt)) if device_type == 'cuda' else None  # one GPU's
+peak_flops = runtime.peak_flops('cuda', gpu=runtime.device_name(rt))[0] if device_type == 'cuda' else None  # one GPU's
 
 # -----------------------------------------------------------------------------
 # Runs that survive: SIGTERM/SIGINT only set a flag, so the loop finishes its iteration (an evaluation

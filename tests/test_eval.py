@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from conftest import tiny_model, tiny_config
 
-import eval as E
+import evaluation as E
 import passkey as P
 
 V = 37
@@ -271,7 +271,7 @@ def test_passkey_answer_checker():
 # --- compare ------------------------------------------------------------------------
 
 def test_compare_report_from_fixture_jsons(tmp_path):
-    import compare
+    import report
     mults = [1, 2, 4]
     runs = {
         'rope': ({'scheme': 'rope', 'rope_scaling': None, 'block_size': 8, 'mults': mults, 'lengths': [8, 16, 32],
@@ -301,7 +301,7 @@ def test_compare_report_from_fixture_jsons(tmp_path):
     (tmp_path / 'rope' / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
     yarn = dict(runs['rope'][0], rope_scaling={'type': 'yarn', 'factor': 4}, nonoverlap=[1.6, 1.7, 1.8])
     (tmp_path / 'rope' / 'eval_yarn_x4.json').write_text(json.dumps(yarn))
-    path = compare.make_report(dirs, str(tmp_path / 'report'))
+    path = report.make_report(dirs, str(tmp_path / 'report'))
     md = open(path).read()
     assert '| rope | 1 | 1.500 | 1.750 | 2.125 |' in md
     assert '| rope +yarn_x4 | 1 | 1.600 | 1.700 | 1.800 |' in md
@@ -320,7 +320,7 @@ def test_compare_over_seeds_cells_paired_intervals_ties_and_aggregate(tmp_path):
     """Three seeds of two schemes and one of a third: cells mean ± sd (min–max) with n, the
     difference from rope paired by seed with its t interval, a ranking that ties what the
     seeds do not separate, aggregate.json with the same numbers; values computed by hand."""
-    import compare
+    import report
     base = {'rope_scaling': None, 'block_size': 8, 'mults': [1, 2], 'lengths': [8, 16]}
     losses = {'rope': {1: [2.0, 2.2, 2.1], 2: [3.0, 3.4, 3.2]},
               'alibi': {1: [1.9, 2.15, 2.1], 2: [2.5, 2.8, 2.7]},   # 2L: rope - 0.5, -0.6, -0.5 at each seed
@@ -333,7 +333,7 @@ def test_compare_over_seeds_cells_paired_intervals_ties_and_aggregate(tmp_path):
             (d / 'eval.json').write_text(json.dumps(dict(base, scheme=scheme, seed=seed,
                                                          nonoverlap=[by_m[1][i], by_m[2][i]])))
             dirs.append(str(d))
-    md = open(compare.make_report(dirs, str(tmp_path / 'report'))).read()
+    md = open(report.make_report(dirs, str(tmp_path / 'report'))).read()
     # rope 1L: mean 2.1, sd 0.1; 2L: mean 3.2, sd 0.2
     assert '| rope | 3 | 2.100 ± 0.100 (2.000–2.200) | 3.200 ± 0.200 (3.000–3.400) |' in md
     assert '| none | 1 | 2.500 | 2.900 |' in md
@@ -359,9 +359,9 @@ def test_compare_over_seeds_cells_paired_intervals_ties_and_aggregate(tmp_path):
             "| none | 1 | 2.500 | +0.500 (n=1) | 1 | 2.900 | -0.100 (n=1) | 1 |") in md
     # the plot's band is each length's lowest and highest seed; a length a seed lacks has none
     rope = [json.load(open(os.path.join(d, 'eval.json'))) for d in dirs if '/rope-' in d]
-    assert compare.seed_band(rope, 'nonoverlap') == [(1, 2.0, 2.2), (2, 3.0, 3.4)]
+    assert report.seed_band(rope, 'nonoverlap') == [(1, 2.0, 2.2), (2, 3.0, 3.4)]
     rope[1]['nonoverlap'] = [2.2, None]
-    assert compare.seed_band(rope, 'nonoverlap') == [(1, 2.0, 2.2)] and compare.seed_band(rope, 'sliding') == []
+    assert report.seed_band(rope, 'nonoverlap') == [(1, 2.0, 2.2)] and report.seed_band(rope, 'sliding') == []
 
 
 def test_leaderboard_over_sweeps_joins_lm_and_task_columns(tmp_path, capsys):
@@ -424,7 +424,7 @@ def test_leaderboard_over_sweeps_joins_lm_and_task_columns(tmp_path, capsys):
 
 def test_doc_aware_windows_never_cross_eot(monkeypatch):
     """evaluate(doc_eot=...) scores only windows inside one document, each from its start."""
-    import eval as E
+    import evaluation as E
     from conftest import tiny_model
     eot = 0
     rng = np.random.default_rng(0)
@@ -450,7 +450,7 @@ def test_doc_aware_windows_never_cross_eot(monkeypatch):
 def test_eval_records_the_standard_error_of_each_mean_loss():
     """Every length and protocol carries the standard error of its mean loss over windows: checked
     against per-window losses computed here with plain cross-entropy, one window at a time."""
-    import eval as E
+    import evaluation as E
     import torch.nn.functional as F
     from conftest import tiny_model
     assert E.standard_error([1.0, 2.0, 3.0, 4.0]) == pytest.approx(math.sqrt(5 / 3) / 2)  # sd / sqrt(n)
@@ -477,7 +477,7 @@ def test_compare_report_has_longppl_over_seeds(tmp_path):
     """LongPPL's loss per length over seeds with the paired difference from rope, and the key-token counts
     (mean over seeds) beside it; a length where no run has a key token (1L) gets no column, and with no key
     token anywhere the report says so in one line instead of a table of dashes."""
-    import compare
+    import report
     base = {'rope_scaling': None, 'block_size': 8, 'mults': [1, 2], 'lengths': [8, 16], 'nonoverlap': [2.0, 2.5]}
     runs = {('rope', 1): ([None, 0.5], [None, 10]), ('rope', 2): ([None, 0.7], [None, 14]),
             ('alibi', 1): ([None, 0.25], [None, 30]), ('alibi', 2): ([None, 0.35], [None, 40])}
@@ -489,7 +489,7 @@ def test_compare_report_has_longppl_over_seeds(tmp_path):
               'candidates': [None, 64], 'candidates_loss': [None, 2.4]}
         (d / 'eval.json').write_text(json.dumps(dict(base, scheme=scheme, seed=seed, longppl=lp)))
         dirs.append(str(d))
-    md = open(compare.make_report(dirs, str(tmp_path / 'report'))).read()
+    md = open(report.make_report(dirs, str(tmp_path / 'report'))).read()
     assert 'LongPPL: loss on the key tokens' in md and 'the last 8 tokens alone by > 2 nats and its loss is < 2' in md
     assert '| run | n | 2L (16) |\n' in md and '| rope | 2 | 0.600 ± 0.141 (0.500–0.700) |' in md
     assert '| alibi | 2 | 0.300 ± 0.071 (0.250–0.350) |' in md
@@ -499,21 +499,21 @@ def test_compare_report_has_longppl_over_seeds(tmp_path):
         e = json.load(open(os.path.join(d, 'eval.json')))
         e['longppl'].update(loss=[None, None], key_tokens=[None, 0])
         json.dump(e, open(os.path.join(d, 'eval.json'), 'w'))
-    md = open(compare.make_report(dirs, str(tmp_path / 'report'))).read()
+    md = open(report.make_report(dirs, str(tmp_path / 'report'))).read()
     assert 'LongPPL: no key tokens at any length' in md and 'LongPPL: loss on the key tokens' not in md
 
 
 def test_compare_keeps_runs_apart_that_are_not_seeds_of_one_setting(tmp_path):
     """Two runs of one scheme at the same seed (say 1000 and 30 iterations) are two runs, not two
     seeds: each gets a row labelled with its folder, n = 1."""
-    import compare
+    import report
     base = {'scheme': 'rope', 'rope_scaling': None, 'block_size': 8, 'mults': [1], 'lengths': [8], 'seed': 1337}
     dirs = []
     for name, loss in (('long', 1.5), ('short', 2.5)):
         (tmp_path / name).mkdir()
         (tmp_path / name / 'eval.json').write_text(json.dumps(dict(base, nonoverlap=[loss])))
         dirs.append(str(tmp_path / name))
-    md = open(compare.make_report(dirs, str(tmp_path / 'report'))).read()
+    md = open(report.make_report(dirs, str(tmp_path / 'report'))).read()
     assert '| rope (long) | 1 | 1.500 |' in md and '| rope (short) | 1 | 2.500 |' in md
 
 
@@ -538,11 +538,11 @@ def test_task_report_over_seeds_pairs_each_task_by_seed(tmp_path):
     """Two tasks x two schemes x three seeds: the beyond-N table has n = 3 per run (not one per
     task and seed), and every task column gets its own paired difference from rope and ranking;
     values by hand."""
-    import compare
+    import report
     ood = {('copy', 'rope'): [0.10, 0.20, 0.30], ('copy', 'alibi'): [0.30, 0.45, 0.50],  # alibi - rope: .2 .25 .2
            ('sort', 'rope'): [0.50, 0.60, 0.70], ('sort', 'alibi'): [0.40, 0.70, 0.60]}  # -.1 .1 -.1: a tie
     dirs = write_task_runs(tmp_path, {(task, scheme, scheme): vals for (task, scheme), vals in ood.items()})
-    md = open(compare.make_task_report(dirs, str(tmp_path / 'report'))).read()
+    md = open(report.make_task_report(dirs, str(tmp_path / 'report'))).read()
     assert '| rope | 3 | 0.20 ± 0.10 (0.10–0.30) | 0.60 ± 0.10 (0.50–0.70) |' in md
     half = 4.302653 * (0.028868 / math.sqrt(3))  # copy: d = .2, .25, .2, mean .21667, sd .028868
     assert f"| alibi | +0.22 [{0.21667 - half:+.2f}, {0.21667 + half:+.2f}] * | -0.03 [" in md
@@ -555,10 +555,10 @@ def test_task_report_over_seeds_pairs_each_task_by_seed(tmp_path):
 def test_task_report_groups_a_presets_seeds_by_its_name(tmp_path):
     """A preset runs the rope scheme under its own name (eval.json 'name', as train.py writes it): its seeds form
     one row of n = 3, paired by seed with rope's, not three rows labelled by folder."""
-    import compare
+    import report
     ood = {('rope', 'rope'): [0.5, 0.6, 0.7], ('rope', 'gemma3'): [0.7, 0.7, 0.9]}  # gemma3 - rope: .2 .1 .2
     dirs = write_task_runs(tmp_path, {('sort', scheme, name): vals for (scheme, name), vals in ood.items()})
-    md = open(compare.make_task_report(dirs, str(tmp_path / 'report'))).read()
+    md = open(report.make_task_report(dirs, str(tmp_path / 'report'))).read()
     assert '| gemma3 | 3 | 0.77 ± 0.12 (0.70–0.90) |' in md and '| rope | 3 | 0.60 ± 0.10 (0.50–0.70) |' in md
     half = 4.302653 * (0.057735 / math.sqrt(3))  # d = .2, .1, .2: mean .16667, sd .057735
     assert f"| gemma3 | +0.17 [{0.16667 - half:+.2f}, {0.16667 + half:+.2f}] * |" in md
@@ -573,7 +573,7 @@ def test_committed_results_rebuild_their_reports(agg_path, tmp_path):
     """Each sweep in results/ (the runs behind docs/results.md and docs/tasks.md): every run is whole and at the
     max_iters it was started with, and compare.py over the committed runs writes the committed aggregate.json
     number for number, so the docs' tables can be rebuilt from what is in the repository."""
-    import compare
+    import report
     import sweep as sweep_mod
     sweep = os.path.dirname(os.path.dirname(agg_path))
     runs = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(sweep, '**', 'eval.json'), recursive=True)
@@ -581,14 +581,14 @@ def test_committed_results_rebuild_their_reports(agg_path, tmp_path):
     assert runs
     iters = {}  # train.py's max_iters for each run's settings (a dry run where sweep_args.json leaves it out)
     for d in runs:
-        res, why = compare.read_result(os.path.join(d, 'eval.json'))
+        res, why = report.read_result(os.path.join(d, 'eval.json'))
         args = json.load(open(os.path.join(d, 'sweep_args.json')))
         if 'max_iters' not in args:
             key = json.dumps({k: v for k, v in args.items() if k not in ('seed', 'out_dir', 'pos_encoding')})
             iters[key] = iters.get(key) or sweep_mod.train_config(json.loads(key))['max_iters']
         assert why is None and sweep_mod.finished(res, args.get('max_iters') or iters[key]), d
-    report = compare.make_task_report if 'task' in res else compare.make_report
-    report(runs, str(tmp_path))
+    build = report.make_task_report if 'task' in res else report.make_report
+    build(runs, str(tmp_path))
     assert json.load(open(tmp_path / 'aggregate.json')) == json.load(open(agg_path)), \
         f"{agg_path} does not match its runs: rebuild it with compare.py over them"
 

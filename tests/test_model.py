@@ -11,11 +11,10 @@ import torch.nn.functional as F
 
 import attention as A
 import positional
-from bench import preset_plans
 from conftest import (SCHEMES, Validated, assert_causal, assert_flex_equals_dense, assert_kv_cache_matches_full_forward,
                       assert_same_grads, assert_trains_and_pe_params_learn, attend_mods, flex_and_dense_grads,
                       has_attention_mod, tiny_model, validating_backend)
-from sweep import PRESETS
+from presets import PRESETS, preset_plans
 from test_stacks import STACKS, split_heads, stack_model
 
 

@@ -459,7 +459,7 @@ def test_full_disk_keeps_the_previous_checkpoint_and_no_temp_file(data, trained,
 
 
 def test_memory_guard_skips_lengths_that_would_not_fit(monkeypatch, capsys):
-    import eval as E
+    import evaluation as E
     from conftest import tiny_model
     m = tiny_model('alibi')
     monkeypatch.setattr(E, 'available_bytes', lambda device: 600 * 2**20)  # 600 MB free

@@ -1,16 +1,29 @@
-"""The training runtime's helpers: the peak-FLOPs table behind MFU, and how split_batch shares a global
-batch among DDP ranks."""
+"""The training runtime's helpers: the peak-FLOPs table and the FLOP formula behind MFU, and how split_batch shares
+a global batch among DDP ranks."""
 import pytest
 
 import runtime
 
 
 def test_peak_flops_table():
-    assert runtime.peak_flops('NVIDIA H100 80GB HBM3') == 989e12
-    assert runtime.peak_flops('NVIDIA H100 PCIe') == 756e12
-    assert runtime.peak_flops('NVIDIA H200') == 989e12
-    assert runtime.peak_flops('NVIDIA A100-SXM4-80GB') == 312e12
-    assert runtime.peak_flops('Tesla T4') is None
+    peak = lambda name: runtime.peak_flops('cuda', gpu=name)[0]  # noqa: E731
+    assert peak('NVIDIA H100 80GB HBM3') == 989e12
+    assert peak('NVIDIA H100 PCIe') == 756e12
+    assert peak('NVIDIA H200') == 989e12
+    assert peak('NVIDIA A100-SXM4-80GB') == 312e12
+    assert peak('Tesla T4') is None
+    assert runtime.peak_flops('cuda', gpu='Tesla T4')[1] == 'Tesla T4: not in runtime.PEAK_BF16_FLOPS, no MFU'
+
+
+def test_one_flop_formula_behind_every_mfu():
+    """6N + 12 * n_layer * n_head * head_dim * T FLOPs per token (PaLM, App. B); GPT.estimate_mfu is runtime.mfu."""
+    from conftest import tiny_model
+    m = tiny_model('rope')
+    c, N = m.config, sum(p.numel() for p in m.parameters())
+    per_token = 6 * N + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.block_size
+    assert runtime.flops_per_token(m, c.block_size) == per_token
+    assert runtime.mfu(m, c.block_size, 8, 0.5, 1e12) == per_token * c.block_size * 8 / 0.5 / 1e12
+    assert m.estimate_mfu(8, 0.5, 1e12) == runtime.mfu(m, c.block_size, 8, 0.5, 1e12)
 
 
 def test_split_batch_covers_the_global_batch():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import configurator
-import eval as E
+import evaluation as E
 from conftest import ROOT, fork_run, tiny_model
 
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=8', '--eval_tokens=256',

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from compare import read_result
+from report import read_result
 from conftest import ROOT
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')

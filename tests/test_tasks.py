@@ -400,8 +400,8 @@ def test_flipflop_final_eval_scores_each_split_on_its_own_data_and_the_report_sh
     test splits under 'splits', each scored on its own strings: exact match (every read of a string right)
     and per-token accuracy (reads right) per size bin, against the reads of the same strings drawn here in
     the evaluator's order; compare.py's task report has a column and a by-size table for each split."""
-    import compare
-    import eval as E
+    import evaluation as E
+    import report
     N, reps = 2, 16
     head = dict(scheme='rope', name='rope', seed=1, rope_scaling=None, iter=0, out_dir=str(tmp_path))
     assert E.final_suite(ZeroReader(), str(tmp_path), head, task='flipflop', task_n=N) is None
@@ -428,7 +428,7 @@ def test_flipflop_final_eval_scores_each_split_on_its_own_data_and_the_report_sh
         assert r['exact_ood'] == pytest.approx(np.mean(exact[N:] / rows[N:]))  # means over the bins
         assert r['token_id'] == pytest.approx(np.mean(right[:N] / reads[:N]))
     assert res['splits']['flipflop_dense']['exact_ood'] < res['splits']['flipflop_sparse']['exact_ood']
-    md = open(compare.make_task_report([str(tmp_path)], str(tmp_path / 'report'))).read()
+    md = open(report.make_task_report([str(tmp_path)], str(tmp_path / 'report'))).read()
     for t in ('flipflop', 'flipflop_sparse', 'flipflop_dense'):
         assert f'{t} (N={N})' in md and f'### {t}: exact match by size' in md
     assert 'Per-token accuracy' in md
