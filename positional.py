@@ -28,13 +28,16 @@ f.reads_table = True (FlexAttention's smaller tiles on CUDA). Attributes the scr
 declared on PositionalEncoding. The full contract, with shapes and the rules the tests check, is
 in docs/schemes.md.
 
-Contents:
-  Context, PositionalEncoding (the base class), NoPE
-  embeddings       learned, sinusoidal
-  q/k transforms   rope (+ ExtendedRoPE: Self-Extend, ReRoPE), xpos, mrope, rope2d, xl, pope
-  score biases     alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta
-  own attention    fox, cope, stick_breaking
-  RoPE's successors, 2025-26: grape_m, grape_a (+ GrapeAP), fope, ropepp, selective_rope
+Contents, one section per row of the README's "how positions enter" table, in its order (tested against the
+registry and the README):
+  the contract     Context, PositionalEncoding (the base class); option checks and small helpers
+  not at all       none
+  embed            learned, sinusoidal
+  transform_qk     rope (+ ExtendedRoPE: Self-Extend, ReRoPE, STRING), xpos, mrope, rope2d, pope, xl, fope, grape_m,
+                   ropepp
+  score_mod        alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta, grape_a (+ GrapeAP)
+  layer_context    selective_rope, grape_m contextual (GrapeMContextual)
+  attention        fox, cope, stick_breaking, path, path_fox, wall
 The maths of RoPE context extension (config.rope_scaling) is in rope_scaling.py.
 Adding a scheme = a subclass here decorated with @register('name'), config/name.py and a test.
 """
@@ -160,10 +163,10 @@ class PositionalEncoding(nn.Module):
         return None
 
     def value_mod(self, q, k, ctx, layer, score_mod, attend):
-        """g(lse) added to the attention output, built from the q and score_mod that the model's
-        path uses after attention scaling (attn_scaling) has scaled them; `attend` says which keys each
-        query sees (its mask), since a value term that rebuilds weights must give hidden keys none. One user (Shaw's relative
-        values); it is a hook of its own rather than part of `attention` because a scheme with its
+        """g(lse) added to the attention output, built from the q and score_mod that the attention's own
+        path uses after attention scaling (attn_scaling) has scaled them; `attend` says which keys each query
+        sees (its mask), since a value term that rebuilds weights must give hidden keys none. One user (Shaw's
+        relative values); it is a hook of its own rather than part of `attention` because a scheme with its
         own attention gets no attention scaling, and Shaw's values must be read from scaled logits
         to train with logn/ssmax."""
         return None
@@ -186,6 +189,58 @@ class PositionalEncoding(nn.Module):
         return f"name={self.name}"
 
 
+# --- helpers every scheme may use: option checks (one line naming the option and what it takes), small modules
+
+
+def _softplus_inverse(y):
+    """The x with softplus(x) = y, for y > 0."""
+    return math.log(math.expm1(float(y)))
+
+
+def _linear(n_in, n_out, bias=None):
+    """nn.Linear with flash-linear-attention's init: weight N(0, 0.02), bias `bias` (None: no bias)."""
+    m = nn.Linear(n_in, n_out, bias=bias is not None)
+    nn.init.normal_(m.weight, std=0.02)
+    if bias is not None:
+        nn.init.constant_(m.bias, float(bias))
+    return m
+
+
+def check_flag(scheme, name, value):
+    """An option that is True or False."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{scheme} {name} must be True or False, got {value!r}")
+    return value
+
+
+def check_number(scheme, name, value, lo=0.0, inclusive=False, what=''):
+    """A number > lo (>= lo when inclusive) -> float."""
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not (number and (value >= lo if inclusive else value > lo)):
+        raise ValueError(f"{scheme} {name} must be a number {'>=' if inclusive else '>'} {lo:g}{what}, got {value!r}")
+    return float(value)
+
+
+def check_whole(scheme, name, value, lo=1, hi=None, even=False, what=''):
+    """A whole number lo <= value <= hi (even where asked) -> int; 16.0 is 16, 2.5 is refused."""
+    whole = not isinstance(value, bool) and (isinstance(value, int) or isinstance(value, float) and value.is_integer())
+    if not (whole and lo <= value and (hi is None or value <= hi) and not (even and value % 2)):
+        kind = 'an even integer' if even else 'an integer'
+        bound = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{scheme} {name} must be {kind} {bound}{what}, got {value!r}")
+    return int(value)
+
+
+def check_choice(scheme, name, value, choices):
+    """One of `choices`."""
+    if value not in choices:
+        raise ValueError(f"{scheme} {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+# --- not at all: no positional signal (the causal mask still leaks position)
+
+
 @register('none')
 class NoPE(PositionalEncoding):
     """NoPE: no positional information at all (Kazemnejad et al., arXiv 2305.19466;
@@ -193,7 +248,7 @@ class NoPE(PositionalEncoding):
     because the causal mask leaks it (the number of attended tokens differs per row)."""
 
 
-# --- embeddings: positions added to the token embeddings, once, before block 0
+# --- added to the token embeddings (`embed`), once, before block 0
 
 
 def sinusoidal_table(n_pos, dim, positions=None):
@@ -242,7 +297,8 @@ class Sinusoidal(PositionalEncoding):
         return x * math.sqrt(self.n_embd) + pe
 
 
-# --- q/k transforms: positions rotate, scale or extend the queries and keys
+# --- rotating or extending q and k (`transform_qk`): RoPE and its relatives, and RoPE's successors that stay
+# q/k transforms (FoPE, GRAPE-M, RoPE++)
 
 
 def rotate_half(x):
@@ -567,9 +623,7 @@ class RoPE2D(_SectionRoPE):
         if self.head_dim % 4:
             raise ValueError(f"rope2d splits head_dim into 2 axes of rotary pairs: head_dim must be a multiple "
                              f"of 4, got {self.head_dim}; change n_embd/n_head")
-        if int(width) != width or width < 1:
-            raise ValueError(f"rope2d width must be a positive integer, got {width!r}")
-        self.width = int(width)
+        self.width = check_whole('rope2d', 'width', width)
         inv, self.attention_factor = rope_frequencies(self.head_dim // 2, self.base, self.scaling)
         self.set_sections(torch.cat((inv, inv)), [self.head_dim // 4] * 2)
 
@@ -581,60 +635,6 @@ class RoPE2D(_SectionRoPE):
 
     def axis_positions(self, pos):
         return torch.stack((pos // self.width, pos % self.width))
-
-
-@register('xl')
-class TransformerXL(PositionalEncoding):
-    """Transformer-XL relative attention (Dai et al., arXiv 1901.02860, section 3.3):
-    score_ij = [(q_i + u).k_j + (q_i + v).W_R R_{i-j}] / sqrt(d_head),
-    R_r = [sin(r w) | cos(r w)], w_f = 10000^(-2f/r_dim) (r_dim = n_embd as in the
-    paper), u, v [n_head, d_head] learned and shared by all layers, W_R [n_embd, r_dim]
-    per layer. No segment recurrence (memory): this is the position scheme only.
-    Exact rewrite, no TxT tensor: with a = W_R^T (q_i + v) split as [a_s | a_c],
-    a.R_{i-j} = sum_f c_f(i) cos(j w_f) + s_f(i) sin(j w_f) where
-    c = a_s sin(i w) + a_c cos(i w), s = a_c sin(i w) - a_s cos(i w). So the
-    positional term is a dot product of a per-query vector with the fixed key
-    vector [cos(j w) | sin(j w)]: transform_qk appends them to q and k (head dim
-    d_head + r_dim) and plain causal SDPA does the rest. q is multiplied by
-    sqrt((d_head + r_dim)/d_head) so SDPA's 1/sqrt(dim) is XL's 1/sqrt(d_head).
-    Options: r_dim (default n_embd). Init N(0, 0.02) for u, v and W_R (XL's)."""
-
-    def __init__(self, config, r_dim=None):
-        super().__init__(config)
-        self.r_dim = int(r_dim or config.n_embd)
-        if self.r_dim % 2 or self.r_dim <= 0:
-            raise ValueError(f"xl r_dim (dimension of the sinusoid R) must be a positive even integer, got {r_dim!r}")
-        self.u = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
-        self.v = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
-        inv = 10000.0 ** (-torch.arange(0, self.r_dim, 2, dtype=torch.float64) / self.r_dim)
-        self.register_buffer('inv_freq', inv.float(), persistent=False)
-
-    def new_layer(self):
-        w_r = nn.Linear(self.r_dim, self.n_embd, bias=False)  # W_R: R -> all heads
-        nn.init.normal_(w_r.weight, std=0.02)
-        return w_r
-
-    def context(self, q_pos, k_pos, n_pos=None):
-        cos, sin = self.cos_sin(q_pos)
-        return make_context(q_pos, k_pos, n_pos, cos=cos, sin=sin)
-
-    def cos_sin(self, pos):
-        ang = angles(pos, self.inv_freq)  # [T, r_dim/2]
-        return ang.cos(), ang.sin()
-
-    def transform_qk(self, q, k, ctx, layer):
-        B, H, T, d = q.shape
-        cos, sin = ctx.extra['cos'], ctx.extra['sin']
-        kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), self.cos_sin)
-        w = layer.weight.view(H, d, self.r_dim)  # W_R^h
-        a = torch.einsum('bhtd,hdr->bhtr', (q + self.v[:, None]).float(), w.float())
-        a_s, a_c = a.chunk(2, dim=-1)  # coefficients of sin(r w) and cos(r w) in R_r
-        q_r = torch.cat((a_s * sin + a_c * cos, a_c * sin - a_s * cos), -1)
-        k_r = torch.cat((kcos, ksin), -1).expand(B, H, -1, -1)  # the keys' own positions
-        c = math.sqrt((d + self.r_dim) / d)
-        q = torch.cat((q + self.u[:, None], q_r.to(q.dtype)), -1) * c
-        k = torch.cat((k, k_r.to(k.dtype)), -1)
-        return q, k
 
 
 class _PopeLayer(nn.Module):
@@ -670,9 +670,7 @@ class PoPE(PositionalEncoding):
 
     def __init__(self, config, base=10000.0, delta_init='zero'):
         super().__init__(config)
-        if delta_init not in ('zero', 'uniform'):
-            raise ValueError(f"pope delta_init must be 'zero' or 'uniform', got {delta_init!r}")
-        self.base, self.delta_init = float(base), delta_init
+        self.base, self.delta_init = float(base), check_choice('pope', 'delta_init', delta_init, ('zero', 'uniform'))
         inv = self.base ** (-torch.arange(self.head_dim, dtype=torch.float64) / self.head_dim)
         self.register_buffer('inv_freq', inv.float(), persistent=False)
 
@@ -696,9 +694,288 @@ class PoPE(PositionalEncoding):
         return q2.to(q.dtype), k2.to(k.dtype)
 
 
-# --- score biases: an additive logit bias f(score, b, h, i, j). A bias that depends only on the
-# distance is tabulated once per forward for distances 0..n_pos-1 (O(T)) and indexed in score_mod,
-# so FlexAttention never builds a TxT tensor and its backward scatters into that small table.
+@register('xl')
+class TransformerXL(PositionalEncoding):
+    """Transformer-XL relative attention (Dai et al., arXiv 1901.02860, section 3.3):
+    score_ij = [(q_i + u).k_j + (q_i + v).W_R R_{i-j}] / sqrt(d_head),
+    R_r = [sin(r w) | cos(r w)], w_f = 10000^(-2f/r_dim) (r_dim = n_embd as in the
+    paper), u, v [n_head, d_head] learned and shared by all layers, W_R [n_embd, r_dim]
+    per layer. No segment recurrence (memory): this is the position scheme only.
+    Exact rewrite, no TxT tensor: with a = W_R^T (q_i + v) split as [a_s | a_c],
+    a.R_{i-j} = sum_f c_f(i) cos(j w_f) + s_f(i) sin(j w_f) where
+    c = a_s sin(i w) + a_c cos(i w), s = a_c sin(i w) - a_s cos(i w). So the
+    positional term is a dot product of a per-query vector with the fixed key
+    vector [cos(j w) | sin(j w)]: transform_qk appends them to q and k (head dim
+    d_head + r_dim) and plain causal SDPA does the rest. q is multiplied by
+    sqrt((d_head + r_dim)/d_head) so SDPA's 1/sqrt(dim) is XL's 1/sqrt(d_head).
+    Options: r_dim (default n_embd). Init N(0, 0.02) for u, v and W_R (XL's)."""
+
+    def __init__(self, config, r_dim=None):
+        super().__init__(config)
+        self.r_dim = check_whole('xl', 'r_dim', r_dim or config.n_embd, even=True, what=' (the sinusoid R\'s dims)')
+        self.u = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
+        self.v = nn.Parameter(torch.randn(config.n_head, self.head_dim) * 0.02)
+        inv = 10000.0 ** (-torch.arange(0, self.r_dim, 2, dtype=torch.float64) / self.r_dim)
+        self.register_buffer('inv_freq', inv.float(), persistent=False)
+
+    def new_layer(self):
+        w_r = nn.Linear(self.r_dim, self.n_embd, bias=False)  # W_R: R -> all heads
+        nn.init.normal_(w_r.weight, std=0.02)
+        return w_r
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        cos, sin = self.cos_sin(q_pos)
+        return make_context(q_pos, k_pos, n_pos, cos=cos, sin=sin)
+
+    def cos_sin(self, pos):
+        ang = angles(pos, self.inv_freq)  # [T, r_dim/2]
+        return ang.cos(), ang.sin()
+
+    def transform_qk(self, q, k, ctx, layer):
+        B, H, T, d = q.shape
+        cos, sin = ctx.extra['cos'], ctx.extra['sin']
+        kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), self.cos_sin)
+        w = layer.weight.view(H, d, self.r_dim)  # W_R^h
+        a = torch.einsum('bhtd,hdr->bhtr', (q + self.v[:, None]).float(), w.float())
+        a_s, a_c = a.chunk(2, dim=-1)  # coefficients of sin(r w) and cos(r w) in R_r
+        q_r = torch.cat((a_s * sin + a_c * cos, a_c * sin - a_s * cos), -1)
+        k_r = torch.cat((kcos, ksin), -1).expand(B, H, -1, -1)  # the keys' own positions
+        c = math.sqrt((d + self.r_dim) / d)
+        q = torch.cat((q + self.u[:, None], q_r.to(q.dtype)), -1) * c
+        k = torch.cat((k, k_r.to(k.dtype)), -1)
+        return q, k
+
+
+class _FopeLayer(nn.Module):
+    def __init__(self, sin_coef, cos_coef, learnable):
+        super().__init__()
+        for name, t in (('sin_coef', sin_coef), ('cos_coef', cos_coef)):  # [H, n_freq, planes]
+            if learnable:
+                setattr(self, name, nn.Parameter(t))
+            else:  # frozen, and drawn at random: saved with the checkpoint
+                self.register_buffer(name, t)
+
+
+@register('fope')
+class FoPE(PositionalEncoding):
+    """Fourier Position Embedding, FoPE (Hua et al., arXiv 2412.17739, ICML 2025), as the code of OpenMOSS/rope_pp
+    builds it (rope_pp/modeling_llama_fope.py, FourierEmbedding; settings of train_fope.py). Each of the first
+    `planes` half-split planes of a head gets a Fourier series over a set of frequencies instead of RoPE's one:
+        S_c(t) = sum_i A[h, i, c] sin(t f_i),   C_c(t) = sum_i B[h, i, c] cos(t f_i)
+        plane c of q at t: (x1, x2) -> (x1 C_c(t) - x2 S_c(t), x2 C_c(t) + x1 S_c(t))      (k likewise at its t)
+    the code's `x cos + rotate_half(x) sin` with its Fourier sin and cos in place of RoPE's. The frequencies are
+    RoPE's spectrum over D = max(fourier_dim = 128, head_dim) dims, f_i = base^(-2i/D), base 10000; the floor
+    clamp sets every f_i whose period 2 pi / f_i is longer than the training length L (block_size) to 0, and
+    the zeros are dropped (the code's fourier_ignore_zero), so n_freq = #{i: f_i >= 2 pi / L} frequencies are
+    left (21 at D = 128, L = 128). planes = min(n_freq, head_dim / 4) by default (the code's output_dim).
+    As the authors' training config: A (sin) and B (cos) are separate, one pair per head (per KV head; nanoPE's
+    heads are all KV heads) and per layer, initialised as xavier_normal (gain 0.3, on the [H, n_freq, planes]
+    tensor, as the code) plus a step identity (A[h, c * ceil(n_freq / planes), c] += 1), and frozen (option
+    learnable=True trains them). The other head_dim/2 - planes planes get sin = cos = 1 (the code pads with 1):
+    (x1, x2) -> (x1 - x2, x1 + x2), which is no position and doubles those planes' share of q . k. Identity
+    coefficients over every plane (planes = head_dim / 2 = n_freq, D = head_dim, no clamp, init='eye') make
+    FoPE exactly `rope` (tested); zero coefficients do not (they zero those planes).
+    The transform is not a rotation, and depends on the token's own position only: keys are cached transformed.
+    Angles float32 (the code's rope_full_precision). The FoPE paper was read through its abstract and summaries
+    only; every setting here is the code's. Options (defaults in parentheses): base (10000), fourier_dim (128),
+    planes (min(n_freq, head_dim/4)), floor_clamp (True), learnable (False), init ('eye_xavier_norm' | 'eye'),
+    init_gain (0.3)."""
+
+    def __init__(self, config, base=10000.0, fourier_dim=128, planes=None, floor_clamp=True, learnable=False,
+                 init='eye_xavier_norm', init_gain=0.3):
+        super().__init__(config)
+        if self.head_dim % 2:
+            raise ValueError(f"fope works on planes of 2 dims: head_dim must be even, got {self.head_dim}; "
+                             f"change n_embd/n_head")
+        fourier_dim = check_whole('fope', 'fourier_dim', fourier_dim, lo=2, even=True)
+        self.base, self.init_gain = check_number('fope', 'base', base), check_number('fope', 'init_gain', init_gain)
+        self.floor_clamp = check_flag('fope', 'floor_clamp', floor_clamp)
+        self.learnable = check_flag('fope', 'learnable', learnable)
+        self.init = check_choice('fope', 'init', init, ('eye_xavier_norm', 'eye'))
+        D = max(fourier_dim, self.head_dim)
+        f = 1.0 / self.base ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+        if self.floor_clamp:
+            f = f[f >= 2 * math.pi / config.block_size]  # clamped to 0, and the zeros dropped
+        if not f.numel():
+            raise ValueError(f"fope: no frequency of base {base} over {D} dims has a period within the training "
+                             f"length {config.block_size}; use floor_clamp=False or a longer block_size")
+        self.n_freq, P = f.numel(), self.head_dim // 2
+        self.planes = min(self.n_freq, self.head_dim // 4) if planes is None else planes
+        n = self.planes = check_whole('fope', 'planes', self.planes, hi=min(self.n_freq, P),
+                                      what=f" (at most head_dim/2 = {P} planes and the {self.n_freq} frequencies left)")
+        self.register_buffer('freq', f, persistent=False)
+
+    def step_eye(self):
+        """[n_freq, planes]: 1 at (c * ceil(n_freq / planes), c), the code's get_step_eye."""
+        eye, step = torch.zeros(self.n_freq, self.planes), -(-self.n_freq // self.planes)
+        for c in range(self.planes):
+            if c * step < self.n_freq:
+                eye[c * step, c] = 1.0
+        return eye
+
+    def new_layer(self):
+        coefs = []
+        for _ in range(2):
+            t = torch.zeros(self.n_head, self.n_freq, self.planes)
+            if self.init == 'eye_xavier_norm':
+                nn.init.xavier_normal_(t, gain=self.init_gain)
+            coefs.append(t + self.step_eye())
+        return _FopeLayer(*coefs, self.learnable)
+
+    def tables(self, pos, layer):
+        """cos and sin tables [H, T, head_dim] at positions pos: the Fourier series, padded with 1."""
+        ang = angles(pos, self.freq)  # [T, n_freq], float32
+        pad = (0, self.head_dim // 2 - self.planes)
+        s = F.pad(torch.einsum('ti,hic->htc', ang.sin(), layer.sin_coef.float()), pad, value=1.0)
+        c = F.pad(torch.einsum('ti,hic->htc', ang.cos(), layer.cos_coef.float()), pad, value=1.0)
+        return torch.cat((c, c), -1), torch.cat((s, s), -1)
+
+    def transform_qk(self, q, k, ctx, layer):
+        with torch.autocast(q.device.type, enabled=False):
+            cos, sin = self.tables(ctx.q_pos, layer)
+            kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], layer)
+        return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
+
+
+class _GrapeMLayer(nn.Module):
+    def __init__(self, log_freq, learnable):
+        super().__init__()
+        if learnable:
+            self.log_freq = nn.Parameter(log_freq)  # [d/2] or [H, d/2]: the frequencies' logs, times the scale
+        else:
+            self.register_buffer('log_freq', log_freq, persistent=False)
+
+
+@register('grape_m')
+class GrapeM(PositionalEncoding):
+    """Multiplicative GRAPE, GRAPE-M (Group RepresentAtional Position Encoding; Zhang et al., arXiv 2512.07805,
+    ICLR 2026; code model-architectures/GRAPE, model/llama-mha-grape-m-nonctx.py and -ctx.py). A position n acts
+    on q and k by G(n) = exp(n L), L a sum of rank-2 skew generators; on d/2 commuting planes (the canonical
+    half-split pairs (i, i + d/2)) this is a rotation of plane i by the angle n f_i, so q_n . k_m depends on
+    n - m only. Here, as in the authors' non-contextual model:
+        plane i of q at n:  (x1, x2) -> (x1 cos(n f_i) + x2 sin(n f_i), -x1 sin(n f_i) + x2 cos(n f_i))
+    and likewise for k at m, f_i = exp(log_freq_i / s), learned per layer (one spectrum shared by the heads;
+    per_head=True gives each head its own), initialised to RoPE's log-uniform spectrum base^(-2i/d), base
+    10000, and stored times s = log_freq_scale = 16 (the authors' device for a smaller effective learning
+    rate; s = 1 when frozen).
+    Direction: the authors' code turns each plane by -n f_i, the opposite of HF's RoPE (and of nanoPE's
+    `rope`), as their own RoPE baseline does; this follows their code. So grape_m at its initial spectrum is
+    `rope` with every second-half dim of q and k negated (a reflection of each plane, which reverses the
+    turn): the logits are equal when the second half of each head's query and key weights changes sign
+    (tested), or, equivalently, `rope` with the frequencies negated. The paper's G(n) = exp(n theta L) with
+    J = [[0, -1], [1, 0]] turns each plane by +n theta (HF's direction; its Prop. 3.1: canonical planes and the
+    log-uniform spectrum give RoPE exactly); the code turns by -n theta.
+    Contextual form (option contextual=True; the authors' "ctx" model, their Type I): one phase per token
+    from the layer input x, omega_t = sigmoid((w . x_t + b) / 16) (scalar, shared by the heads; ctx_per_head
+    gives one per head), Phi_t = sum_{tau < t} omega_tau (exclusive prefix sum), and plane i turns by
+    Phi_t f_i. w = 0, b = softplus^-1(init_omega = 1e-3) at init, as the authors' code: their comments and
+    the paper use softplus, the code uses sigmoid, so omega starts at sigmoid(-6.9 / 16) = 0.39, not 1e-3;
+    this follows the code. In their contextual model the frequencies are stored unscaled (s = 1). With w = 0
+    the contextual form is the non-contextual one with every frequency times sigmoid(b / 16) (tested).
+    Not here: the authors' QK-RMSNorm after the rotation (their layers always normalise; nanoPE's qk_norm,
+    off by default, runs before the positions), and their non-commuting and learned-basis forms (no code).
+    Frequencies and angles are float32. Options (defaults in parentheses): base (10000), learnable (True),
+    per_head (False), log_freq_scale (16), contextual (False), omega_scale (16), init_omega (1e-3),
+    ctx_per_head (False)."""
+
+    @classmethod
+    def variant(cls, config, options):
+        """contextual=True builds GrapeMContextual."""
+        return GrapeMContextual if options.get('contextual') is True else cls
+
+    def __init__(self, config, base=10000.0, learnable=True, per_head=False, log_freq_scale=16.0,
+                 contextual=False, omega_scale=16.0, init_omega=1e-3, ctx_per_head=False):
+        super().__init__(config)
+        if self.head_dim % 2:
+            raise ValueError(f"grape_m rotates planes of 2 dims: head_dim must be even, got {self.head_dim}; "
+                             f"change n_embd/n_head")
+        self.base = check_number('grape_m', 'base', base)
+        self.learnable, self.per_head = (check_flag('grape_m', k, v) for k, v in (('learnable', learnable),
+                                                                                  ('per_head', per_head)))
+        self.contextual = check_flag('grape_m', 'contextual', contextual)
+        self.ctx_per_head = check_flag('grape_m', 'ctx_per_head', ctx_per_head)
+        self.omega_scale = check_number('grape_m', 'omega_scale', omega_scale)
+        self.init_omega = check_number('grape_m', 'init_omega', init_omega)
+        scale = check_number('grape_m', 'log_freq_scale', log_freq_scale)
+        self.scale = scale if learnable and not contextual else 1.0  # the contextual model stores them unscaled
+        inv = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        self.register_buffer('inv_freq', inv, persistent=False)
+
+    def new_layer(self):
+        log = self.inv_freq.log() * self.scale
+        return _GrapeMLayer(log.repeat(self.n_head, 1) if self.per_head else log, self.learnable)
+
+    def freq(self, layer):
+        """The layer's frequencies f [d/2] or [H, d/2], float32."""
+        return torch.exp(layer.log_freq.float() / self.scale)
+
+    @staticmethod
+    def tables(phase, freq):
+        """cos and sin tables [..., T, d] of the angles phase * f: phase [T] (positions) or [B, G, T]."""
+        f = freq if freq.dim() == 1 else freq[:, None, :]  # [H, 1, d/2] against [T] or [B, G, T]
+        return cos_sin(phase.float()[..., None] * f)
+
+    def transform_qk(self, q, k, ctx, layer):
+        f = self.freq(layer)
+        cos, sin = self.tables(ctx.q_pos, f)
+        kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], f)
+        return apply_rotary(q, cos, -sin), apply_rotary(k, kcos, -ksin)  # the authors' turn: -angle
+
+
+@register('ropepp')
+class RoPEPP(RoPE):
+    """RoPE++ (Liu et al., arXiv 2512.07525; code OpenMOSS/rope_pp, rope_pp/modeling_llama_rope_pp.py): RoPE keeps
+    only the real part of the complex score; RoPE++ adds heads that use the imaginary part. With z_q, z_k the
+    complex pairs (first half + i second half) of a head's q and k, theta_c = base^(-2c/d) and t, s the query's
+    and key's positions, both kinds of head share the rotated keys and the values:
+        real head:       Re( sum_c z_q,c conj(z_k,c) e^{i (t - s) theta_c} ) / sqrt(d)     (= `rope`'s logit)
+        imaginary head:  Im( sum_c z_q,c conj(z_k,c) e^{i (t - s) theta_c} ) / sqrt(d)
+    The authors get the imaginary head from the query turned by a further -pi/2 (q sin - rotate_half(q) cos),
+    which gives +Im as written; this follows their sign. Query head g makes attention heads 2g (real) and
+    2g + 1 (imaginary), interleaved re_0, im_0, re_1, ..., and both read key/value head g (their repeat_kv).
+        variant='eh' (default; the authors' imag1, their script's default): equal heads. n_head/2 query and
+        key/value heads, n_head attention heads: half the q/k/v projections and half the KV cache of `rope`.
+        variant='ec' (imag2): equal cache. n_head query and key/value heads, 2 n_head attention heads: the KV
+        cache of `rope`, and an output projection twice as wide (2 n_embd -> n_embd).
+    How the model supports it: the scheme's heads() says (query heads, key/value heads, attention heads); model.py
+    sizes its q/k/v projection and its output projection from them (one attribute, no scheme names), transform_qk
+    returns 2x the query heads with the keys unchanged, and attention.attend lets query head h read key/value
+    head h // 2. QK-norm, sink logits and attn_scaling act per attention head. The authors' models use GQA
+    (8 query, 4 KV heads); nanoPE has none, so each RoPE++ query head has its own KV head.
+    Rotation, frequencies and rope_scaling as `rope` (half-split, base 10000; the static rope_scaling types
+    apply to both kinds of head, as the authors' long-context runs; Self-Extend and ReRoPE, which compute their
+    own attention, are refused). Options (defaults in parentheses): variant ('eh' | 'ec'; 'eh'), base (10000),
+    scaling (None)."""
+
+    @classmethod
+    def variant(cls, config, options):
+        return cls
+
+    def __init__(self, config, variant='eh', base=10000.0, scaling=None):
+        self.form = check_choice('ropepp', 'variant', variant, ('eh', 'ec'))
+        if variant == 'eh' and config.n_head % 2:
+            raise ValueError(f"ropepp variant 'eh' halves the query and key/value heads: n_head must be even, got "
+                             f"{config.n_head}; change n_head or use variant='ec'")
+        super().__init__(config, base=base, scaling=scaling)
+        if self.scaling is not None and self.scaling['type'] in EXTENSION_TYPES:
+            raise ValueError(f"ropepp: rope_scaling type {self.scaling['type']!r} computes its own attention, which "
+                             f"has no imaginary heads; use a static type (linear, ntk, yarn, llama3, longrope) or "
+                             f"dynamic")
+
+    def heads(self):
+        H = self.n_head
+        return (H // 2, H // 2, H) if self.form == 'eh' else (H, H, 2 * H)
+
+    def transform_qk(self, q, k, ctx, layer):
+        cos, sin = ctx.extra['cos'], ctx.extra['sin']
+        kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, ctx.extra['inv']))
+        real, imag = apply_rotary(q, cos, sin), apply_rotary(q, sin, -cos)  # imag: turned a further -pi/2
+        return torch.stack((real, imag), 2).flatten(1, 2), apply_rotary(k, kcos, ksin)
+
+
+# --- a bias on the logits (`score_mod`): an additive logit bias f(score, b, h, i, j). A bias that depends only on
+# the distance is tabulated once per forward for distances 0..n_pos-1 (O(T)) and indexed in score_mod, so
+# FlexAttention never builds a TxT tensor and its backward scatters into that small table.
 
 
 def alibi_slopes(n_head):
@@ -818,10 +1095,7 @@ class Shaw(PositionalEncoding):
 
     def __init__(self, config, max_distance=16):
         super().__init__(config)
-        if int(max_distance) != max_distance or max_distance < 1:
-            raise ValueError(f"shaw max_distance (the clip distance k) must be a positive integer, "
-                             f"got {max_distance!r}")
-        self.k = int(max_distance)
+        self.k = check_whole('shaw', 'max_distance', max_distance, what=' (the clip distance k)')
 
     def new_layer(self):
         return _ShawLayer(self.k + 1, self.head_dim)
@@ -985,9 +1259,7 @@ class Sandwich(PositionalEncoding):
 
     def __init__(self, config, dim=None):
         super().__init__(config)
-        self.dim = int(dim or config.n_embd)
-        if self.dim % 2 or self.dim <= 0:
-            raise ValueError(f"sandwich dim must be a positive even integer, got {dim!r}")
+        self.dim = check_whole('sandwich', 'dim', dim or config.n_embd, even=True)
         k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64)
         self.register_buffer('inv_freq', 10000.0 ** (-2 * k / self.dim), persistent=False)
         h = torch.arange(1, config.n_head + 1, dtype=torch.float32)
@@ -1097,507 +1369,6 @@ class DeBERTa(PositionalEncoding):
         return mod
 
 
-# --- own attention: the scheme computes the layer's attention itself (its `attention` hook)
-
-
-class _FoxLayer(nn.Module):
-    def __init__(self, n_embd, n_head, bias_init):
-        super().__init__()
-        self.fgate = nn.Linear(n_embd, n_head)  # row h: w_h, bias: b_h
-        nn.init.normal_(self.fgate.weight, std=0.02)
-        nn.init.constant_(self.fgate.bias, float(bias_init))
-
-
-@register('fox')
-class FoX(PositionalEncoding):
-    """Forgetting Transformer (Lin et al., arXiv 2503.02130): a data-dependent forget gate
-    per head and token, f_t = sigmoid(w_h . x_t + b_h) with x_t the attention layer's input
-    (the one q, k, v are projected from), and
-        logit_ij = q_i . k_j / sqrt(d) + sum_{l=j+1..i} log f_l = q_i . k_j / sqrt(d) + c_i - c_j,
-    c_t = sum_{l<=t} log f_l (float32 prefix sums). No other position signal: the decay
-    is the position information (the paper's "FoX (LLaMA)" block, without the "Pro"
-    extras). Defaults as the authors' code (github.com/zhixuan-lin/forgetting-transformer,
-    fgate_type='full'): one Linear(n_embd, n_head) per layer, weight N(0, 0.02), bias 0,
-    so f is about 1/2 at init (x-transformers' data-dependent ALiBi uses bias 5; the
-    authors' special bias init is for their data-independent gates only). Option:
-    bias_init.
-    Runs through `attention`: the gates need x, and the log gates of cached tokens live
-    in cache.state (one per key), so decoding recomputes c over all keys. The score_mod
-    reads c at the query and at the key from two tensors (c's last Tq entries and c), each
-    indexed once, so FlexAttention's backward takes it; memory O(T) beyond attention.
-    fla kernel: parallel_attn with the log gates as its g (kernels.fla_fox), windows and sink logits too."""
-    fla_kernel = 'attn'
-
-    def __init__(self, config, bias_init=0.0):
-        super().__init__(config)
-        self.bias_init = float(bias_init)
-
-    def new_layer(self):
-        return _FoxLayer(self.n_embd, self.n_head, self.bias_init)
-
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        with torch.autocast(x.device.type, enabled=False):  # the bias stays float32
-            log_f = F.logsigmoid(layer.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
-        if use_fla(attend, q, cache):
-            return fla_fox(q, k, v, log_f, attend)
-        if cache is not None:
-            if 'fox_log_f' in cache.state:
-                log_f = torch.cat((cache.state['fox_log_f'], log_f), 2)  # [B, H, Tk]: every key's log f
-            cache.state['fox_log_f'] = log_f
-        c = log_f.cumsum(-1)  # c_j = sum_{l<=j} log f_l
-        c_q = c[..., c.size(-1) - q.size(2):]  # at the queries (the last Tq keys)
-
-        def mod(score, b, h, i, j):
-            return score + (c_q[b, h, i] - c[b, h, j])
-        return attend(q, k, v, mod)
-
-
-class _CopeLayer(nn.Module):
-    def __init__(self, npos_max, head_dim):
-        super().__init__()
-        self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))  # e[0..npos_max-1], the paper's zero init
-
-
-@register('cope')
-class CoPE(PositionalEncoding):
-    """Contextual position encoding (Golovneva et al., arXiv 2405.18719):
-        g_ij = sigmoid(q_i . k_j / sqrt(d))     gates, per head (from the scaled logits, as
-                                                the paper's code; future keys get 0)
-        p_ij = sum_{t=j..i} g_it                the contextual position of key j seen from
-                                                query i (counting from the query back), clipped
-                                                at npos_max - 1
-        logit_ij = q_i . k_j / sqrt(d) + q_i . e[p_ij]
-    with e[p] interpolated linearly between the learned vectors e[floor p] and e[ceil p];
-    computed cheaply as the scalars z_i[m] = q_i . e[m] for every integer m, interpolated.
-    The CoPE term is not divided by sqrt(d) (as the paper's code listing). One table e
-    [npos_max, head_dim] per layer, shared by the heads (the listing keeps one pos_emb
-    [head_dim, npos_max] per attention module and applies it to head_dim-sized queries;
-    x-transformers shares one table across heads too), zero init (the listing's).
-    Default npos_max = 64, a choice: the paper clips positions at a small npos_max
-    (its language-modelling value was not checked here); at the default training length
-    128 a count reaches 64 when half the gates are open. Option: npos_max.
-    Where it runs: the gates, positions and bias are dense [B, H, Tq, Tk] float32 tensors
-    built in PyTorch outside the kernel (O(T^2) memory; without gradients in query chunks,
-    attention.DENSE_CHUNK_BYTES), then attend() adds the bias through a score_mod that indexes it
-    once: FlexAttention on CUDA, the dense path on CPU."""
-
-    def __init__(self, config, npos_max=64):
-        super().__init__(config)
-        if int(npos_max) != npos_max or npos_max < 2:
-            raise ValueError(f"cope npos_max (number of position embeddings) must be an integer >= 2, got {npos_max!r}")
-        self.npos_max = int(npos_max)
-
-    def new_layer(self):
-        return _CopeLayer(self.npos_max, self.head_dim)
-
-    def bias(self, q, k, layer, attend):
-        """The CoPE term q_i . e[p_ij], [B, H, Tq, Tk] float32 (queries = the last Tq keys; keys the
-        layer's mask hides get no gate, so they are not counted)."""
-        with torch.autocast(q.device.type, enabled=False):
-            qf = q.float()
-            z = qf @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
-            g = torch.sigmoid(z).masked_fill(~attend.visibility(q.size(2), k.size(2), q.device), 0.0)
-            p = g.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # p_ij = sum_{t>=j} g_it
-            lo = p.detach().floor()
-            w = p - lo  # carries the gradient to p
-            qe = qf @ layer.pos_emb.float().t()  # [B, H, Tq, npos_max]: q_i . e[m]
-            return qe.gather(-1, p.detach().ceil().long()) * w + qe.gather(-1, lo.long()) * (1 - w)
-
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        def run(q, k, v, a):
-            return a(q, k, v, self.bias(q, k, layer, a))
-        return attend.rows(run, q, k, v)
-
-
-@register('stick_breaking')
-class StickBreaking(PositionalEncoding):
-    """Stick-breaking attention (Tan et al., arXiv 2410.17980), no softmax and no
-    positional encoding. With z_ij = q_i . k_j / sqrt(d) and beta_ij = sigmoid(z_ij), the
-    nearest key breaks off its share of the stick first:
-        A_ij = beta_ij prod_{j<l<i} (1 - beta_il)       keys j < i (the paper's default)
-        o_i  = sum_{j<i} A_ij v_j + (1 - sum_j A_ij) v_i
-    The last term gives the stick left over, prod_{j<i} (1 - beta_ij), to the query's own
-    value (the authors' reference tests and their model code's sb_remainder option;
-    option remainder=False drops it, as flash-linear-attention's layer). Option
-    attend_current=True lets j = i take part (j <= i, product over j < l <= i; the
-    authors' kernel option, off by default).
-    Computed in log space in float32 (log A_ij = log sigmoid(z_ij) - sum_{j<l<i}
-    softplus(z_il), a reversed cumulative sum), O(T^2) memory, in query chunks without
-    gradients (attention.DENSE_CHUNK_BYTES). There is no FlexAttention path: `attention` computes
-    the output itself, applies attention dropout to A while training (config.dropout;
-    the remainder term is not dropped), and ignores attn_backend but 'fla'. A sliding window or chunk hides keys,
-    which then break nothing off. No softmax, so no sink logits.
-    fla kernel: parallel_stickbreaking_attn (kernels.fla_stick_breaking): no window, no dropout."""
-    softmax = None
-    fla_kernel = 'stickbreaking'
-
-    def __init__(self, config, attend_current=False, remainder=True):
-        super().__init__(config)
-        self.attend_current, self.remainder = bool(attend_current), bool(remainder)
-        self.dropout = config.dropout
-
-    def weights(self, q, k, mask=CAUSAL):
-        """(A [B, H, Tq, Tk], the stick left over [B, H, Tq]) in float32; queries = the last Tq keys, and
-        keys the mask hides break nothing off."""
-        with torch.autocast(q.device.type, enabled=False):
-            z = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
-            vis = mask.visibility(q.size(2), k.size(2), q.device, strict=not self.attend_current)
-            log_keep = F.logsigmoid(-z).masked_fill(~vis, 0.0)  # log(1 - beta_il); 0 = no break
-            after = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum_{l>=j}
-            after = F.pad(after[..., 1:], (0, 1))  # sum_{l>j}
-            A = (F.logsigmoid(z) + after).exp().masked_fill(~vis, 0.0)
-            return A, log_keep.sum(-1).exp()
-
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        if use_fla(attend, q, cache):
-            return fla_stick_breaking(q, k, v, self.attend_current, self.remainder)
-        p = self.dropout if self.training else 0.0
-
-        def run(q, k, v, a):
-            A, rest = self.weights(q, k, a.mask)
-            with torch.autocast(q.device.type, enabled=False):
-                if p:
-                    A = F.dropout(A, p)
-                y = A @ v.float()
-                if self.remainder:
-                    y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
-            return y
-        return attend.rows(run, q, k, v).to(q.dtype)
-
-
-# --- data-dependent transforms inside the logit (PaTH, Wall): the scheme computes every logit itself, as a dense
-# [B, H, Tq, Tk] float32 tensor (O(T^2) memory, as CoPE), and attend's softmax reads it as its bias with q zeroed,
-# so that windows, chunks, sink logits and attention dropout act as for any scheme, on every path. The logits
-# themselves (path_scores, wall_scores) and the convolution and prefix sums they read are in kernels.py.
-
-
-def _linear(n_in, n_out, bias=None):
-    """nn.Linear with flash-linear-attention's init: weight N(0, 0.02), bias `bias` (None: no bias)."""
-    m = nn.Linear(n_in, n_out, bias=bias is not None)
-    nn.init.normal_(m.weight, std=0.02)
-    if bias is not None:
-        nn.init.constant_(m.bias, float(bias))
-    return m
-
-
-class _PathLayer(nn.Module):
-    def __init__(self, n_embd, n_head, rank, width, forget_gate):
-        super().__init__()
-        self.w_down, self.w_up = _linear(n_embd, rank), _linear(rank, n_embd)  # w from x, low rank
-        self.w_conv = nn.Parameter(torch.randn(n_embd, width) * 0.02) if width else None
-        self.beta = _linear(n_embd, n_head, bias=0.0)
-        self.fgate = _linear(n_embd, n_head, bias=0.0) if forget_gate else None
-
-
-@register('path')
-class PaTH(PositionalEncoding):
-    """PaTH attention (Yang et al., arXiv 2505.16381), as flash-linear-attention's PaTHAttention layer builds it:
-        logit_ij = q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(d)    (the empty product, I, for j = i)
-        H_t = I - beta_t w_t w_t^T,   beta_t = 2 sigmoid(u . x_t + b) in (0, 2)
-        w_t = L2norm per head (SiLU(causal depthwise conv of width 3 over W_up W_down x_t)),  W_down: rank 32
-    with x_t the layer's input. No other positional signal. Kept from fla: the low-rank projection (its MHA
-    default), the short convolution (no bias; the last tap on the current token), SiLU, the per-head norm
-    w / sqrt(sum w^2 + 1e-6), beta unclipped (2 is a reflection; above 1, a negative eigenvalue along w), weights
-    N(0, 0.02) and biases 0 (fla's _init_weights: beta starts near 1). Left out: fla's own QK-norm (the layer
-    plan's qk_norm does that) and GQA.
-    Computation (path_scores): fla's chunked UT transform in chunks of 64 tokens; no d x d matrix is formed, per
-    pair or per chunk. The logits form a dense float32 [B, H, Tq, Tk] tensor (O(T^2) memory, as CoPE) that
-    attend's softmax reads as a bias: windows, chunks and sink logits act as on any layer.
-    KV cache (cache_keys = 'scheme'): the cache holds each key moved through the last token's H; a new token t
-    first rewrites every cached key k <- k - beta_t (k . w_t) w_t, then appends its own key as it is, so decoding
-    costs O(n d) for n cached keys (a segment of new tokens: the segment's product, in WY form). The
-    convolution's last inputs ride in cache.carry. A query reads x up to width - 2 tokens before the first
-    key it sees (x_lookback: the first Householder a key's product takes is its successor's).
-    Options: rank (32), conv (3: the convolution's width; 0 for none), chunk (64).
-    fla kernel: parallel_path_attn (kernels.fla_path), without a KV cache: head sizes 16, 32, 64, 128, no window, no
-    sink logits."""
-    cache_keys = 'scheme'
-    forget_gate = False
-    fla_kernel = 'path'
-
-    def __init__(self, config, rank=32, conv=3, chunk=64):
-        super().__init__(config)
-        for name, v, lo in (('rank', rank, 1), ('conv', conv, 0), ('chunk', chunk, 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{self.name} {name} must be an integer >= {lo}, got {v!r}")
-        self.rank, self.conv, self.chunk = rank, conv, chunk
-        self.x_lookback = max(0, conv - 2)  # H_{j+1}, the first a key j's product takes, reads x_{j+1-(conv-1)}..
-
-    def new_layer(self):
-        return _PathLayer(self.n_embd, self.n_head, self.rank, self.conv, self.forget_gate)
-
-    def gates(self, x, layer, cache):
-        """(w [B, H, T, d], beta [B, H, T]) of the new tokens, float32, the convolution continuing the cache's."""
-        B, T, C = x.shape
-        pre = layer.w_up(layer.w_down(x))  # [B, T, C]
-        w = pre
-        if self.conv:
-            past = cache.carry.get('path_w') if cache is not None else None
-            w = F.silu(causal_conv(pre, layer.w_conv.float(), past))
-            if cache is not None and self.conv > 1:  # the last conv - 1 inputs, for the next forward
-                seen = torch.cat((pre.new_zeros(B, self.conv - 1, C) if past is None else past, pre), 1)
-                cache.carry['path_w'] = seen[:, seen.size(1) - (self.conv - 1):]
-        w = w.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)
-        return w, 2 * torch.sigmoid(layer.beta(x)).transpose(1, 2)
-
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        n = cache.n if cache is not None else 0
-        with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
-            xf = x.float()
-            w, beta = self.gates(xf, layer, cache)
-            log_f = F.logsigmoid(layer.fgate(xf)).transpose(1, 2) if layer.fgate is not None else None  # [B, H, T]
-            if use_fla(attend, q, cache):
-                return fla_path(q, k, v, w, beta, log_f)
-            A, keys = path_scores(q.float(), k.float(), w, beta, cache[0].float() if n else None, self.chunk,
-                                  keys=cache is not None)
-            if log_f is not None:  # PaTH-FoX: G_i - G_j inside the scale, G the prefix sum of log f
-                if cache is not None:
-                    log_f = torch.cat((cache.state['path_log_f'], log_f), 2) if n else log_f
-                    cache.state['path_log_f'] = log_f
-                G = log_f.cumsum(-1)
-                A = A + G[..., G.size(-1) - q.size(2):, None] - G[..., None, :]
-            A = A / math.sqrt(self.head_dim)
-        if cache is not None:  # every cached key moves through the new tokens' H; the new keys join
-            if n:
-                cache.rewrite(lambda old: keys[:, :, :n].to(old.dtype))
-            k, v = cache.append(keys[:, :, n:].to(k.dtype), v)
-        return attend.logits(A, v)
-
-
-@register('path_fox')
-class PaTHFoX(PaTH):
-    """PaTH-FoX (Yang et al., arXiv 2505.16381; flash-linear-attention's PaTHAttention with use_forget_gate):
-    PaTH plus FoX's forget gates, inside the scale:
-        logit_ij = (q_i^T H_i ... H_{j+1} k_j + G_i - G_j) / sqrt(d),   G_t = sum_{l<=t} log sigmoid(f_h . x_l + b_h)
-    (fla scales the gate term here; its plain FoX, as `fox`, does not). Gate weights N(0, 0.02), bias 0 (fla's
-    init: f about 1/2 at first). The log gates of cached keys ride in cache.state. Options as `path`."""
-    forget_gate = True
-
-
-class _WallLayer(nn.Module):
-    def __init__(self, n_embd, n_head, bias_init, scalar_gate):
-        super().__init__()
-        self.gate = _linear(n_embd, n_embd, bias=bias_init)  # g per query head and channel
-        self.scalar = _linear(n_embd, n_head, bias=bias_init) if scalar_gate else None
-
-
-@register('wall')
-class Wall(PositionalEncoding):
-    """Wall attention (Tilde Research, 2026; flash-linear-attention's wall_attn layer and naive reference):
-        logit_ij = sum_n q_in k_jn exp(P_in - P_jn) / sqrt(d)   [+ C_i - C_j with the scalar gate, unscaled]
-    P_t = sum_{l<=t} g_l, g_l = log sigmoid(W x_l + b) <= 0 per head and channel (x the layer's input); with
-    g = 0 it is plain attention. Init as fla: W ~ N(0, 0.02), b = 8 (g about -3.4e-4: near plain attention at
-    first). The optional scalar gate is FoX's, C the prefix sum of log sigmoid(w_h . x + b_h) per head, added
-    after the scale (as fla). fla sums in log base 2 (exp2 of P / ln 2): the same numbers.
-    Computed stably (wall_scores): every exponent is a difference of prefix sums <= 0, never exp(P) alone. The
-    logits form a dense float32 [B, H, Tq, Tk] tensor (O(T^2) memory) read by attend as a bias. The KV cache keeps
-    the raw keys and each key's g (cache.state): decoding costs O(n d).
-    Options: bias_init (8), scalar_gate (False).
-    fla kernel: parallel_wall_attn (kernels.fla_wall), windows and sink logits too."""
-    fla_kernel = 'wall'
-
-    def __init__(self, config, bias_init=8.0, scalar_gate=False):
-        super().__init__(config)
-        self.bias_init, self.scalar_gate = float(bias_init), bool(scalar_gate)
-
-    def new_layer(self):
-        return _WallLayer(self.n_embd, self.n_head, self.bias_init, self.scalar_gate)
-
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
-        B, H, T, d = q.shape
-        with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
-            xf = x.float()
-            g = F.logsigmoid(layer.gate(xf)).view(B, T, H, d).transpose(1, 2)  # [B, H, T, d]
-            gs = F.logsigmoid(layer.scalar(xf)).transpose(1, 2) if layer.scalar is not None else None
-            if use_fla(attend, q, cache):
-                return fla_wall(q, k, v, g, gs, attend)
-            if cache is not None:  # the gates of every key in the cache (its keys include the new ones)
-                for name, t in (('wall_g', g), ('wall_gs', gs)):
-                    if t is not None:
-                        cache.state[name] = torch.cat((cache.state[name], t), 2) if name in cache.state else t
-                g, gs = cache.state['wall_g'], cache.state.get('wall_gs')
-            P = cumsum_tokens(g)
-            A = wall_scores(q.float(), k.float(), P) / math.sqrt(d)
-            if gs is not None:
-                C = gs.cumsum(-1)
-                A = A + C[..., C.size(-1) - T:, None] - C[..., None, :]
-        return attend.logits(A, v)
-
-
-# --- RoPE's successors, 2025-26: GRAPE (multiplicative and additive), FoPE, RoPE++, Selective RoPE
-
-
-def _softplus_inverse(y):
-    """The x with softplus(x) = y, for y > 0."""
-    return math.log(math.expm1(float(y)))
-
-
-def _layer_context(ctx, **extra):
-    """A copy of the shared ctx with this layer's tables added to its extra (the shared one is left alone)."""
-    return Context(ctx.q_pos, ctx.k_pos, dict(ctx.extra, **extra), ctx.n_pos)
-
-
-def _flag(name, value):
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    return float(value)
-
-
-def _choice(scheme, name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{scheme} {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    return value
-
-
-class _GrapeMLayer(nn.Module):
-    def __init__(self, log_freq, learnable):
-        super().__init__()
-        if learnable:
-            self.log_freq = nn.Parameter(log_freq)  # [d/2] or [H, d/2]: the frequencies' logs, times the scale
-        else:
-            self.register_buffer('log_freq', log_freq, persistent=False)
-
-
-@register('grape_m')
-class GrapeM(PositionalEncoding):
-    """Multiplicative GRAPE, GRAPE-M (Group RepresentAtional Position Encoding; Zhang et al., arXiv 2512.07805,
-    ICLR 2026; code model-architectures/GRAPE, model/llama-mha-grape-m-nonctx.py and -ctx.py). A position n acts
-    on q and k by G(n) = exp(n L), L a sum of rank-2 skew generators; on d/2 commuting planes (the canonical
-    half-split pairs (i, i + d/2)) this is a rotation of plane i by the angle n f_i, so q_n . k_m depends on
-    n - m only. Here, as in the authors' non-contextual model:
-        plane i of q at n:  (x1, x2) -> (x1 cos(n f_i) + x2 sin(n f_i), -x1 sin(n f_i) + x2 cos(n f_i))
-    and likewise for k at m, f_i = exp(log_freq_i / s), learned per layer (one spectrum shared by the heads;
-    per_head=True gives each head its own), initialised to RoPE's log-uniform spectrum base^(-2i/d), base
-    10000, and stored times s = log_freq_scale = 16 (the authors' device for a smaller effective learning
-    rate; s = 1 when frozen).
-    Direction: the authors' code turns each plane by -n f_i, the opposite of HF's RoPE (and of nanoPE's
-    `rope`), as their own RoPE baseline does; this follows their code. So grape_m at its initial spectrum is
-    `rope` with every second-half dim of q and k negated (a reflection of each plane, which reverses the
-    turn): the logits are equal when the second half of each head's query and key weights changes sign
-    (tested), or, equivalently, `rope` with the frequencies negated. The paper's G(n) = exp(n theta L) with
-    J = [[0, -1], [1, 0]] turns each plane by +n theta (HF's direction; its Prop. 3.1: canonical planes and the
-    log-uniform spectrum give RoPE exactly); the code turns by -n theta.
-    Contextual form (option contextual=True; the authors' "ctx" model, their Type I): one phase per token
-    from the layer input x, omega_t = sigmoid((w . x_t + b) / 16) (scalar, shared by the heads; ctx_per_head
-    gives one per head), Phi_t = sum_{tau < t} omega_tau (exclusive prefix sum), and plane i turns by
-    Phi_t f_i. w = 0, b = softplus^-1(init_omega = 1e-3) at init, as the authors' code: their comments and
-    the paper use softplus, the code uses sigmoid, so omega starts at sigmoid(-6.9 / 16) = 0.39, not 1e-3;
-    this follows the code. In their contextual model the frequencies are stored unscaled (s = 1). With w = 0
-    the contextual form is the non-contextual one with every frequency times sigmoid(b / 16) (tested).
-    Not here: the authors' QK-RMSNorm after the rotation (their layers always normalise; nanoPE's qk_norm,
-    off by default, runs before the positions), and their non-commuting and learned-basis forms (no code).
-    Frequencies and angles are float32. Options (defaults in parentheses): base (10000), learnable (True),
-    per_head (False), log_freq_scale (16), contextual (False), omega_scale (16), init_omega (1e-3),
-    ctx_per_head (False)."""
-
-    @classmethod
-    def variant(cls, config, options):
-        """contextual=True builds GrapeMContextual."""
-        return GrapeMContextual if options.get('contextual') is True else cls
-
-    def __init__(self, config, base=10000.0, learnable=True, per_head=False, log_freq_scale=16.0,
-                 contextual=False, omega_scale=16.0, init_omega=1e-3, ctx_per_head=False):
-        super().__init__(config)
-        if self.head_dim % 2:
-            raise ValueError(f"grape_m rotates planes of 2 dims: head_dim must be even, got {self.head_dim}; "
-                             f"change n_embd/n_head")
-        self.base = _positive('grape_m base', base)
-        self.learnable, self.per_head = _flag('grape_m learnable', learnable), _flag('grape_m per_head', per_head)
-        self.contextual = _flag('grape_m contextual', contextual)
-        self.ctx_per_head = _flag('grape_m ctx_per_head', ctx_per_head)
-        self.omega_scale = _positive('grape_m omega_scale', omega_scale)
-        self.init_omega = _positive('grape_m init_omega', init_omega)
-        scale = _positive('grape_m log_freq_scale', log_freq_scale)
-        self.scale = scale if learnable and not contextual else 1.0  # the contextual model stores them unscaled
-        inv = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
-        self.register_buffer('inv_freq', inv, persistent=False)
-
-    def new_layer(self):
-        log = self.inv_freq.log() * self.scale
-        return _GrapeMLayer(log.repeat(self.n_head, 1) if self.per_head else log, self.learnable)
-
-    def freq(self, layer):
-        """The layer's frequencies f [d/2] or [H, d/2], float32."""
-        return torch.exp(layer.log_freq.float() / self.scale)
-
-    @staticmethod
-    def tables(phase, freq):
-        """cos and sin tables [..., T, d] of the angles phase * f: phase [T] (positions) or [B, G, T]."""
-        f = freq if freq.dim() == 1 else freq[:, None, :]  # [H, 1, d/2] against [T] or [B, G, T]
-        return cos_sin(phase.float()[..., None] * f)
-
-    def transform_qk(self, q, k, ctx, layer):
-        f = self.freq(layer)
-        cos, sin = self.tables(ctx.q_pos, f)
-        kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], f)
-        return apply_rotary(q, cos, -sin), apply_rotary(k, kcos, -ksin)  # the authors' turn: -angle
-
-
-class _GrapeMContextualLayer(_GrapeMLayer):
-    def __init__(self, log_freq, learnable, n_embd, n_out, init_omega):
-        super().__init__(log_freq, learnable)
-        self.omega = nn.Linear(n_embd, n_out)  # omega_t = sigmoid((w . x_t + b) / omega_scale)
-        nn.init.zeros_(self.omega.weight)
-        nn.init.constant_(self.omega.bias, _softplus_inverse(init_omega))
-
-
-def _running_sum(inc, cache, name):
-    """Inclusive prefix sums over the tokens of per-token increments inc [B, G, Tq, n] of this forward's tokens,
-    continued across a KV cache -> (sums at the queries, sums at the keys transform_qk sees, the increments at
-    those keys), float32. An ordinary cache keeps the running sum in cache.carry (its keys are cached transformed,
-    each at the sum it had); a rolling cache (raw keys, re-indexed by place every forward) keeps the increments
-    per key in cache.state and sums the kept ones again, so positions are places in the cache."""
-    if cache is None:
-        s = cumsum_tokens(inc)
-        return s, s, inc
-    if cache.mode != 'raw':
-        s = cumsum_tokens(inc)
-        if name in cache.carry:
-            s = s + cache.carry[name]
-        cache.carry[name] = s[:, :, -1:]
-        return s, s, inc
-    T = inc.size(2)
-    if name in cache.state:
-        inc = torch.cat((cache.state[name], inc), 2)
-    cache.state[name] = inc
-    s = cumsum_tokens(inc)
-    return s[:, :, s.size(2) - T:], s, inc
-
-
-class GrapeMContextual(GrapeM):
-    """grape_m with contextual=True (see GrapeM): one phase increment omega_t per token from the layer input x,
-    Phi_t = sum_{tau < t} omega_tau, plane i turned by -Phi_t f_i (the authors' direction). The phases need x,
-    so they are made in layer_context, once per layer and forward; the KV cache keeps keys transformed and the
-    running sum in cache.carry (a rolling cache: omega per key in cache.state, summed again by place)."""
-    name = 'grape_m'
-
-    def new_layer(self):
-        log = self.inv_freq.log() * self.scale
-        return _GrapeMContextualLayer(log.repeat(self.n_head, 1) if self.per_head else log, self.learnable,
-                                      self.n_embd, self.n_head if self.ctx_per_head else 1, self.init_omega)
-
-    def layer_context(self, x, ctx, layer, cache):
-        with torch.autocast(x.device.type, enabled=False):
-            omega = torch.sigmoid(layer.omega(x.float()) / self.omega_scale).transpose(1, 2)[..., None]  # [B, G, Tq, 1]
-            s_q, s_k, inc_k = _running_sum(omega, cache, 'grape_omega')
-            f = self.freq(layer)
-            q_tab = self.tables((s_q - omega)[..., 0], f)  # exclusive: Phi_t = sum_{tau < t} omega_tau
-            k_tab = q_tab if s_k is s_q else self.tables((s_k - inc_k)[..., 0], f)
-        return _layer_context(ctx, grape_q=q_tab, grape_k=k_tab)
-
-    def transform_qk(self, q, k, ctx, layer):
-        cos, sin = ctx.extra['grape_q']
-        kcos, ksin = ctx.extra['grape_k']
-        return apply_rotary(q, cos, -sin), apply_rotary(k, kcos, -ksin)
-
-
 class _GrapeALayer(nn.Module):
     def __init__(self, n_head, head_dim, omega_init, query, key):
         super().__init__()
@@ -1615,15 +1386,11 @@ class _GrapeABase(PositionalEncoding):
 
     def __init__(self, config, variant='query_key', omega_init=1.0, p_head_dim=8):
         super().__init__(config)
-        self.form = _choice('grape_a', 'variant', variant, self.VARIANTS)
-        if isinstance(omega_init, bool) or not isinstance(omega_init, (int, float)) or omega_init < 0:
-            raise ValueError(f"grape_a omega_init (the initial softplus(omega_h), a slope multiplier) must be a "
-                             f"number >= 0, got {omega_init!r}")
-        self.omega_init = float(omega_init)
-        if isinstance(p_head_dim, bool) or not isinstance(p_head_dim, int) or p_head_dim < 2 or p_head_dim % 2:
-            raise ValueError(f"grape_a p_head_dim (the path probes' dims per head) must be an even integer >= 2, "
-                             f"got {p_head_dim!r}")
-        self.p_head_dim = p_head_dim
+        self.form = check_choice('grape_a', 'variant', variant, self.VARIANTS)
+        self.omega_init = check_number('grape_a', 'omega_init', omega_init, inclusive=True,
+                                       what=' (the initial softplus(omega_h), a slope multiplier)')
+        self.p_head_dim = check_whole('grape_a', 'p_head_dim', p_head_dim, lo=2, even=True,
+                                      what=" (the path probes' dims per head)")
         self.register_buffer('slopes', alibi_slopes(config.n_head), persistent=False)
 
 
@@ -1737,148 +1504,70 @@ class GrapeAP(_GrapeABase):
         return attend.rows(run, q, k, v)
 
 
-class _FopeLayer(nn.Module):
-    def __init__(self, sin_coef, cos_coef, learnable):
-        super().__init__()
-        for name, t in (('sin_coef', sin_coef), ('cos_coef', cos_coef)):  # [H, n_freq, planes]
-            if learnable:
-                setattr(self, name, nn.Parameter(t))
-            else:  # frozen, and drawn at random: saved with the checkpoint
-                self.register_buffer(name, t)
+# --- data-dependent: angles from the layer input (`layer_context`), then rotated as RoPE
 
 
-@register('fope')
-class FoPE(PositionalEncoding):
-    """Fourier Position Embedding, FoPE (Hua et al., arXiv 2412.17739, ICML 2025), as the code of OpenMOSS/rope_pp
-    builds it (rope_pp/modeling_llama_fope.py, FourierEmbedding; settings of train_fope.py). Each of the first
-    `planes` half-split planes of a head gets a Fourier series over a set of frequencies instead of RoPE's one:
-        S_c(t) = sum_i A[h, i, c] sin(t f_i),   C_c(t) = sum_i B[h, i, c] cos(t f_i)
-        plane c of q at t: (x1, x2) -> (x1 C_c(t) - x2 S_c(t), x2 C_c(t) + x1 S_c(t))      (k likewise at its t)
-    the code's `x cos + rotate_half(x) sin` with its Fourier sin and cos in place of RoPE's. The frequencies are
-    RoPE's spectrum over D = max(fourier_dim = 128, head_dim) dims, f_i = base^(-2i/D), base 10000; the floor
-    clamp sets every f_i whose period 2 pi / f_i is longer than the training length L (block_size) to 0, and
-    the zeros are dropped (the code's fourier_ignore_zero), so n_freq = #{i: f_i >= 2 pi / L} frequencies are
-    left (21 at D = 128, L = 128). planes = min(n_freq, head_dim / 4) by default (the code's output_dim).
-    As the authors' training config: A (sin) and B (cos) are separate, one pair per head (per KV head; nanoPE's
-    heads are all KV heads) and per layer, initialised as xavier_normal (gain 0.3, on the [H, n_freq, planes]
-    tensor, as the code) plus a step identity (A[h, c * ceil(n_freq / planes), c] += 1), and frozen (option
-    learnable=True trains them). The other head_dim/2 - planes planes get sin = cos = 1 (the code pads with 1):
-    (x1, x2) -> (x1 - x2, x1 + x2), which is no position and doubles those planes' share of q . k. Identity
-    coefficients over every plane (planes = head_dim / 2 = n_freq, D = head_dim, no clamp, init='eye') make
-    FoPE exactly `rope` (tested); zero coefficients do not (they zero those planes).
-    The transform is not a rotation, and depends on the token's own position only: keys are cached transformed.
-    Angles float32 (the code's rope_full_precision). The FoPE paper was read through its abstract and summaries
-    only; every setting here is the code's. Options (defaults in parentheses): base (10000), fourier_dim (128),
-    planes (min(n_freq, head_dim/4)), floor_clamp (True), learnable (False), init ('eye_xavier_norm' | 'eye'),
-    init_gain (0.3)."""
+def _layer_context(ctx, **extra):
+    """A copy of the shared ctx with this layer's tables added to its extra (the shared one is left alone)."""
+    return Context(ctx.q_pos, ctx.k_pos, dict(ctx.extra, **extra), ctx.n_pos)
 
-    def __init__(self, config, base=10000.0, fourier_dim=128, planes=None, floor_clamp=True, learnable=False,
-                 init='eye_xavier_norm', init_gain=0.3):
-        super().__init__(config)
-        if self.head_dim % 2:
-            raise ValueError(f"fope works on planes of 2 dims: head_dim must be even, got {self.head_dim}; "
-                             f"change n_embd/n_head")
-        if isinstance(fourier_dim, bool) or not isinstance(fourier_dim, int) or fourier_dim < 2 or fourier_dim % 2:
-            raise ValueError(f"fope fourier_dim must be an even integer >= 2, got {fourier_dim!r}")
-        self.base, self.init_gain = _positive('fope base', base), _positive('fope init_gain', init_gain)
-        self.floor_clamp, self.learnable = _flag('fope floor_clamp', floor_clamp), _flag('fope learnable', learnable)
-        self.init = _choice('fope', 'init', init, ('eye_xavier_norm', 'eye'))
-        D = max(fourier_dim, self.head_dim)
-        f = 1.0 / self.base ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
-        if self.floor_clamp:
-            f = f[f >= 2 * math.pi / config.block_size]  # clamped to 0, and the zeros dropped
-        if not f.numel():
-            raise ValueError(f"fope: no frequency of base {base} over {D} dims has a period within the training "
-                             f"length {config.block_size}; use floor_clamp=False or a longer block_size")
-        self.n_freq, P = f.numel(), self.head_dim // 2
-        self.planes = min(self.n_freq, self.head_dim // 4) if planes is None else planes
-        n = self.planes
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= min(self.n_freq, P):
-            raise ValueError(f"fope planes must be an integer in 1..{min(self.n_freq, P)} (at most head_dim/2 = {P} "
-                             f"planes and the {self.n_freq} frequencies left), got {planes!r}")
-        self.register_buffer('freq', f, persistent=False)
 
-    def step_eye(self):
-        """[n_freq, planes]: 1 at (c * ceil(n_freq / planes), c), the code's get_step_eye."""
-        eye, step = torch.zeros(self.n_freq, self.planes), -(-self.n_freq // self.planes)
-        for c in range(self.planes):
-            if c * step < self.n_freq:
-                eye[c * step, c] = 1.0
-        return eye
+def _running_sum(inc, cache, name):
+    """Inclusive prefix sums over the tokens of per-token increments inc [B, G, Tq, n] of this forward's tokens,
+    continued across a KV cache -> (sums at the queries, sums at the keys transform_qk sees, the increments at
+    those keys), float32. An ordinary cache keeps the running sum in cache.carry (its keys are cached transformed,
+    each at the sum it had); a rolling cache (raw keys, re-indexed by place every forward) keeps the increments
+    per key in cache.state and sums the kept ones again, so positions are places in the cache."""
+    if cache is None:
+        s = cumsum_tokens(inc)
+        return s, s, inc
+    if cache.mode != 'raw':
+        s = cumsum_tokens(inc)
+        if name in cache.carry:
+            s = s + cache.carry[name]
+        cache.carry[name] = s[:, :, -1:]
+        return s, s, inc
+    T = inc.size(2)
+    if name in cache.state:
+        inc = torch.cat((cache.state[name], inc), 2)
+    cache.state[name] = inc
+    s = cumsum_tokens(inc)
+    return s[:, :, s.size(2) - T:], s, inc
+
+
+class _GrapeMContextualLayer(_GrapeMLayer):
+    def __init__(self, log_freq, learnable, n_embd, n_out, init_omega):
+        super().__init__(log_freq, learnable)
+        self.omega = nn.Linear(n_embd, n_out)  # omega_t = sigmoid((w . x_t + b) / omega_scale)
+        nn.init.zeros_(self.omega.weight)
+        nn.init.constant_(self.omega.bias, _softplus_inverse(init_omega))
+
+
+class GrapeMContextual(GrapeM):
+    """grape_m with contextual=True (see GrapeM): one phase increment omega_t per token from the layer input x,
+    Phi_t = sum_{tau < t} omega_tau, plane i turned by -Phi_t f_i (the authors' direction). The phases need x,
+    so they are made in layer_context, once per layer and forward; the KV cache keeps keys transformed and the
+    running sum in cache.carry (a rolling cache: omega per key in cache.state, summed again by place)."""
+    name = 'grape_m'
 
     def new_layer(self):
-        coefs = []
-        for _ in range(2):
-            t = torch.zeros(self.n_head, self.n_freq, self.planes)
-            if self.init == 'eye_xavier_norm':
-                nn.init.xavier_normal_(t, gain=self.init_gain)
-            coefs.append(t + self.step_eye())
-        return _FopeLayer(*coefs, self.learnable)
+        log = self.inv_freq.log() * self.scale
+        return _GrapeMContextualLayer(log.repeat(self.n_head, 1) if self.per_head else log, self.learnable,
+                                      self.n_embd, self.n_head if self.ctx_per_head else 1, self.init_omega)
 
-    def tables(self, pos, layer):
-        """cos and sin tables [H, T, head_dim] at positions pos: the Fourier series, padded with 1."""
-        ang = angles(pos, self.freq)  # [T, n_freq], float32
-        pad = (0, self.head_dim // 2 - self.planes)
-        s = F.pad(torch.einsum('ti,hic->htc', ang.sin(), layer.sin_coef.float()), pad, value=1.0)
-        c = F.pad(torch.einsum('ti,hic->htc', ang.cos(), layer.cos_coef.float()), pad, value=1.0)
-        return torch.cat((c, c), -1), torch.cat((s, s), -1)
+    def layer_context(self, x, ctx, layer, cache):
+        with torch.autocast(x.device.type, enabled=False):
+            omega = torch.sigmoid(layer.omega(x.float()) / self.omega_scale).transpose(1, 2)[..., None]  # [B, G, Tq, 1]
+            s_q, s_k, inc_k = _running_sum(omega, cache, 'grape_omega')
+            f = self.freq(layer)
+            q_tab = self.tables((s_q - omega)[..., 0], f)  # exclusive: Phi_t = sum_{tau < t} omega_tau
+            k_tab = q_tab if s_k is s_q else self.tables((s_k - inc_k)[..., 0], f)
+        return _layer_context(ctx, grape_q=q_tab, grape_k=k_tab)
 
     def transform_qk(self, q, k, ctx, layer):
-        with torch.autocast(q.device.type, enabled=False):
-            cos, sin = self.tables(ctx.q_pos, layer)
-            kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], layer)
-        return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
-
-
-@register('ropepp')
-class RoPEPP(RoPE):
-    """RoPE++ (Liu et al., arXiv 2512.07525; code OpenMOSS/rope_pp, rope_pp/modeling_llama_rope_pp.py): RoPE keeps
-    only the real part of the complex score; RoPE++ adds heads that use the imaginary part. With z_q, z_k the
-    complex pairs (first half + i second half) of a head's q and k, theta_c = base^(-2c/d) and t, s the query's
-    and key's positions, both kinds of head share the rotated keys and the values:
-        real head:       Re( sum_c z_q,c conj(z_k,c) e^{i (t - s) theta_c} ) / sqrt(d)     (= `rope`'s logit)
-        imaginary head:  Im( sum_c z_q,c conj(z_k,c) e^{i (t - s) theta_c} ) / sqrt(d)
-    The authors get the imaginary head from the query turned by a further -pi/2 (q sin - rotate_half(q) cos),
-    which gives +Im as written; this follows their sign. Query head g makes attention heads 2g (real) and
-    2g + 1 (imaginary), interleaved re_0, im_0, re_1, ..., and both read key/value head g (their repeat_kv).
-        variant='eh' (default; the authors' imag1, their script's default): equal heads. n_head/2 query and
-        key/value heads, n_head attention heads: half the q/k/v projections and half the KV cache of `rope`.
-        variant='ec' (imag2): equal cache. n_head query and key/value heads, 2 n_head attention heads: the KV
-        cache of `rope`, and an output projection twice as wide (2 n_embd -> n_embd).
-    How the model supports it: the scheme's heads() says (query heads, key/value heads, attention heads); model.py
-    sizes its q/k/v projection and its output projection from them (one attribute, no scheme names), transform_qk
-    returns 2x the query heads with the keys unchanged, and attention.attend lets query head h read key/value
-    head h // 2. QK-norm, sink logits and attn_scaling act per attention head. The authors' models use GQA
-    (8 query, 4 KV heads); nanoPE has none, so each RoPE++ query head has its own KV head.
-    Rotation, frequencies and rope_scaling as `rope` (half-split, base 10000; the static rope_scaling types
-    apply to both kinds of head, as the authors' long-context runs; Self-Extend and ReRoPE, which compute their
-    own attention, are refused). Options (defaults in parentheses): variant ('eh' | 'ec'; 'eh'), base (10000),
-    scaling (None)."""
-
-    @classmethod
-    def variant(cls, config, options):
-        return cls
-
-    def __init__(self, config, variant='eh', base=10000.0, scaling=None):
-        self.form = _choice('ropepp', 'variant', variant, ('eh', 'ec'))
-        if variant == 'eh' and config.n_head % 2:
-            raise ValueError(f"ropepp variant 'eh' halves the query and key/value heads: n_head must be even, got "
-                             f"{config.n_head}; change n_head or use variant='ec'")
-        super().__init__(config, base=base, scaling=scaling)
-        if self.scaling is not None and self.scaling['type'] in EXTENSION_TYPES:
-            raise ValueError(f"ropepp: rope_scaling type {self.scaling['type']!r} computes its own attention, which "
-                             f"has no imaginary heads; use a static type (linear, ntk, yarn, llama3, longrope) or "
-                             f"dynamic")
-
-    def heads(self):
-        H = self.n_head
-        return (H // 2, H // 2, H) if self.form == 'eh' else (H, H, 2 * H)
-
-    def transform_qk(self, q, k, ctx, layer):
-        cos, sin = ctx.extra['cos'], ctx.extra['sin']
-        kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, ctx.extra['inv']))
-        real, imag = apply_rotary(q, cos, sin), apply_rotary(q, sin, -cos)  # imag: turned a further -pi/2
-        return torch.stack((real, imag), 2).flatten(1, 2), apply_rotary(k, kcos, ksin)
+        cos, sin = ctx.extra['grape_q']
+        kcos, ksin = ctx.extra['grape_k']
+        return apply_rotary(q, cos, -sin), apply_rotary(k, kcos, -ksin)
 
 
 class _SelectiveLayer(nn.Module):
@@ -1944,15 +1633,14 @@ class SelectiveRoPE(PositionalEncoding):
         if self.head_dim % 2:
             raise ValueError(f"selective_rope rotates planes of 2 dims: head_dim must be even, got {self.head_dim}; "
                              f"change n_embd/n_head")
-        for name, val in (('rank', rank), ('d_conv', d_conv)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"selective_rope {name} must be an integer >= 1, got {val!r}")
-        self.rank, self.d_conv = rank, d_conv
-        self.temp_theta, self.temp_max = _positive('selective_rope temp_theta', temp_theta), \
-            _positive('selective_rope temp_max', temp_max)
-        self.temp_learnable = _flag('selective_rope temp_learnable', temp_learnable)
-        self.phase_gate, self.bias = _flag('selective_rope phase_gate', phase_gate), _flag('selective_rope bias', bias)
-        self.forget_gate = _flag('selective_rope forget_gate', forget_gate)
+        self.rank, self.d_conv = (check_whole('selective_rope', name, v) for name, v in (('rank', rank),
+                                                                                           ('d_conv', d_conv)))
+        self.temp_theta, self.temp_max = check_number('selective_rope', 'temp_theta', temp_theta), \
+            check_number('selective_rope', 'temp_max', temp_max)
+        self.temp_learnable = check_flag('selective_rope', 'temp_learnable', temp_learnable)
+        self.phase_gate = check_flag('selective_rope', 'phase_gate', phase_gate)
+        self.bias = check_flag('selective_rope', 'bias', bias)
+        self.forget_gate = check_flag('selective_rope', 'forget_gate', forget_gate)
         self.x_lookback = max(0, d_conv - 2)
 
     def new_layer(self):
@@ -2022,3 +1710,316 @@ class SelectiveRoPE(PositionalEncoding):
         def mod(score, b, h, i, j):
             return score + (c_q[b, h, i] - c[b, h, j])
         return mod
+
+
+# --- data-dependent, in the scheme's own attention (`attention`): gates and logits computed from the layer
+# input. PaTH and Wall compute every logit as a dense [B, H, Tq, Tk] float32 tensor (O(T^2) memory, as CoPE) and
+# hand it to attend.logits, so that windows, chunks, sink logits and attention dropout act as for any scheme, on
+# every path. The logits themselves (path_scores, wall_scores), the convolution and prefix sums they read, and
+# the adapters to flash-linear-attention's kernels are in kernels.py.
+
+
+class _FoxLayer(nn.Module):
+    def __init__(self, n_embd, n_head, bias_init):
+        super().__init__()
+        self.fgate = nn.Linear(n_embd, n_head)  # row h: w_h, bias: b_h
+        nn.init.normal_(self.fgate.weight, std=0.02)
+        nn.init.constant_(self.fgate.bias, float(bias_init))
+
+
+@register('fox')
+class FoX(PositionalEncoding):
+    """Forgetting Transformer (Lin et al., arXiv 2503.02130): a data-dependent forget gate
+    per head and token, f_t = sigmoid(w_h . x_t + b_h) with x_t the attention layer's input
+    (the one q, k, v are projected from), and
+        logit_ij = q_i . k_j / sqrt(d) + sum_{l=j+1..i} log f_l = q_i . k_j / sqrt(d) + c_i - c_j,
+    c_t = sum_{l<=t} log f_l (float32 prefix sums). No other position signal: the decay
+    is the position information (the paper's "FoX (LLaMA)" block, without the "Pro"
+    extras). Defaults as the authors' code (github.com/zhixuan-lin/forgetting-transformer,
+    fgate_type='full'): one Linear(n_embd, n_head) per layer, weight N(0, 0.02), bias 0,
+    so f is about 1/2 at init (x-transformers' data-dependent ALiBi uses bias 5; the
+    authors' special bias init is for their data-independent gates only). Option:
+    bias_init.
+    Runs through `attention`: the gates need x, and the log gates of cached tokens live
+    in cache.state (one per key), so decoding recomputes c over all keys. The score_mod
+    reads c at the query and at the key from two tensors (c's last Tq entries and c), each
+    indexed once, so FlexAttention's backward takes it; memory O(T) beyond attention.
+    fla kernel: parallel_attn with the log gates as its g (kernels.fla_fox), windows and sink logits too."""
+    fla_kernel = 'attn'
+
+    def __init__(self, config, bias_init=0.0):
+        super().__init__(config)
+        self.bias_init = float(bias_init)
+
+    def new_layer(self):
+        return _FoxLayer(self.n_embd, self.n_head, self.bias_init)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        with torch.autocast(x.device.type, enabled=False):  # the bias stays float32
+            log_f = F.logsigmoid(layer.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
+        if use_fla(attend, q, cache):
+            return fla_fox(q, k, v, log_f, attend)
+        if cache is not None:
+            if 'fox_log_f' in cache.state:
+                log_f = torch.cat((cache.state['fox_log_f'], log_f), 2)  # [B, H, Tk]: every key's log f
+            cache.state['fox_log_f'] = log_f
+        c = log_f.cumsum(-1)  # c_j = sum_{l<=j} log f_l
+        c_q = c[..., c.size(-1) - q.size(2):]  # at the queries (the last Tq keys)
+
+        def mod(score, b, h, i, j):
+            return score + (c_q[b, h, i] - c[b, h, j])
+        return attend(q, k, v, mod)
+
+
+class _CopeLayer(nn.Module):
+    def __init__(self, npos_max, head_dim):
+        super().__init__()
+        self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))  # e[0..npos_max-1], the paper's zero init
+
+
+@register('cope')
+class CoPE(PositionalEncoding):
+    """Contextual position encoding (Golovneva et al., arXiv 2405.18719):
+        g_ij = sigmoid(q_i . k_j / sqrt(d))     gates, per head (from the scaled logits, as
+                                                the paper's code; future keys get 0)
+        p_ij = sum_{t=j..i} g_it                the contextual position of key j seen from
+                                                query i (counting from the query back), clipped
+                                                at npos_max - 1
+        logit_ij = q_i . k_j / sqrt(d) + q_i . e[p_ij]
+    with e[p] interpolated linearly between the learned vectors e[floor p] and e[ceil p];
+    computed cheaply as the scalars z_i[m] = q_i . e[m] for every integer m, interpolated.
+    The CoPE term is not divided by sqrt(d) (as the paper's code listing). One table e
+    [npos_max, head_dim] per layer, shared by the heads (the listing keeps one pos_emb
+    [head_dim, npos_max] per attention module and applies it to head_dim-sized queries;
+    x-transformers shares one table across heads too), zero init (the listing's).
+    Default npos_max = 64, a choice: the paper clips positions at a small npos_max
+    (its language-modelling value was not checked here); at the default training length
+    128 a count reaches 64 when half the gates are open. Option: npos_max.
+    Where it runs: the gates, positions and bias are dense [B, H, Tq, Tk] float32 tensors
+    built in PyTorch outside the kernel (O(T^2) memory; without gradients in query chunks,
+    attention.DENSE_CHUNK_BYTES), then attend() adds the bias through a score_mod that indexes it
+    once: FlexAttention on CUDA, the dense path on CPU."""
+
+    def __init__(self, config, npos_max=64):
+        super().__init__(config)
+        self.npos_max = check_whole('cope', 'npos_max', npos_max, lo=2, what=' (number of position embeddings)')
+
+    def new_layer(self):
+        return _CopeLayer(self.npos_max, self.head_dim)
+
+    def bias(self, q, k, layer, attend):
+        """The CoPE term q_i . e[p_ij], [B, H, Tq, Tk] float32 (queries = the last Tq keys; keys the
+        layer's mask hides get no gate, so they are not counted)."""
+        with torch.autocast(q.device.type, enabled=False):
+            qf = q.float()
+            z = qf @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+            g = torch.sigmoid(z).masked_fill(~attend.visibility(q.size(2), k.size(2), q.device), 0.0)
+            p = g.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # p_ij = sum_{t>=j} g_it
+            lo = p.detach().floor()
+            w = p - lo  # carries the gradient to p
+            qe = qf @ layer.pos_emb.float().t()  # [B, H, Tq, npos_max]: q_i . e[m]
+            return qe.gather(-1, p.detach().ceil().long()) * w + qe.gather(-1, lo.long()) * (1 - w)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        def run(q, k, v, a):
+            return a(q, k, v, self.bias(q, k, layer, a))
+        return attend.rows(run, q, k, v)
+
+
+@register('stick_breaking')
+class StickBreaking(PositionalEncoding):
+    """Stick-breaking attention (Tan et al., arXiv 2410.17980), no softmax and no
+    positional encoding. With z_ij = q_i . k_j / sqrt(d) and beta_ij = sigmoid(z_ij), the
+    nearest key breaks off its share of the stick first:
+        A_ij = beta_ij prod_{j<l<i} (1 - beta_il)       keys j < i (the paper's default)
+        o_i  = sum_{j<i} A_ij v_j + (1 - sum_j A_ij) v_i
+    The last term gives the stick left over, prod_{j<i} (1 - beta_ij), to the query's own
+    value (the authors' reference tests and their model code's sb_remainder option;
+    option remainder=False drops it, as flash-linear-attention's layer). Option
+    attend_current=True lets j = i take part (j <= i, product over j < l <= i; the
+    authors' kernel option, off by default).
+    Computed in log space in float32 (log A_ij = log sigmoid(z_ij) - sum_{j<l<i}
+    softplus(z_il), a reversed cumulative sum), O(T^2) memory, in query chunks without
+    gradients (attention.DENSE_CHUNK_BYTES). There is no FlexAttention path: `attention` computes
+    the output itself, applies attention dropout to A while training (config.dropout;
+    the remainder term is not dropped), and ignores attn_backend but 'fla'. A sliding window or chunk hides keys,
+    which then break nothing off. No softmax, so no sink logits.
+    fla kernel: parallel_stickbreaking_attn (kernels.fla_stick_breaking): no window, no dropout."""
+    softmax = None
+    fla_kernel = 'stickbreaking'
+
+    def __init__(self, config, attend_current=False, remainder=True):
+        super().__init__(config)
+        self.attend_current, self.remainder = bool(attend_current), bool(remainder)
+        self.dropout = config.dropout
+
+    def weights(self, q, k, mask=CAUSAL):
+        """(A [B, H, Tq, Tk], the stick left over [B, H, Tq]) in float32; queries = the last Tq keys, and
+        keys the mask hides break nothing off."""
+        with torch.autocast(q.device.type, enabled=False):
+            z = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
+            vis = mask.visibility(q.size(2), k.size(2), q.device, strict=not self.attend_current)
+            log_keep = F.logsigmoid(-z).masked_fill(~vis, 0.0)  # log(1 - beta_il); 0 = no break
+            after = log_keep.flip(-1).cumsum(-1).flip(-1)  # sum_{l>=j}
+            after = F.pad(after[..., 1:], (0, 1))  # sum_{l>j}
+            A = (F.logsigmoid(z) + after).exp().masked_fill(~vis, 0.0)
+            return A, log_keep.sum(-1).exp()
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        if use_fla(attend, q, cache):
+            return fla_stick_breaking(q, k, v, self.attend_current, self.remainder)
+        p = self.dropout if self.training else 0.0
+
+        def run(q, k, v, a):
+            A, rest = self.weights(q, k, a.mask)
+            with torch.autocast(q.device.type, enabled=False):
+                if p:
+                    A = F.dropout(A, p)
+                y = A @ v.float()
+                if self.remainder:
+                    y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
+            return y
+        return attend.rows(run, q, k, v).to(q.dtype)
+
+
+class _PathLayer(nn.Module):
+    def __init__(self, n_embd, n_head, rank, width, forget_gate):
+        super().__init__()
+        self.w_down, self.w_up = _linear(n_embd, rank), _linear(rank, n_embd)  # w from x, low rank
+        self.w_conv = nn.Parameter(torch.randn(n_embd, width) * 0.02) if width else None
+        self.beta = _linear(n_embd, n_head, bias=0.0)
+        self.fgate = _linear(n_embd, n_head, bias=0.0) if forget_gate else None
+
+
+@register('path')
+class PaTH(PositionalEncoding):
+    """PaTH attention (Yang et al., arXiv 2505.16381), as flash-linear-attention's PaTHAttention layer builds it:
+        logit_ij = q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(d)    (the empty product, I, for j = i)
+        H_t = I - beta_t w_t w_t^T,   beta_t = 2 sigmoid(u . x_t + b) in (0, 2)
+        w_t = L2norm per head (SiLU(causal depthwise conv of width 3 over W_up W_down x_t)),  W_down: rank 32
+    with x_t the layer's input. No other positional signal. Kept from fla: the low-rank projection (its MHA
+    default), the short convolution (no bias; the last tap on the current token), SiLU, the per-head norm
+    w / sqrt(sum w^2 + 1e-6), beta unclipped (2 is a reflection; above 1, a negative eigenvalue along w), weights
+    N(0, 0.02) and biases 0 (fla's _init_weights: beta starts near 1). Left out: fla's own QK-norm (the layer
+    plan's qk_norm does that) and GQA.
+    Computation (path_scores): fla's chunked UT transform in chunks of 64 tokens; no d x d matrix is formed, per
+    pair or per chunk. The logits form a dense float32 [B, H, Tq, Tk] tensor (O(T^2) memory, as CoPE) that
+    attend's softmax reads as a bias: windows, chunks and sink logits act as on any layer.
+    KV cache (cache_keys = 'scheme'): the cache holds each key moved through the last token's H; a new token t
+    first rewrites every cached key k <- k - beta_t (k . w_t) w_t, then appends its own key as it is, so decoding
+    costs O(n d) for n cached keys (a segment of new tokens: the segment's product, in WY form). The
+    convolution's last inputs ride in cache.carry. A query reads x up to width - 2 tokens before the first
+    key it sees (x_lookback: the first Householder a key's product takes is its successor's).
+    Options: rank (32), conv (3: the convolution's width; 0 for none), chunk (64).
+    fla kernel: parallel_path_attn (kernels.fla_path), without a KV cache: head sizes 16, 32, 64, 128, no window, no
+    sink logits."""
+    cache_keys = 'scheme'
+    forget_gate = False
+    fla_kernel = 'path'
+
+    def __init__(self, config, rank=32, conv=3, chunk=64):
+        super().__init__(config)
+        self.rank, self.conv, self.chunk = (check_whole(self.name, name, v, lo) for name, v, lo in
+                                            (('rank', rank, 1), ('conv', conv, 0), ('chunk', chunk, 1)))
+        self.x_lookback = max(0, conv - 2)  # H_{j+1}, the first a key j's product takes, reads x_{j+1-(conv-1)}..
+
+    def new_layer(self):
+        return _PathLayer(self.n_embd, self.n_head, self.rank, self.conv, self.forget_gate)
+
+    def gates(self, x, layer, cache):
+        """(w [B, H, T, d], beta [B, H, T]) of the new tokens, float32, the convolution continuing the cache's."""
+        B, T, C = x.shape
+        pre = layer.w_up(layer.w_down(x))  # [B, T, C]
+        w = pre
+        if self.conv:
+            past = cache.carry.get('path_w') if cache is not None else None
+            w = F.silu(causal_conv(pre, layer.w_conv.float(), past))
+            if cache is not None and self.conv > 1:  # the last conv - 1 inputs, for the next forward
+                seen = torch.cat((pre.new_zeros(B, self.conv - 1, C) if past is None else past, pre), 1)
+                cache.carry['path_w'] = seen[:, seen.size(1) - (self.conv - 1):]
+        w = w.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)
+        return w, 2 * torch.sigmoid(layer.beta(x)).transpose(1, 2)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        n = cache.n if cache is not None else 0
+        with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
+            xf = x.float()
+            w, beta = self.gates(xf, layer, cache)
+            log_f = F.logsigmoid(layer.fgate(xf)).transpose(1, 2) if layer.fgate is not None else None  # [B, H, T]
+            if use_fla(attend, q, cache):
+                return fla_path(q, k, v, w, beta, log_f)
+            A, keys = path_scores(q.float(), k.float(), w, beta, cache[0].float() if n else None, self.chunk,
+                                  keys=cache is not None)
+            if log_f is not None:  # PaTH-FoX: G_i - G_j inside the scale, G the prefix sum of log f
+                if cache is not None:
+                    log_f = torch.cat((cache.state['path_log_f'], log_f), 2) if n else log_f
+                    cache.state['path_log_f'] = log_f
+                G = log_f.cumsum(-1)
+                A = A + G[..., G.size(-1) - q.size(2):, None] - G[..., None, :]
+            A = A / math.sqrt(self.head_dim)
+        if cache is not None:  # every cached key moves through the new tokens' H; the new keys join
+            if n:
+                cache.rewrite(lambda old: keys[:, :, :n].to(old.dtype))
+            k, v = cache.append(keys[:, :, n:].to(k.dtype), v)
+        return attend.logits(A, v)
+
+
+@register('path_fox')
+class PaTHFoX(PaTH):
+    """PaTH-FoX (Yang et al., arXiv 2505.16381; flash-linear-attention's PaTHAttention with use_forget_gate):
+    PaTH plus FoX's forget gates, inside the scale:
+        logit_ij = (q_i^T H_i ... H_{j+1} k_j + G_i - G_j) / sqrt(d),   G_t = sum_{l<=t} log sigmoid(f_h . x_l + b_h)
+    (fla scales the gate term here; its plain FoX, as `fox`, does not). Gate weights N(0, 0.02), bias 0 (fla's
+    init: f about 1/2 at first). The log gates of cached keys ride in cache.state. Options as `path`."""
+    forget_gate = True
+
+
+class _WallLayer(nn.Module):
+    def __init__(self, n_embd, n_head, bias_init, scalar_gate):
+        super().__init__()
+        self.gate = _linear(n_embd, n_embd, bias=bias_init)  # g per query head and channel
+        self.scalar = _linear(n_embd, n_head, bias=bias_init) if scalar_gate else None
+
+
+@register('wall')
+class Wall(PositionalEncoding):
+    """Wall attention (Tilde Research, 2026; flash-linear-attention's wall_attn layer and naive reference):
+        logit_ij = sum_n q_in k_jn exp(P_in - P_jn) / sqrt(d)   [+ C_i - C_j with the scalar gate, unscaled]
+    P_t = sum_{l<=t} g_l, g_l = log sigmoid(W x_l + b) <= 0 per head and channel (x the layer's input); with
+    g = 0 it is plain attention. Init as fla: W ~ N(0, 0.02), b = 8 (g about -3.4e-4: near plain attention at
+    first). The optional scalar gate is FoX's, C the prefix sum of log sigmoid(w_h . x + b_h) per head, added
+    after the scale (as fla). fla sums in log base 2 (exp2 of P / ln 2): the same numbers.
+    Computed stably (wall_scores): every exponent is a difference of prefix sums <= 0, never exp(P) alone. The
+    logits form a dense float32 [B, H, Tq, Tk] tensor (O(T^2) memory) read by attend as a bias. The KV cache keeps
+    the raw keys and each key's g (cache.state): decoding costs O(n d).
+    Options: bias_init (8), scalar_gate (False).
+    fla kernel: parallel_wall_attn (kernels.fla_wall), windows and sink logits too."""
+    fla_kernel = 'wall'
+
+    def __init__(self, config, bias_init=8.0, scalar_gate=False):
+        super().__init__(config)
+        self.bias_init, self.scalar_gate = float(bias_init), bool(scalar_gate)
+
+    def new_layer(self):
+        return _WallLayer(self.n_embd, self.n_head, self.bias_init, self.scalar_gate)
+
+    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+        B, H, T, d = q.shape
+        with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
+            xf = x.float()
+            g = F.logsigmoid(layer.gate(xf)).view(B, T, H, d).transpose(1, 2)  # [B, H, T, d]
+            gs = F.logsigmoid(layer.scalar(xf)).transpose(1, 2) if layer.scalar is not None else None
+            if use_fla(attend, q, cache):
+                return fla_wall(q, k, v, g, gs, attend)
+            if cache is not None:  # the gates of every key in the cache (its keys include the new ones)
+                for name, t in (('wall_g', g), ('wall_gs', gs)):
+                    if t is not None:
+                        cache.state[name] = torch.cat((cache.state[name], t), 2) if name in cache.state else t
+                g, gs = cache.state['wall_g'], cache.state.get('wall_gs')
+            P = cumsum_tokens(g)
+            A = wall_scores(q.float(), k.float(), P) / math.sqrt(d)
+            if gs is not None:
+                C = gs.cumsum(-1)
+                A = A + C[..., C.size(-1) - T:, None] - C[..., None, :]
+        return attend.logits(A, v)

@@ -7,6 +7,7 @@ attention (FoX, CoPE, stick-breaking); then FlexAttention == dense for the bias 
 errors, configs and docstrings, and the gradients of learned position parameters. Causality,
 KV-cache parity, long forwards, training, the backward graph, graph breaks and bf16 are parametrized
 over the registry in test_model.py."""
+import inspect
 import math
 import os
 import re
@@ -1498,3 +1499,68 @@ def test_docs_hook_table_says_which_schemes_use_each_hook():
                  if getattr(c, hook) != getattr(parent, hook) and getattr(c, hook) != getattr(base, hook)}
         assert names == want, (hook, names ^ want)
     assert len(table) == len(HOOKS)
+
+
+@pytest.mark.parametrize('name, opts, msg', [
+    ('rope2d', {'width': 0}, 'rope2d width must be an integer >= 1, got 0'),
+    ('xl', {'r_dim': 7}, "xl r_dim must be an even integer >= 1 (the sinusoid R's dims), got 7"),
+    ('pope', {'delta_init': 'x'}, "pope delta_init must be one of 'zero', 'uniform', got 'x'"),
+    ('shaw', {'max_distance': 2.5}, 'shaw max_distance must be an integer >= 1 (the clip distance k), got 2.5'),
+    ('sandwich', {'dim': 5}, 'sandwich dim must be an even integer >= 1, got 5'),
+    ('cope', {'npos_max': 1}, 'cope npos_max must be an integer >= 2 (number of position embeddings), got 1'),
+    ('path', {'rank': True}, 'path rank must be an integer >= 1, got True'),
+    ('grape_a', {'omega_init': -1}, 'grape_a omega_init must be a number >= 0 (the initial softplus(omega_h)'),
+])
+def test_every_scheme_checks_its_options_with_the_one_set_of_checks(name, opts, msg):
+    """The option checks of positional.py (check_whole, check_number, check_flag, check_choice) give every scheme
+    the same one-line message; a whole number written as a float is that number."""
+    with pytest.raises(ValueError, match='^' + re.escape(msg)) as e:
+        M.GPT(tiny_config(name, pos_options=opts))
+    assert '\n' not in str(e.value)
+
+
+def test_a_whole_option_given_as_a_float_is_that_whole_number():
+    assert M.GPT(tiny_config('shaw', pos_options={'max_distance': 4.0})).pe.at(0).k == 4
+    assert isinstance(M.GPT(tiny_config('cope', pos_options={'npos_max': 8.0})).pe.at(0).npos_max, int)
+
+
+def positional_contents():
+    """positional.py's contents list: [(section, [names])], names being registry keys or class names."""
+    doc = P.__doc__
+    block = doc[doc.index('Contents'):].split('\n\n')[0].split('\n')[2:]
+    rows = []
+    for line in block:
+        if line.startswith('  ') and not line.startswith('   '):
+            section, names = line[2:19].strip(), line[19:]
+            rows.append([section, names])
+        else:
+            rows[-1][1] += ' ' + line.strip()
+    return [(section, re.findall(r'[A-Za-z_]\w*', names)) for section, names in rows]
+
+
+def test_positional_sections_follow_the_readme_table_and_hold_the_registry():
+    """positional.py has one section per row of the README's "how positions enter" table, in its order, each
+    holding the schemes that row names; its contents list says so, and every registered scheme's class sits in
+    the section the list gives it."""
+    readme = open(os.path.join(ROOT, 'README.md')).read()
+    table = readme[readme.index('| how positions enter |'):].split('\n\n')[0].split('\n')[2:]
+    rows = [(re.search(r'\(`(\w+)`\)', r.split('|')[1]), re.findall(r'`(\w+)`', r.split('|')[2])) for r in table]
+    want = [('not at all' if hook is None else hook.group(1), [n for n in names if n in P.REGISTRY])
+            for hook, names in rows]
+    contents = positional_contents()
+    assert contents[0][0] == 'the contract'
+    listed = [(section, [n for n in names if n in P.REGISTRY]) for section, names in contents[1:]]
+    assert listed == want
+    # every scheme listed once (grape_m twice: its contextual variant is a layer_context scheme)
+    flat = [n for _, names in listed for n in names]
+    assert sorted(set(flat)) == sorted(P.REGISTRY) and len(flat) == len(P.REGISTRY) + 1
+    # the file's sections, in order, name the same hooks; each registered class lies in its section
+    src = open(os.path.join(ROOT, 'positional.py')).read().split('\n')
+    heads = [(i, line) for i, line in enumerate(src) if line.startswith('# --- ')][1:]  # after the helpers
+    assert [('not at all' if 'not at all' in h else re.search(r'\(`(\w+)`\)', h).group(1)) for _, h in heads] \
+        == [s for s, _ in want]
+    for (section, names), (start, _), end in zip(listed, heads, [i for i, _ in heads[1:]] + [len(src)]):
+        for n in names:
+            cls = P.REGISTRY[n] if section != 'layer_context' or n != 'grape_m' else P.GrapeMContextual
+            line = inspect.getsourcelines(cls)[1]
+            assert start < line <= end, (n, section)
