@@ -4,7 +4,7 @@ file: project, QK-norm, the scheme's hooks, the KV cache, attend), what a query 
 become weights (a softmax, with optional sink logits and logit scaling), and one entry point that runs it on
 SDPA, FlexAttention or a dense path:
 
-    y = attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sinks=None)
+    y = attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=None)
 
 q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv] -> y [B, H, Tq, Dv]. The queries are the last Tq of the
 Tk keys (a KV cache holds the first Tk - Tq), and `mask` says which keys each query sees (Mask: causal, a
@@ -14,7 +14,7 @@ head h then reads key/value head h // g (HF's repeat_kv).
                           float32 tensor [B, H, Tq, Tk] (a scheme's own logits): the dense path adds it
                           as it is, where indexing it per element would copy it (and scatter its gradient)
   vmod(lse)               a term [B, H, Tq, Dv] added to the output, given each row's logsumexp
-  sinks [H]               sink logits (gpt-oss): one logit per head in every row's softmax denominator, with
+  sink_logits [H]         sink logits (gpt-oss): one logit per head in every row's softmax denominator, with
                           no value: p_ij = exp(z_ij) / (exp(s_h) + sum_j' exp(z_ij')), i.e. the softmax output
                           times sigmoid(lse - s_h); not scaled by 1/sqrt(d), never masked
 Paths (same logits on all of them):
@@ -48,6 +48,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import flex_attention as fa
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 import kernels
 
@@ -138,7 +140,6 @@ class Mask:
         [lowest(t), t], and both ends grow with t, so a block pair (queries qa..qb, keys ka..kb) has a
         visible key iff ka <= qb and lowest(max(qa, ka)) <= kb, and is all visible iff kb <= qa and
         lowest(qb) <= ka: blocks outside the window or chunk are skipped, not masked."""
-        from torch.nn.attention.flex_attention import BlockMask
         off, BS = self.k0 + Tk - Tq, FLEX_BLOCK  # query row r is token off + r; key j is token k0 + j
         m = torch.arange(-(-Tq // BS), device=device)[:, None]  # query blocks
         n = torch.arange(-(-Tk // BS), device=device)[None, :]  # key blocks
@@ -163,21 +164,21 @@ class Attend:
     """A layer's attention for one forward, and what a scheme's `attention` hook receives: call it as
     attend(q, k, v, mod=None, vmod=None), with this layer's mask, sink logits, backend and dropout
     bound; ask it which keys each query sees (visibility); or run a function over chunks of query rows
-    without gradients (rows), each chunk with the keys it can see. A chunk's Attend has `s` and `lo`:
+    without gradients (rows), each chunk with the keys it can see. A chunk's Attend has `row0` and `key0`:
     its first query row and first key in the whole problem. `fla`: the flash-linear-attention kernel the
     layer may run (kernels.fla_plan; kernels.use_fla says whether a forward does), or None."""
 
-    def __init__(self, mask=CAUSAL, backend='auto', dropout_p=0.0, sinks=None, s=0, lo=0, fla=None):
-        self.mask, self.backend, self.dropout_p, self.sinks, self.s, self.lo = mask, backend, dropout_p, sinks, s, lo
-        self.fla = fla
+    def __init__(self, mask=CAUSAL, backend='auto', dropout_p=0.0, sink_logits=None, row0=0, key0=0, fla=None):
+        self.mask, self.backend, self.dropout_p, self.sink_logits = mask, backend, dropout_p, sink_logits
+        self.row0, self.key0, self.fla = row0, key0, fla
 
     def __call__(self, q, k, v, mod=None, vmod=None):
-        return attend(q, k, v, mod, vmod, self.backend, self.dropout_p, self.mask, self.sinks)
+        return attend(q, k, v, mod, vmod, self.backend, self.dropout_p, self.mask, self.sink_logits)
 
     def logits(self, A, v):
         """This layer's softmax over logits a scheme computed itself, A [B, H, Tq, Tk] (float32, scaled): the
         weights times v, with the mask, sink logits, dropout and backend of every other layer."""
-        return attend_logits(A, v, self.backend, self.dropout_p, self.mask, self.sinks)
+        return attend_logits(A, v, self.backend, self.dropout_p, self.mask, self.sink_logits)
 
     def visibility(self, Tq, Tk, device, strict=False):
         return self.mask.visibility(Tq, Tk, device, strict)
@@ -187,8 +188,8 @@ class Attend:
 
     def part(self, s, lo):
         """The Attend of query rows s.. and keys lo.. of this one's problem."""
-        return Attend(self.mask.at(self.mask.k0 + lo), self.backend, self.dropout_p, self.sinks,
-                      self.s + s, self.lo + lo, self.fla)
+        return Attend(self.mask.at(self.mask.k0 + lo), self.backend, self.dropout_p, self.sink_logits,
+                      self.row0 + s, self.key0 + lo, self.fla)
 
 
 def chunk_queries(fn, q, k, v, att=None):
@@ -224,7 +225,6 @@ def _flex():
     """Compiled flex_attention, built once: eager FlexAttention materialises the full score
     matrix (13 GiB and 24 s at T=8192 on CPU; compiled 0.6 GiB, 1.3 s)."""
     if 'flex' not in _compiled:
-        from torch.nn.attention.flex_attention import flex_attention
         # one kernel per shape, and an evaluation suite visits dozens of shapes (lengths x batch
         # sizes); past dynamo's default limit of 8 it would fall back to eager FlexAttention
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_SHAPES)
@@ -274,10 +274,10 @@ def dense_bias(mod, B, H, Tq, Tk, device, mask=CAUSAL):
 
 
 def _dense(q, k, v, mod, dropout_p, seed, need_lse, att):
-    """float32 attention with a dense bias for query rows att.s.. and keys att.lo.. -> (y in float32,
+    """float32 attention with a dense bias for query rows att.row0.. and keys att.key0.. -> (y in float32,
     lse or None). Autocast is off inside: it would cast the float32 inputs (and so the bias's effect)
     back to bf16."""
-    s, lo = att.s, att.lo
+    s, lo = att.row0, att.key0
     if torch.is_tensor(mod):
         mod = mod[:, :, s:s + q.size(2), lo:lo + k.size(2)]
     elif s or lo:
@@ -302,7 +302,7 @@ def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att):
     if dropout_p:
         ix = [torch.arange(n, device=q.device).view(*[-1 if a == ax else 1 for a in range(4)])
               for ax, n in enumerate((B, H, Tq, k.size(2)))]
-        ix[2], ix[3] = ix[2] + att.s, ix[3] + att.lo
+        ix[2], ix[3] = ix[2] + att.row0, ix[3] + att.key0
         p = p * dropout_keep(seed, dropout_p, *ix) / (1 - dropout_p)
     return p @ v.float(), lse
 
@@ -323,7 +323,6 @@ def flex_tiles(device_type, mod):
 
 def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask):
     """FlexAttention -> (y, lse or None); with dropout, the kept keys' softmax rescaled to all keys'."""
-    from torch.nn.attention import flex_attention as fa
     bm = mask.block_mask(q.size(2), k.size(2), q.device)
     opts = flex_tiles(q.device.type, mod)
     if torch.is_tensor(mod):
@@ -362,18 +361,18 @@ def _sdpa(q, k, v, dropout_p, mask):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.visibility(Tq, Tk, q.device), dropout_p=dropout_p)
 
 
-def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sinks=None):
+def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=None):
     """Attention of the queries over the keys `mask` lets them see, with an optional score bias
     `mod(score, b, h, i, j)`, an optional value term `vmod(lse) -> [B, H, Tq, Dv]` added to the
-    output (lse = each row's logsumexp) and optional sink logits `sinks` [H]."""
+    output (lse = each row's logsumexp) and optional sink logits `sink_logits` [H]."""
     if k.size(1) != q.size(1):  # grouped keys and values: query head h reads key/value head h // g
         g = q.size(1) // k.size(1)
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     Dv = v.size(-1)
     if Dv < q.size(-1):  # zero columns change nothing, and let SDPA's fused kernels run
         v = F.pad(v, (0, q.size(-1) - Dv))
-    need_lse = vmod is not None or sinks is not None
-    att = Attend(mask, backend, dropout_p, sinks)
+    need_lse = vmod is not None or sink_logits is not None
+    att = Attend(mask, backend, dropout_p, sink_logits)
     if mod is None and not need_lse:
         if mask.bounded:
             y = chunk_queries(lambda q, k, v, a: _sdpa(q, k, v, dropout_p, a.mask), q, k, v, att)
@@ -389,18 +388,18 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
     y = y[..., :Dv]
     if vmod is not None:
         y = y + vmod(lse).to(y.dtype)
-    if sinks is not None:  # the sink's share of each row's softmax mass carries no value
-        y = y * torch.sigmoid(lse.float() - sinks.float()[:, None]).unsqueeze(-1).to(y.dtype)
+    if sink_logits is not None:  # the sink's share of each row's softmax mass carries no value
+        y = y * torch.sigmoid(lse.float() - sink_logits.float()[:, None]).unsqueeze(-1).to(y.dtype)
     return y.to(q.dtype)
 
 
-def attend_logits(A, v, backend='auto', dropout_p=0.0, mask=CAUSAL, sinks=None):
+def attend_logits(A, v, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=None):
     """softmax(A) @ v over the keys `mask` lets each query see, for logits A [B, H, Tq, Tk] (float32, scaled)
     that a scheme computed whole (PaTH, Wall), with attend's sink logits, dropout and query chunks. attend's
     kernels take a query and keys: they get zero ones, so that q.k = 0 and the logits are A."""
     B, H, Tq, Tk = A.shape
     q, k = v.new_zeros(B, H, Tq, v.size(-1)), v.new_zeros(B, H, Tk, v.size(-1))
-    return attend(q, k, v, A, None, backend, dropout_p, mask, sinks)
+    return attend(q, k, v, A, None, backend, dropout_p, mask, sink_logits)
 
 
 # --- length-dependent logit scaling (attn_scaling), applied on the model's path before attend
@@ -467,7 +466,7 @@ SINK_FRESH = -16.0
 BACKENDS = ('auto', 'flex', 'dense', 'fla')
 # the weights a layer plan adds to a layer's attention (sink_logits, attn_scaling's SSMax, qk_norm): a fine-tune
 # that changes the plan may add or drop them (model.changeable)
-PLAN_WEIGHTS = ('sinks', 'ssmax', 'q_norm.weight', 'k_norm.weight')
+PLAN_WEIGHTS = ('sink_logits', 'ssmax', 'q_norm.weight', 'k_norm.weight')
 
 
 class CausalSelfAttention(nn.Module):
@@ -503,13 +502,13 @@ class CausalSelfAttention(nn.Module):
         if spec.qk_norm:  # one norm over each head's dims, its weight (if any) shared by the heads (Qwen3)
             self.q_norm, self.k_norm = (nn.RMSNorm(hd, eps=1e-6, elementwise_affine=spec.qk_norm == 'weight')
                                         for _ in range(2))
-        self.sinks = None
+        self.sink_logits = None
         if spec.sink_logits:
             if scheme.softmax != 'attend':
                 why = 'has no softmax' if scheme.softmax is None else 'computes its softmax itself'
                 raise ValueError(f"sink_logits add a logit to attention.attend's softmax, but {scheme.name} {why} "
                                  f"on layer {spec.index}: drop sink_logits there, or use another scheme")
-            self.sinks = nn.Parameter(torch.randn(self.n_head) * 0.02)  # HF gpt-oss's init, N(0, 0.02)
+            self.sink_logits = nn.Parameter(torch.randn(self.n_head) * 0.02)  # HF gpt-oss's init, N(0, 0.02)
         # the fla kernel this layer may run, and under 'auto' why it runs none ('fla' refuses what cannot run)
         self.fla, self.fla_note = kernels.fla_plan(self.backend, scheme, spec.index, self.mask, spec.sink_logits, hd,
                                                    config.dropout)
@@ -523,8 +522,8 @@ class CausalSelfAttention(nn.Module):
     def start_fresh(self, names):
         """Of this layer's weights, those a fine-tune adds (names) keep their init, except sink logits, which
         start at SINK_FRESH, where they change nothing yet."""
-        if 'sinks' in names:
-            self.sinks.fill_(SINK_FRESH)
+        if 'sink_logits' in names:
+            self.sink_logits.fill_(SINK_FRESH)
 
     def forward(self, x, scheme, ctx, cache=None):
         B, T, C = x.size()
@@ -548,7 +547,7 @@ class CausalSelfAttention(nn.Module):
             q, k = scheme.transform_qk(q, k, ctx, self.pe_layer)
         # 4. attention over the keys the mask lets each query see (key 0 is token k0 of the text)
         mask = self.mask.at(cache.start) if cache is not None else self.mask
-        att = Attend(mask, self.backend, self.dropout if self.training else 0.0, self.sinks, fla=self.fla)
+        att = Attend(mask, self.backend, self.dropout if self.training else 0.0, self.sink_logits, fla=self.fla)
         y = scheme.attention(q, k, v, x, ctx, self.pe_layer, cache, att)  # a scheme's own attention, or None
         if y is None:
             mod = scheme.score_mod(q, k, ctx, self.pe_layer)

@@ -129,7 +129,7 @@ def peak_extra_bytes(fn, device_type):
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile  # here: only --profile needs it
     sys.stderr.flush()
     saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 2)  # the profiler's C++ side prints start/stop banners to fd 2
@@ -248,7 +248,7 @@ class Bench:
             m = self.models[name]
             res[name]['fwd8L_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
             if any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in m.pe.schemes):
-                with runtime.attention_backend(m, 'dense'):  # a bias scheme: the same forward with T x T biases
+                with m.attention_backend('dense'):  # a bias scheme: the same forward with T x T biases
                     res[name]['fwd8L_dense_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
 
     def sample(self):

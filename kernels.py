@@ -183,7 +183,7 @@ class FlaKernel:
     """One fla kernel as nanoPE calls it: where it lives and which of a layer's options it takes."""
     function: str            # 'module:name'
     window: bool             # a sliding window (window_size: W keys, the query's own included)
-    sinks: bool              # sink logits (sink_bias [HQ])
+    sink_logits: bool              # sink logits (sink_bias [HQ])
     head_dims: tuple = None  # the head sizes it takes; None: 1..256
     not_auto: str = None     # why 'auto' does not take it (it is exact only in a range nanoPE's path has no limit
                              # on); None: 'auto' takes it on CUDA
@@ -192,13 +192,13 @@ class FlaKernel:
     def name(self):
         return self.function.split(':')[1]
 
-    def refusal(self, mask, sinks, head_dim, dropout):
+    def refusal(self, mask, sink_logits, head_dim, dropout):
         """Why a layer with these options cannot run on this kernel (a phrase naming the fix), or None."""
         if mask.chunk is not None:
             return f"{self.name} has no chunked attention: drop attention_chunk_size on this layer"
         if mask.window is not None and not self.window:
             return f"{self.name} has no sliding window: drop sliding_window on this layer"
-        if sinks and not self.sinks:
+        if sink_logits and not self.sink_logits:
             return f"{self.name} takes no sink logits: drop sink_logits on this layer"
         if head_dim not in (self.head_dims or range(1, 257)):
             dims = ', '.join(map(str, self.head_dims)) if self.head_dims else 'at most 256'
@@ -209,15 +209,15 @@ class FlaKernel:
 
 
 FLA_KERNELS = {
-    'attn': FlaKernel('fla.ops.attn.parallel:parallel_attn', window=True, sinks=True),
-    'path': FlaKernel('fla.ops.path_attn.parallel:parallel_path_attn', window=False, sinks=False,
+    'attn': FlaKernel('fla.ops.attn.parallel:parallel_attn', window=True, sink_logits=True),
+    'path': FlaKernel('fla.ops.path_attn.parallel:parallel_path_attn', window=False, sink_logits=False,
                       head_dims=(16, 32, 64, 128)),
-    'wall': FlaKernel('fla.ops.wall_attn.parallel:parallel_wall_attn', window=True, sinks=True,
+    'wall': FlaKernel('fla.ops.wall_attn.parallel:parallel_wall_attn', window=True, sink_logits=True,
                       not_auto="parallel_wall_attn is exact only while no channel decays by more than about 76 nats "
                                "within one of its key tiles (fla_wall), which a trained gate can pass: "
                                "attn_backend='fla' takes it"),
     'stickbreaking': FlaKernel('fla.ops.stickbreaking_attn.parallel:parallel_stickbreaking_attn', window=False,
-                               sinks=False),
+                               sink_logits=False),
 }
 
 
@@ -269,7 +269,7 @@ def fla_status():
     return True, None
 
 
-def fla_plan(backend, scheme, index, mask, sinks, head_dim, dropout):
+def fla_plan(backend, scheme, index, mask, sink_logits, head_dim, dropout):
     """The fla kernel a layer may run (a key of FLA_KERNELS) and, under 'auto', why it runs none: (kernel or None,
     note or None). scheme: the layer's PositionalEncoding, whose `fla_kernel` names its kernel (None: none).
     attn_backend='fla' where the layer cannot run on fla is a ValueError of one line; 'auto' considers fla only
@@ -281,7 +281,7 @@ def fla_plan(backend, scheme, index, mask, sinks, head_dim, dropout):
     if kernel is None:
         raise ValueError(f"attn_backend='fla': {where} has no flash-linear-attention kernel (schemes with one: "
                          f"{', '.join(fla_schemes())}); use attn_backend='auto', which runs fla where it can")
-    why = FLA_KERNELS[kernel].refusal(mask, sinks, head_dim, dropout)
+    why = FLA_KERNELS[kernel].refusal(mask, sink_logits, head_dim, dropout)
     if why is None and backend == 'auto':
         why = FLA_KERNELS[kernel].not_auto
     if why is None and (backend == 'fla' or torch.cuda.is_available()):
@@ -328,7 +328,7 @@ def fla_fox(q, k, v, log_f, attend):
     (the log forget gates per query head; fla's g, summed by the kernel and added unscaled, as nanoPE's FoX adds
     them), over the keys of attend's window, with attend's sink logits. -> [B, HQ, T, Dv]."""
     y = fla_op('attn')(_fla_layout(q), _fla_layout(k), _fla_layout(v), _fla_layout(log_f), scale=q.size(-1) ** -0.5,
-                       window_size=attend.mask.window, sink_bias=attend.sinks)
+                       window_size=attend.mask.window, sink_bias=attend.sink_logits)
     return _fla_layout(y).to(q.dtype)
 
 
@@ -354,7 +354,7 @@ def fla_wall(q, k, v, g, g_scalar, attend):
     diagonal tiles) within one of the kernel's key tiles (32 or 64 tokens); past that, near-diagonal logits of that
     channel come out too small. nanoPE's wall_scores has no such limit."""
     y = fla_op('wall')(_fla_layout(q), _fla_layout(k), _fla_layout(v), _fla_layout(g),
-                       g_scalar=None if g_scalar is None else _fla_layout(g_scalar), sink_bias=attend.sinks,
+                       g_scalar=None if g_scalar is None else _fla_layout(g_scalar), sink_bias=attend.sink_logits,
                        scale=q.size(-1) ** -0.5, window_size=attend.mask.window)
     return _fla_layout(y).to(q.dtype)
 

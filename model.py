@@ -8,6 +8,7 @@ mask lets a query see, with its own QK-norm, sink logits and logit scaling.
 
 import inspect
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -155,6 +156,19 @@ class GPT(nn.Module):
         return [f"attn_backend='auto': layers {', '.join(ix)} run nanoPE's PyTorch attention, not fla's kernel: {why}"
                 for why, ix in notes.items()]
 
+    @contextmanager
+    def attention_backend(self, backend):
+        """Every attention layer on `backend` ('flex' | 'dense') inside the block, as before after it (bench.py and
+        gpu_check.py run one model on both paths)."""
+        saved = [(blk.attn, blk.attn.backend) for blk in self.transformer.h]
+        for m, _ in saved:
+            m.backend = backend
+        try:
+            yield
+        finally:
+            for m, b in saved:
+                m.backend = b
+
     def get_num_params(self):
         return sum(p.numel() for p in self.parameters())
 
@@ -240,7 +254,7 @@ class GPT(nn.Module):
         save_pretrained. -> a 'learned' model with GPT-2's biases, tanh GELU and 50257 tokens;
         overrides: other GPTConfig fields (dropout, attn_backend)."""
         try:
-            from transformers import GPT2LMHeadModel
+            from transformers import GPT2LMHeadModel  # here: transformers is optional, needed only for this
         except ImportError:
             raise ImportError(f"init_from={name!r} loads Hugging Face weights and needs transformers: "
                               f"pip install transformers") from None

@@ -4,14 +4,14 @@ in config (`pos_encoding = 'rope'`). The attention (model.py, attention.py) neve
 scheme it runs; it calls these hooks, each of which defaults to "nothing":
   embed(x, pos)                  -> x         token embeddings, once before block 0
   context(q_pos, k_pos, n_pos)   -> Context   per-forward tables, shared by the layers that have these keys
-  new_layer()                    -> module    one layer's parameters, handed back as `layer`
+  new_layer()                    -> module    one layer's parameters, handed back as `params`
   heads()                        -> (q, kv, attention)  head counts of a layer (n_head each; RoPE++)
-  layer_context(x, ctx, layer, cache) -> Context   this layer's Context where positions depend on its
+  layer_context(x, ctx, params, cache) -> Context   this layer's Context where positions depend on its
                                               input x (GRAPE-M contextual, Selective RoPE); ctx otherwise
-  transform_qk(q, k, ctx, layer) -> (q, k)    rotate, scale or extend queries and keys
-  score_mod(q, k, ctx, layer)    -> f | None  additive logit bias f(score, b, h, i, j)
-  value_mod(q, k, ctx, layer, f, attend) -> g | None  g(lse) added to the output (Shaw's values)
-  attention(q, k, v, x, ctx, layer, cache, attend) -> y | None   the layer's own attention; `attend`
+  transform_qk(q, k, ctx, params) -> (q, k)    rotate, scale or extend queries and keys
+  score_mod(q, k, ctx, params)    -> f | None  additive logit bias f(score, b, h, i, j)
+  value_mod(q, k, ctx, params, f, attend) -> g | None  g(lse) added to the output (Shaw's values)
+  attention(q, k, v, x, ctx, params, cache, attend) -> y | None   the layer's own attention; `attend`
                                               (attention.Attend) carries the layer's mask and sink logits
   cache_keys = 'transformed'                  what the KV cache keeps: keys as transform_qk returned
                                               them; 'raw' (transformed every forward: xPos, ExtendedRoPE);
@@ -149,20 +149,20 @@ class PositionalEncoding(nn.Module):
         reads key/value head h // g), and the attention's output has `attention heads` heads."""
         return self.n_head, self.n_head, self.n_head
 
-    def layer_context(self, x, ctx, layer, cache):
+    def layer_context(self, x, ctx, params, cache):
         """This layer's Context, for a scheme whose positions depend on the layer's input x [B, Tq, C]
         (the shared ctx otherwise). Called every layer before transform_qk; what it returns is the ctx that
         layer's transform_qk, score_mod, value_mod and attention get. cache: the layer's KV cache before this
         forward's keys are appended (None without one)."""
         return ctx
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         return q, k
 
-    def score_mod(self, q, k, ctx, layer):
+    def score_mod(self, q, k, ctx, params):
         return None
 
-    def value_mod(self, q, k, ctx, layer, score_mod, attend):
+    def value_mod(self, q, k, ctx, params, score_mod, attend):
         """g(lse) added to the attention output, built from the q and score_mod that the attention's own
         path uses after attention scaling (attn_scaling) has scaled them; `attend` says which keys each query
         sees (its mask), since a value term that rebuilds weights must give hidden keys none. One user (Shaw's
@@ -171,7 +171,7 @@ class PositionalEncoding(nn.Module):
         to train with logn/ssmax."""
         return None
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, attend):
         return None
 
     @property
@@ -425,7 +425,7 @@ class RoPE(PositionalEncoding):
     def cos_sin(self, pos, inv):
         return cos_sin(angles(pos, inv), self.attention_factor)
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
         kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, ctx.extra['inv']))
         return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
@@ -446,10 +446,10 @@ class ExtendedRoPE(RoPE):
     cache_keys = 'raw'
     softmax = 'own'
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         return q, k  # attention rotates them, two ways
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, attend):
         def rot(t, pos, slow=1.0):  # t rotated at positions pos, every frequency divided by slow
             return apply_rotary(t, *self.cos_sin(pos, ctx.extra['inv'] / slow)).float()
         ext, q_pos, k_pos = self.scaling, ctx.q_pos, ctx.k_pos[-k.size(2):]
@@ -464,8 +464,8 @@ class ExtendedRoPE(RoPE):
         else:  # leaky: distances beyond w grow k times slower
             q2, k2 = rot(q, q_pos + w * (ext['k'] - 1), ext['k']), rot(k, k_pos, ext['k'])
 
-        def run(q1, k1, v, a):  # query rows a.s.., the keys a.lo.. they can see
-            Tq, Tk, s, lo = q1.size(2), k1.size(2), a.s, a.lo
+        def run(q1, k1, v, a):  # query rows a.row0.., the keys a.key0.. they can see
+            Tq, Tk, s, lo = q1.size(2), k1.size(2), a.row0, a.key0
             near = q_pos[s:s + Tq, None] - k_pos[None, lo:lo + Tk] < w
             with torch.autocast(q.device.type, enabled=False):
                 att = torch.where(near, q1 @ k1.transpose(-2, -1),
@@ -528,12 +528,12 @@ class XPos(PositionalEncoding):
         ctx.extra.update(q=tables(q_pos), k=tables(k_pos))
         return ctx
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         cq, sq, zq = ctx.extra['q']
         ck, sk, zk = ctx.extra['k']
         return apply_rotary(q, cq * zq, sq * zq), apply_rotary(k, ck / zk, sk / zk)
 
-    def score_mod(self, q, k, ctx, layer):
+    def score_mod(self, q, k, ctx, params):
         if not self.blockwise or self.training:
             return None
         w = self.bca_block
@@ -574,7 +574,7 @@ class _SectionRoPE(PositionalEncoding):
         pos = self.axis_positions(pos).float()  # [n_axes, T]
         return cos_sin(pos[self.axis_of_pair].t() * inv_freq[None, :], factor)  # angles [T, d/2], float32
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
         kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, *ctx.extra['freqs']))
         return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
@@ -683,11 +683,11 @@ class PoPE(PositionalEncoding):
     def context(self, q_pos, k_pos, n_pos=None):
         return make_context(q_pos, k_pos, n_pos, angle=self.angles(q_pos))
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         with torch.autocast(q.device.type, enabled=False):
             ang = ctx.extra['angle']
             ang_k = key_tables(ctx, k.size(2), ang, self.angles)  # the keys' own positions
-            ang_k = ang_k[None] + layer.delta.float().clamp(-2 * math.pi, 0.0)[:, None]  # [H, Tk, d]
+            ang_k = ang_k[None] + params.delta.float().clamp(-2 * math.pi, 0.0)[:, None]  # [H, Tk, d]
             mq, mk = F.softplus(q.float()), F.softplus(k.float())
             q2 = torch.cat((mq * ang.cos(), mq * ang.sin()), -1) * math.sqrt(2.0)
             k2 = torch.cat((mk * ang_k.cos(), mk * ang_k.sin()), -1)
@@ -731,11 +731,11 @@ class TransformerXL(PositionalEncoding):
         ang = angles(pos, self.inv_freq)  # [T, r_dim/2]
         return ang.cos(), ang.sin()
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         B, H, T, d = q.shape
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
         kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), self.cos_sin)
-        w = layer.weight.view(H, d, self.r_dim)  # W_R^h
+        w = params.weight.view(H, d, self.r_dim)  # W_R^h
         a = torch.einsum('bhtd,hdr->bhtr', (q + self.v[:, None]).float(), w.float())
         a_s, a_c = a.chunk(2, dim=-1)  # coefficients of sin(r w) and cos(r w) in R_r
         q_r = torch.cat((a_s * sin + a_c * cos, a_c * sin - a_s * cos), -1)
@@ -801,7 +801,7 @@ class FoPE(PositionalEncoding):
                              f"length {config.block_size}; use floor_clamp=False or a longer block_size")
         self.n_freq, P = f.numel(), self.head_dim // 2
         self.planes = min(self.n_freq, self.head_dim // 4) if planes is None else planes
-        n = self.planes = check_whole('fope', 'planes', self.planes, hi=min(self.n_freq, P),
+        self.planes = check_whole('fope', 'planes', self.planes, hi=min(self.n_freq, P),
                                       what=f" (at most head_dim/2 = {P} planes and the {self.n_freq} frequencies left)")
         self.register_buffer('freq', f, persistent=False)
 
@@ -822,18 +822,18 @@ class FoPE(PositionalEncoding):
             coefs.append(t + self.step_eye())
         return _FopeLayer(*coefs, self.learnable)
 
-    def tables(self, pos, layer):
+    def tables(self, pos, params):
         """cos and sin tables [H, T, head_dim] at positions pos: the Fourier series, padded with 1."""
         ang = angles(pos, self.freq)  # [T, n_freq], float32
         pad = (0, self.head_dim // 2 - self.planes)
-        s = F.pad(torch.einsum('ti,hic->htc', ang.sin(), layer.sin_coef.float()), pad, value=1.0)
-        c = F.pad(torch.einsum('ti,hic->htc', ang.cos(), layer.cos_coef.float()), pad, value=1.0)
+        s = F.pad(torch.einsum('ti,hic->htc', ang.sin(), params.sin_coef.float()), pad, value=1.0)
+        c = F.pad(torch.einsum('ti,hic->htc', ang.cos(), params.cos_coef.float()), pad, value=1.0)
         return torch.cat((c, c), -1), torch.cat((s, s), -1)
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         with torch.autocast(q.device.type, enabled=False):
-            cos, sin = self.tables(ctx.q_pos, layer)
-            kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], layer)
+            cos, sin = self.tables(ctx.q_pos, params)
+            kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], params)
         return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
 
 
@@ -905,9 +905,9 @@ class GrapeM(PositionalEncoding):
         log = self.inv_freq.log() * self.scale
         return _GrapeMLayer(log.repeat(self.n_head, 1) if self.per_head else log, self.learnable)
 
-    def freq(self, layer):
+    def freq(self, params):
         """The layer's frequencies f [d/2] or [H, d/2], float32."""
-        return torch.exp(layer.log_freq.float() / self.scale)
+        return torch.exp(params.log_freq.float() / self.scale)
 
     @staticmethod
     def tables(phase, freq):
@@ -915,8 +915,8 @@ class GrapeM(PositionalEncoding):
         f = freq if freq.dim() == 1 else freq[:, None, :]  # [H, 1, d/2] against [T] or [B, G, T]
         return cos_sin(phase.float()[..., None] * f)
 
-    def transform_qk(self, q, k, ctx, layer):
-        f = self.freq(layer)
+    def transform_qk(self, q, k, ctx, params):
+        f = self.freq(params)
         cos, sin = self.tables(ctx.q_pos, f)
         kcos, ksin = (cos, sin) if k.size(2) == ctx.q_pos.numel() else self.tables(ctx.k_pos[-k.size(2):], f)
         return apply_rotary(q, cos, -sin), apply_rotary(k, kcos, -ksin)  # the authors' turn: -angle
@@ -966,7 +966,7 @@ class RoPEPP(RoPE):
         H = self.n_head
         return (H // 2, H // 2, H) if self.form == 'eh' else (H, H, 2 * H)
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         cos, sin = ctx.extra['cos'], ctx.extra['sin']
         kcos, ksin = key_tables(ctx, k.size(2), (cos, sin), lambda pos: self.cos_sin(pos, ctx.extra['inv']))
         real, imag = apply_rotary(q, cos, sin), apply_rotary(q, sin, -cos)  # imag: turned a further -pi/2
@@ -1004,7 +1004,7 @@ class ALiBi(PositionalEncoding):
         super().__init__(config)
         self.register_buffer('slopes', alibi_slopes(config.n_head), persistent=False)
 
-    def score_mod(self, q, k, ctx, layer):
+    def score_mod(self, q, k, ctx, params):
         slopes, q_pos, k_pos = self.slopes, ctx.q_pos, ctx.k_pos
 
         def mod(score, b, h, i, j):
@@ -1062,7 +1062,7 @@ class T5Bias(PositionalEncoding):
         ctx.extra['bias'] = self.table[t5_bucket(-r, self.num_buckets, self.max_distance)].t()  # [H, n_pos]
         return ctx
 
-    def score_mod(self, q, k, ctx, layer):
+    def score_mod(self, q, k, ctx, params):
         bias = ctx.extra['bias']
 
         def mod(score, b, h, i, j):
@@ -1100,16 +1100,16 @@ class Shaw(PositionalEncoding):
     def new_layer(self):
         return _ShawLayer(self.k + 1, self.head_dim)
 
-    def score_mod(self, q, k, ctx, layer):
+    def score_mod(self, q, k, ctx, params):
         with torch.autocast(q.device.type, enabled=False):  # a bias: float32 even under autocast
-            qa = (q.float() @ layer.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
+            qa = (q.float() @ params.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
         kmax = self.k
 
         def mod(score, b, h, i, j):
             return score + qa[b, h, i, ctx.dist(i, j).clamp(max=kmax)]
         return mod
 
-    def value_mod(self, q, k, ctx, layer, score_mod, attend):
+    def value_mod(self, q, k, ctx, params, score_mod, attend):
         B, H, Tq, d = q.shape
         K, off = self.k, k.size(2) - Tq  # query i is key i + off
         # the K nearest keys of every query in one sliding-window view (no copy per distance, and
@@ -1128,7 +1128,7 @@ class Shaw(PositionalEncoding):
         def g(lse):
             p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
             p = torch.cat((p, 1 - p.sum(-1, keepdim=True)), -1)  # every farther key shares aV[K]
-            return p @ layer.rel_v
+            return p @ params.rel_v
         return g
 
 
@@ -1150,12 +1150,12 @@ class _Kerple(PositionalEncoding):
     def new_layer(self):
         return _KerpleLayer(self.n_head)
 
-    def score_mod(self, q, k, ctx, layer):
+    def score_mod(self, q, k, ctx, params):
         with torch.no_grad():  # clamp the parameters themselves, so gradients still flow at the boundary
-            layer.p.clamp_(min=self.eps, max=self.p_max)
-            layer.a.clamp_(min=self.eps)
+            params.p.clamp_(min=self.eps, max=self.p_max)
+            params.a.clamp_(min=self.eps)
         r = torch.arange(ctx.n_pos, device=q.device).float()
-        bias = -self.kernel(r[None, :], layer.p[:, None], layer.a[:, None])  # [H, n_pos], once per layer
+        bias = -self.kernel(r[None, :], params.p[:, None], params.a[:, None])  # [H, n_pos], once per layer
 
         def mod(score, b, h, i, j):
             return score + bias[h, ctx.dist(i, j)]
@@ -1221,23 +1221,23 @@ class FIRE(PositionalEncoding):
         return _FireLayer(self.n_head, self.width, self.init_c, self.init_L)
 
     @staticmethod
-    def normalised(layer, qp, r):
+    def normalised(params, qp, r):
         """The MLP's input psi(r) / psi(max(qp, L_thr)) for query positions qp and distances r."""
-        c, thr = layer.c, (layer.L_mult * layer.init_L).abs()
+        c, thr = params.c, (params.L_mult * params.init_L).abs()
         rel = torch.log(torch.abs(c * r.float()) + 1)
         return rel / (torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6)
 
-    def score_mod(self, q, k, ctx, layer):
-        w1, b1, w2, b2 = layer.fc1.weight[:, 0], layer.fc1.bias, layer.fc2.weight, layer.fc2.bias
+    def score_mod(self, q, k, ctx, params):
+        w1, b1, w2, b2 = params.fc1.weight[:, 0], params.fc1.bias, params.fc2.weight, params.fc2.bias
         if not torch.is_grad_enabled():
             def mod(score, b, h, i, j):
-                x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))
+                x = self.normalised(params, ctx.q_pos[i], ctx.dist(i, j))
                 for u in range(w1.size(0)):  # the MLP on a scalar, one hidden unit at a time
                     score = score + w2[h, u] * torch.relu(w1[u] * x + b1[u])
                 return score + b2[h]
             return mod
         i, j = torch.arange(q.size(2), device=q.device)[:, None], torch.arange(k.size(2), device=q.device)
-        x = self.normalised(layer, ctx.q_pos[i], ctx.dist(i, j))  # [Tq, Tk]
+        x = self.normalised(params, ctx.q_pos[i], ctx.dist(i, j))  # [Tq, Tk]
         hidden = torch.relu(x[..., None, None] * w1 + b1)  # [Tq, Tk, 1, width]
         table = ((hidden * w2).sum(-1) + b2).permute(2, 0, 1)  # [H, Tq, Tk]
 
@@ -1272,7 +1272,7 @@ class Sandwich(PositionalEncoding):
         ctx.extra['table'] = table.float()
         return ctx
 
-    def score_mod(self, q, k, ctx, layer):
+    def score_mod(self, q, k, ctx, params):
         table, div = ctx.extra['table'], self.head_div
 
         def mod(score, b, h, i, j):
@@ -1349,15 +1349,15 @@ class DeBERTa(PositionalEncoding):
         ctx.extra.update(c2p=(self.buckets + b).clamp(0, top), p2c=(self.buckets - b).clamp(0, top))
         return ctx
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         return q / math.sqrt(3.0), k
 
-    def score_mod(self, q, k, ctx, layer):
+    def score_mod(self, q, k, ctx, params):
         H, d = self.n_head, self.head_dim
         with torch.autocast(q.device.type, enabled=False):  # biases stay float32
             P = self.rel_emb.float()
-            k_r = (P @ layer.pos_k.weight.float().t()).view(-1, H, d).transpose(0, 1)  # [H, 2k, d]
-            q_r = (P @ layer.pos_q.weight.float().t()).view(-1, H, d).transpose(0, 1)
+            k_r = (P @ params.pos_k.weight.float().t()).view(-1, H, d).transpose(0, 1)  # [H, 2k, d]
+            q_r = (P @ params.pos_q.weight.float().t()).view(-1, H, d).transpose(0, 1)
             c2p = q.float() @ k_r.transpose(-1, -2) / math.sqrt(d)  # q was divided by sqrt(3): / sqrt(3d)
             p2c = k.float() @ q_r.transpose(-1, -2) / math.sqrt(3 * d)
         ci, pi = ctx.extra['c2p'], ctx.extra['p2c']
@@ -1430,11 +1430,11 @@ class GrapeA(_GrapeABase):
         w = F.normalize(w.float(), dim=-1, eps=1e-6)
         return F.softplus(torch.einsum('bhtd,hd->bht', t.float(), w) / math.sqrt(t.size(-1)))
 
-    def score_mod(self, q, k, ctx, layer):
+    def score_mod(self, q, k, ctx, params):
         with torch.autocast(q.device.type, enabled=False):  # a bias: float32
-            rate = F.softplus(layer.omega.float()) * self.slopes  # [H]: softplus(omega_h) m_h
-            gq = self.gate(q, layer.v) if self.form != 'key' else None  # [B, H, Tq]
-            gk = self.gate(k, layer.u) if self.form != 'query' else None  # [B, H, Tk]
+            rate = F.softplus(params.omega.float()) * self.slopes  # [H]: softplus(omega_h) m_h
+            gq = self.gate(q, params.v) if self.form != 'key' else None  # [B, H, Tq]
+            gk = self.gate(k, params.u) if self.form != 'query' else None  # [B, H, Tk]
         if gq is None:
             def mod(score, b, h, i, j):
                 return score - rate[h] * ctx.dist(i, j) * gk[b, h, j]
@@ -1480,11 +1480,11 @@ class GrapeAP(_GrapeABase):
         [B, H, Tq, pd] and the keys' turned probes R_l p^_l [B, H, Tk, pd], float32."""
         return self.slopes[:, None, None] * F.logsigmoid(p_q @ p_k.transpose(-1, -2) / self.p_head_dim)
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, attend):
         B, Tq, _ = x.shape
         pd = self.p_head_dim
         with torch.autocast(x.device.type, enabled=False):
-            p = layer.probe(x.float()).view(B, Tq, self.n_head, pd).transpose(1, 2)  # [B, H, Tq, pd]: p_t
+            p = params.probe(x.float()).view(B, Tq, self.n_head, pd).transpose(1, 2)  # [B, H, Tq, pd]: p_t
             pn = F.rms_norm(p, (pd,))  # p^: the key side's probes
             if cache is not None:
                 if 'grape_probe' in cache.state:
@@ -1493,10 +1493,10 @@ class GrapeAP(_GrapeABase):
             cos, sin = cos_sin(angles(ctx.k_pos[-pn.size(2):], pn.new_ones(pd // 2)))  # every plane at l radians
             pk = apply_rotary(pn, cos, -sin)  # R_l p^_l, the authors' direction
 
-        def run(q1, k1, v1, a):  # query rows a.s.. and the keys a.lo.. they can see
+        def run(q1, k1, v1, a):  # query rows a.row0.. and the keys a.key0.. they can see
             Tq1, Tk1 = q1.size(2), k1.size(2)
             with torch.autocast(x.device.type, enabled=False):
-                psi = self.edges(p[:, :, a.s:a.s + Tq1], pk[:, :, a.lo:a.lo + Tk1])
+                psi = self.edges(p[:, :, a.row0:a.row0 + Tq1], pk[:, :, a.key0:a.key0 + Tk1])
                 psi = psi.masked_fill(~a.visibility(Tq1, Tk1, x.device), 0.0)
                 after = psi.flip(-1).cumsum(-1).flip(-1)  # sum_{l >= j}
                 bias = F.pad(after[..., 1:], (0, 1))  # sum_{l > j} psi(t, l); psi is 0 past the query
@@ -1555,16 +1555,17 @@ class GrapeMContextual(GrapeM):
         return _GrapeMContextualLayer(log.repeat(self.n_head, 1) if self.per_head else log, self.learnable,
                                       self.n_embd, self.n_head if self.ctx_per_head else 1, self.init_omega)
 
-    def layer_context(self, x, ctx, layer, cache):
+    def layer_context(self, x, ctx, params, cache):
         with torch.autocast(x.device.type, enabled=False):
-            omega = torch.sigmoid(layer.omega(x.float()) / self.omega_scale).transpose(1, 2)[..., None]  # [B, G, Tq, 1]
+            omega = torch.sigmoid(params.omega(x.float()) / self.omega_scale)
+            omega = omega.transpose(1, 2)[..., None]  # [B, G, Tq, 1]
             s_q, s_k, inc_k = _running_sum(omega, cache, 'grape_omega')
-            f = self.freq(layer)
+            f = self.freq(params)
             q_tab = self.tables((s_q - omega)[..., 0], f)  # exclusive: Phi_t = sum_{tau < t} omega_tau
             k_tab = q_tab if s_k is s_q else self.tables((s_k - inc_k)[..., 0], f)
         return _layer_context(ctx, grape_q=q_tab, grape_k=k_tab)
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         cos, sin = ctx.extra['grape_q']
         kcos, ksin = ctx.extra['grape_k']
         return apply_rotary(q, cos, -sin), apply_rotary(k, kcos, -ksin)
@@ -1649,29 +1650,29 @@ class SelectiveRoPE(PositionalEncoding):
         return _SelectiveLayer(self.n_embd, self.n_head, d // 2, self.rank, self.d_conv, temp, self.temp_learnable,
                                self.phase_gate, self.bias, self.forget_gate)
 
-    def increments(self, u, g, layer, left):
+    def increments(self, u, g, params, left):
         """phi [B, H, T, d/2] from u [B, H, T, d/2] and the gate g [B, H, T] (or None), with `left`
         [B, H, K - 1, d/2] the convolution's inputs before the first token."""
         B, H, T, P = u.shape
-        w = layer.conv.float().view(H, P, self.d_conv)  # channel h * P + c
+        w = params.conv.float().view(H, P, self.d_conv)  # channel h * P + c
         full = torch.cat((left, u), 2)
         phi = sum(w[None, :, None, :, k] * full[:, :, k:k + T] for k in range(self.d_conv))
         if self.bias:
-            phi = phi + layer.phi_bias.float().exp()[None, :, None]
+            phi = phi + params.phi_bias.float().exp()[None, :, None]
         return phi if g is None else phi * g[..., None]
 
-    def layer_context(self, x, ctx, layer, cache):
+    def layer_context(self, x, ctx, params, cache):
         B, T, C = x.shape
         H, P, K = self.n_head, self.head_dim // 2, self.d_conv
         with torch.autocast(x.device.type, enabled=False):
             xf = x.float()
             chunks = xf.view(B, T, H, C // H)
             xn = (chunks * torch.rsqrt(chunks.pow(2).sum(-1, keepdim=True) + 1e-6)).view(B, T, C)
-            u = layer.up(layer.down(xn)).view(B, T, H, P).transpose(1, 2)  # [B, H, T, P]
-            g = torch.sigmoid(layer.gate(xn)).transpose(1, 2) if self.phase_gate else None  # [B, H, T]
+            u = params.up(params.down(xn)).view(B, T, H, P).transpose(1, 2)  # [B, H, T, P]
+            g = torch.sigmoid(params.gate(xn)).transpose(1, 2) if self.phase_gate else None  # [B, H, T]
             extra = {}
             if self.forget_gate:  # log f per key, summed again over the kept keys every forward (as FoX)
-                log_f = F.logsigmoid(layer.fgate(xf)).transpose(1, 2)  # [B, H, T]
+                log_f = F.logsigmoid(params.fgate(xf)).transpose(1, 2)  # [B, H, T]
                 if cache is not None:
                     if 'sel_log_f' in cache.state:
                         log_f = torch.cat((cache.state['sel_log_f'], log_f), 2)
@@ -1681,28 +1682,28 @@ class SelectiveRoPE(PositionalEncoding):
             zeros = u.new_zeros(B, H, K - 1, P)
             if cache is None or cache.mode != 'raw':
                 left = zeros if cache is None else cache.carry.get('sel_tail', zeros)
-                phi = self.increments(u, g, layer, left)
+                phi = self.increments(u, g, params, left)
                 s = cumsum_tokens(phi)
                 if cache is not None:
                     if 'sel_sum' in cache.carry:
                         s = s + cache.carry['sel_sum']
                     cache.carry['sel_sum'] = s[:, :, -1:]
                     cache.carry['sel_tail'] = torch.cat((left, u), 2)[:, :, T:]  # the last K - 1 inputs
-                q_tab = k_tab = cos_sin(s * layer.temperature.float())
+                q_tab = k_tab = cos_sin(s * params.temperature.float())
             else:  # a rolling cache: by place, over the kept keys and the new tokens
                 for name, t in (('sel_u', u), ('sel_gate', g)):
                     if t is not None:
                         cache.state[name] = torch.cat((cache.state[name], t), 2) if name in cache.state else t
-                phi = self.increments(cache.state['sel_u'], cache.state.get('sel_gate'), layer, zeros)
-                k_tab = cos_sin(cumsum_tokens(phi) * layer.temperature.float())
+                phi = self.increments(cache.state['sel_u'], cache.state.get('sel_gate'), params, zeros)
+                k_tab = cos_sin(cumsum_tokens(phi) * params.temperature.float())
                 q_tab = tuple(t[:, :, t.size(2) - T:] for t in k_tab)
         return _layer_context(ctx, sel_q=q_tab, sel_k=k_tab, **extra)
 
-    def transform_qk(self, q, k, ctx, layer):
+    def transform_qk(self, q, k, ctx, params):
         (cos, sin), (kcos, ksin) = ctx.extra['sel_q'], ctx.extra['sel_k']
         return apply_rotary(q, cos, sin), apply_rotary(k, kcos, ksin)
 
-    def score_mod(self, q, k, ctx, layer):
+    def score_mod(self, q, k, ctx, params):
         if not self.forget_gate:
             return None
         c, c_q = ctx.extra['sel_c'], ctx.extra['sel_cq']
@@ -1754,9 +1755,9 @@ class FoX(PositionalEncoding):
     def new_layer(self):
         return _FoxLayer(self.n_embd, self.n_head, self.bias_init)
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, attend):
         with torch.autocast(x.device.type, enabled=False):  # the bias stays float32
-            log_f = F.logsigmoid(layer.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
+            log_f = F.logsigmoid(params.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
         if use_fla(attend, q, cache):
             return fla_fox(q, k, v, log_f, attend)
         if cache is not None:
@@ -1807,7 +1808,7 @@ class CoPE(PositionalEncoding):
     def new_layer(self):
         return _CopeLayer(self.npos_max, self.head_dim)
 
-    def bias(self, q, k, layer, attend):
+    def bias(self, q, k, params, attend):
         """The CoPE term q_i . e[p_ij], [B, H, Tq, Tk] float32 (queries = the last Tq keys; keys the
         layer's mask hides get no gate, so they are not counted)."""
         with torch.autocast(q.device.type, enabled=False):
@@ -1817,12 +1818,12 @@ class CoPE(PositionalEncoding):
             p = g.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # p_ij = sum_{t>=j} g_it
             lo = p.detach().floor()
             w = p - lo  # carries the gradient to p
-            qe = qf @ layer.pos_emb.float().t()  # [B, H, Tq, npos_max]: q_i . e[m]
+            qe = qf @ params.pos_emb.float().t()  # [B, H, Tq, npos_max]: q_i . e[m]
             return qe.gather(-1, p.detach().ceil().long()) * w + qe.gather(-1, lo.long()) * (1 - w)
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, attend):
         def run(q, k, v, a):
-            return a(q, k, v, self.bias(q, k, layer, a))
+            return a(q, k, v, self.bias(q, k, params, a))
         return attend.rows(run, q, k, v)
 
 
@@ -1865,7 +1866,7 @@ class StickBreaking(PositionalEncoding):
             A = (F.logsigmoid(z) + after).exp().masked_fill(~vis, 0.0)
             return A, log_keep.sum(-1).exp()
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, attend):
         if use_fla(attend, q, cache):
             return fla_stick_breaking(q, k, v, self.attend_current, self.remainder)
         p = self.dropout if self.training else 0.0
@@ -1926,27 +1927,27 @@ class PaTH(PositionalEncoding):
     def new_layer(self):
         return _PathLayer(self.n_embd, self.n_head, self.rank, self.conv, self.forget_gate)
 
-    def gates(self, x, layer, cache):
+    def gates(self, x, params, cache):
         """(w [B, H, T, d], beta [B, H, T]) of the new tokens, float32, the convolution continuing the cache's."""
         B, T, C = x.shape
-        pre = layer.w_up(layer.w_down(x))  # [B, T, C]
+        pre = params.w_up(params.w_down(x))  # [B, T, C]
         w = pre
         if self.conv:
             past = cache.carry.get('path_w') if cache is not None else None
-            w = F.silu(causal_conv(pre, layer.w_conv.float(), past))
+            w = F.silu(causal_conv(pre, params.w_conv.float(), past))
             if cache is not None and self.conv > 1:  # the last conv - 1 inputs, for the next forward
                 seen = torch.cat((pre.new_zeros(B, self.conv - 1, C) if past is None else past, pre), 1)
                 cache.carry['path_w'] = seen[:, seen.size(1) - (self.conv - 1):]
         w = w.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)
-        return w, 2 * torch.sigmoid(layer.beta(x)).transpose(1, 2)
+        return w, 2 * torch.sigmoid(params.beta(x)).transpose(1, 2)
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, attend):
         n = cache.n if cache is not None else 0
         with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
             xf = x.float()
-            w, beta = self.gates(xf, layer, cache)
-            log_f = F.logsigmoid(layer.fgate(xf)).transpose(1, 2) if layer.fgate is not None else None  # [B, H, T]
+            w, beta = self.gates(xf, params, cache)
+            log_f = F.logsigmoid(params.fgate(xf)).transpose(1, 2) if params.fgate is not None else None  # [B, H, T]
             if use_fla(attend, q, cache):
                 return fla_path(q, k, v, w, beta, log_f)
             A, keys = path_scores(q.float(), k.float(), w, beta, cache[0].float() if n else None, self.chunk,
@@ -2004,12 +2005,12 @@ class Wall(PositionalEncoding):
     def new_layer(self):
         return _WallLayer(self.n_embd, self.n_head, self.bias_init, self.scalar_gate)
 
-    def attention(self, q, k, v, x, ctx, layer, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, attend):
         B, H, T, d = q.shape
         with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
             xf = x.float()
-            g = F.logsigmoid(layer.gate(xf)).view(B, T, H, d).transpose(1, 2)  # [B, H, T, d]
-            gs = F.logsigmoid(layer.scalar(xf)).transpose(1, 2) if layer.scalar is not None else None
+            g = F.logsigmoid(params.gate(xf)).view(B, T, H, d).transpose(1, 2)  # [B, H, T, d]
+            gs = F.logsigmoid(params.scalar(xf)).transpose(1, 2) if params.scalar is not None else None
             if use_fla(attend, q, cache):
                 return fla_wall(q, k, v, g, gs, attend)
             if cache is not None:  # the gates of every key in the cache (its keys include the new ones)

@@ -12,6 +12,8 @@ rope_scaling variant) and passkey*.json (passkey.py). Writes to report_dir:
   loss_vs_position.png      loss against position inside the longest windows
   last_k.png                loss on the last k tokens against the context before them
   passkey.png               passkey heat maps, one per run (plot_heatmap; passkey.py draws one run's alone)
+matplotlib is imported inside the functions that plot: it is slow to import, and a report read back for its
+numbers (sweep.py, the leaderboard) draws nothing.
 """
 import glob
 import json

@@ -10,16 +10,18 @@ agreement, child runs (spawn) and wandb.
 """
 import atexit
 import os
+import platform
 import signal
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 # Dense bf16 tensor-core peak FLOP/s, no sparsity (NVIDIA datasheets), matched against
 # torch.cuda.get_device_name() in this order (the PCIe and NVL H100s are slower than SXM).
@@ -94,19 +96,6 @@ def mfu(model, T, rows, seconds, peak):
     return flops_per_token(model, T) * T * rows / seconds / peak
 
 
-@contextmanager
-def attention_backend(model, backend):
-    """Every attention layer of a built GPT on `backend` ('flex' | 'dense') inside the block, as before after it."""
-    saved = [(blk.attn, blk.attn.backend) for blk in model.transformer.h]
-    for m, _ in saved:
-        m.backend = backend
-    try:
-        yield
-    finally:
-        for m, b in saved:
-            m.backend = b
-
-
 def cpu_info():
     """The first processor's fields in /proc/cpuinfo ('model name', 'cpu MHz', 'flags', ...); {} without one."""
     try:
@@ -118,7 +107,6 @@ def cpu_info():
 
 
 def cpu_name():
-    import platform
     return cpu_info().get('model name') or platform.processor() or platform.machine()
 
 
@@ -163,7 +151,6 @@ class Heartbeat:
         self.thread.join(timeout=10)
 
     def _store(self):  # a client of its own per thread: a store connection is not shared across threads
-        import torch.distributed as dist
         return dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False,
                              timeout=timedelta(seconds=5))
 
@@ -210,7 +197,6 @@ class RunControl:
     save, or None, for those messages."""
 
     def __init__(self, ddp, device_type, timeout, out_dir, saved=lambda: None):
-        import torch.distributed as dist
         self.ddp, self.timeout, self.out_dir, self.saved = ddp, timeout, out_dir, saved
         self.signum, self.signal_time = None, 0.0
         self.group, self.flag, self.work = None, torch.zeros(1, dtype=torch.int32), None
@@ -226,7 +212,6 @@ class RunControl:
     def catch_signals(self):
         """From here on SIGTERM/SIGINT ask for a stop (before, they end the process as usual).
         Under DDP the ranks OR their flags on a CPU (gloo) group of their own: no GPU sync."""
-        import torch.distributed as dist
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         if self.ddp:
@@ -253,7 +238,6 @@ class RunControl:
         """Whether to stop now; the same answer on every rank. The all-reduce started by one
         call is read by the next, so it overlaps a training step instead of adding a round
         trip to it; the price is that a signal stops the run one iteration later."""
-        import torch.distributed as dist
         if not self.ddp:
             return self.signum is not None
         stop = False
@@ -267,7 +251,6 @@ class RunControl:
 
     def any_rank(self, flag):
         """flag, OR-ed over the ranks (blocking; used at eval steps only)."""
-        import torch.distributed as dist
         if not self.ddp:
             return flag
         t = torch.tensor([int(flag)], dtype=torch.int32)
@@ -283,7 +266,6 @@ class RunControl:
         """sys.excepthook under DDP: a collective that failed because a rank died or froze (or
         outlasted the timeout) ends this rank with one line naming the lost rank(s) and how to
         resume, instead of a traceback. Any other exception gets the usual traceback."""
-        import torch.distributed as dist
         if not (isinstance(e, dist.DistError) or isinstance(e, RuntimeError) and 'gloo' in str(e)):
             return sys.__excepthook__(kind, e, tb)
         # torchrun SIGTERMs the survivors of a dead worker: let this line finish first (3-8 s)

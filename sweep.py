@@ -576,7 +576,7 @@ def provenance():
         commit = (commit + ('+dirty' if dirty else '')) or 'unknown'
     except OSError:
         commit = 'unknown'
-    import torch
+    import torch  # here: sweep.py only starts runs, and starts fast without torch
     hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{runtime.cpu_name()}, {os.cpu_count()} cores"
     return f"commit {commit}, torch {torch.__version__}, {hw}"
 

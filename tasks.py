@@ -22,8 +22,11 @@ final evaluation scores too.
   acc = BinScores(bin_edges(N)); acc.add(logits, y, ns); acc.result()   # JSON-ready dict
 """
 
+from contextlib import nullcontext
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
 # vocabulary: one character per token, so prompts and answers read as plain strings
@@ -474,8 +477,6 @@ def evaluate(model, name, N, device='cpu', ctx=None, positions='plain', pos_max=
     'randomized' (a fresh sorted draw from [0, pos_max) per batch, as Ruoss et al.
     evaluate). A bin with rows the model cannot address (a position table shorter than
     the sequence, or T > pos_max) is reported as None, not as 0."""
-    import torch.nn.functional as F
-    from contextlib import nullcontext
     was_training = model.training
     model.eval()
     rng = np.random.default_rng(seed)

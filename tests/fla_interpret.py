@@ -90,9 +90,9 @@ def hook_case(name, opts=None, B=2, T=40, H=2, d=16, window=None, sink_logits=Fa
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, H // (gqa if i else 1), T, d, generator=g).requires_grad_() for i in range(3))
     x = torch.randn(B, T, H * d, generator=g).requires_grad_()
-    sinks = torch.randn(H, generator=g).requires_grad_() if sink_logits else None
+    sink_logits = torch.randn(H, generator=g).requires_grad_() if sink_logits else None
     mask = Mask(window)
-    leaves = {'q': q, 'k': k, 'v': v, 'x': x, **({'sinks': sinks} if sinks is not None else {})}
+    leaves = {'q': q, 'k': k, 'v': v, 'x': x, **({'sink_logits': sink_logits} if sink_logits is not None else {})}
     per_key = gqa > 1 and hasattr(scheme, 'gates')  # PaTH's w and beta: per key head, the kernel's convention
     if per_key:
         real = scheme.gates
@@ -101,7 +101,8 @@ def hook_case(name, opts=None, B=2, T=40, H=2, d=16, window=None, sink_logits=Fa
             w, beta = real(xf, lay, cache)
             w, beta = w[:, ::gqa], beta[:, ::gqa]  # one Householder per key head
             return (w.repeat_interleave(gqa, 1), beta.repeat_interleave(gqa, 1)) if expand else (w, beta)
-    ref_attend, fla_attend = Attend(mask, 'dense', 0.0, sinks), Attend(mask, 'fla', 0.0, sinks, fla=scheme.fla_kernel)
+    ref_attend = Attend(mask, 'dense', 0.0, sink_logits)
+    fla_attend = Attend(mask, 'fla', 0.0, sink_logits, fla=scheme.fla_kernel)
 
     def reference(repeat):
         if per_key:

@@ -85,7 +85,7 @@ def test_a_bias_tensor_equals_its_score_mod_on_every_path(monkeypatch):
     q, k, v = torch.randn(3, 2, 3, 24, 8, generator=gen).unbind(0)
     bias = torch.randn(2, 3, 24, 24, generator=gen)
     window = A.Mask(window=7)
-    for kw in (dict(dropout_p=0.2), dict(sinks=torch.randn(3, generator=gen)), dict(mask=window)):
+    for kw in (dict(dropout_p=0.2), dict(sink_logits=torch.randn(3, generator=gen)), dict(mask=window)):
         outs, grads = [], []
         for form in ('tensor', 'mod'):
             A_ = bias.clone().requires_grad_()
@@ -216,5 +216,5 @@ def test_flex_gets_small_tiles_on_cuda_where_the_score_mod_reads_a_table(monkeyp
     monkeypatch.setattr(A, 'FLEX_LSE_ON_CPU', True)
     monkeypatch.setattr(A, 'flex_tiles', lambda device_type, mod: (device_type, torch.is_tensor(mod)))
     A.attend(q, k, v, table, backend='flex')
-    A.attend(q, k, v, mods['alibi'], backend='flex', sinks=torch.zeros(4))
+    A.attend(q, k, v, mods['alibi'], backend='flex', sink_logits=torch.zeros(4))
     assert seen == [('cpu', True), ('cpu', False)]

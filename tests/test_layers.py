@@ -40,7 +40,7 @@ def sees(t, u, window=None, chunk=None):
     return chunk is None or t // chunk == u // chunk
 
 
-def reference_attend(q, k, v, k0=0, window=None, chunk=None, bias=None, sinks=None):
+def reference_attend(q, k, v, k0=0, window=None, chunk=None, bias=None, sink_logits=None):
     """softmax over the keys each query sees, per pair in float64; bias(b, h, i, j) added to the scaled
     logit; a sink logit s_h in every row's denominator."""
     B, H, Tq, d = q.shape
@@ -53,9 +53,9 @@ def reference_attend(q, k, v, k0=0, window=None, chunk=None, bias=None, sinks=No
                 js = [j for j in range(Tk) if sees(t, k0 + j, window, chunk)]
                 z = [float(q[b, h, i].double() @ k[b, h, j].double()) / math.sqrt(d)
                      + (float(bias(b, h, i, j)) if bias else 0.0) for j in js]
-                m = max(z + ([float(sinks[h])] if sinks is not None else []))
+                m = max(z + ([float(sink_logits[h])] if sink_logits is not None else []))
                 w = [math.exp(x - m) for x in z]
-                den = sum(w) + (math.exp(float(sinks[h]) - m) if sinks is not None else 0.0)
+                den = sum(w) + (math.exp(float(sink_logits[h]) - m) if sink_logits is not None else 0.0)
                 out[b, h, i] = sum((wi / den) * v[b, h, j].double() for wi, j in zip(w, js))
     return out
 
@@ -92,14 +92,14 @@ def test_attend_matches_masked_reference_on_every_path(mask, path, k0, Tq, Tk, m
     q, k, v = qkv(2, 3, Tq, Tk, 8, seed=Tq)
     table = torch.randn(Tk)
     mod = None if path in ('sdpa', 'sinks') else (lambda score, b, h, i, j: score + table[j] * (h + 1))
-    sinks = torch.tensor([0.5, -1.0, 2.0]) if path == 'sinks' else None
+    sink_logits = torch.tensor([0.5, -1.0, 2.0]) if path == 'sinks' else None
     m = A.Mask(**mask).at(k0)
     with torch.set_grad_enabled(path != 'dense-chunked'):
         if path == 'dense-chunked':  # 3 query rows a chunk, each with only the keys it can see
             monkeypatch.setattr(A, 'DENSE_CHUNK_BYTES', 4 * 2 * 3 * 3 * (3 + 5))
-        got = A.attend(q, k, v, mod, backend='flex' if path == 'flex' else 'dense', mask=m, sinks=sinks)
+        got = A.attend(q, k, v, mod, backend='flex' if path == 'flex' else 'dense', mask=m, sink_logits=sink_logits)
     want = reference_attend(q, k, v, k0, bias=None if mod is None else (lambda b, h, i, j: table[j] * (h + 1)),
-                            sinks=sinks, **mask)
+                            sink_logits=sink_logits, **mask)
     assert torch.allclose(got.double(), want, atol=1e-5)
 
 
@@ -112,7 +112,7 @@ def test_query_chunks_slice_in_only_the_keys_a_window_sees(monkeypatch):
     m = A.Mask(window=16)
 
     def fn(q, k, v, a):
-        seen.append((a.s, a.lo, q.size(2), k.size(2)))
+        seen.append((a.row0, a.key0, q.size(2), k.size(2)))
         return q
     with torch.no_grad():
         A.chunk_queries(fn, q, k, v, A.Attend(m))
@@ -265,7 +265,7 @@ def test_sink_logits_every_scheme_causal_and_kv_cache(scheme):
     m = tiny_model(scheme, sink_logits=True).eval()
     with torch.no_grad():
         for blk in m.transformer.h:
-            blk.attn.sinks.copy_(torch.tensor([-1.0, 0.0, 1.5, 3.0]))
+            blk.attn.sink_logits.copy_(torch.tensor([-1.0, 0.0, 1.5, 3.0]))
     assert_causal(m)
     T = 16 if m.pe.max_len else 30
     x = torch.randint(0, 37, (2, T))
@@ -274,7 +274,7 @@ def test_sink_logits_every_scheme_causal_and_kv_cache(scheme):
         cache = m.new_cache()
         steps = [m(x[:, :5], cache=cache)[0]] + [m(x[:, t:t + 1], cache=cache)[0] for t in range(5, T)]
         plain = tiny_model(scheme).eval()
-        plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.endswith('sinks')})
+        plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.endswith('sink_logits')})
         assert not torch.allclose(plain(x)[0], full, atol=1e-3)  # the sinks take a share
     assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
 
@@ -284,7 +284,7 @@ def test_sink_logit_is_not_scaled_and_never_masked():
     z_ii = q.k / sqrt(d), with s as given (not divided by sqrt(d))."""
     q, k, v = qkv(1, 2, 6, 6, 4)
     s = torch.tensor([0.7, -2.0])
-    y = A.attend(q, k, v, mask=A.Mask(chunk=1), sinks=s, backend='dense')
+    y = A.attend(q, k, v, mask=A.Mask(chunk=1), sink_logits=s, backend='dense')
     z = (q * k).sum(-1) / 2.0
     want = v / (1 + torch.exp(s[None, :, None] - z))[..., None]
     assert torch.allclose(y, want, atol=1e-6)
@@ -296,7 +296,7 @@ def test_sink_gradient_equals_finite_differences():
     s = torch.tensor([0.3, -0.5, 1.0], requires_grad=True)
 
     def loss(s):
-        return (A.attend(q, k, v, mask=A.Mask(window=4), sinks=s, backend='dense') * w).sum()
+        return (A.attend(q, k, v, mask=A.Mask(window=4), sink_logits=s, backend='dense') * w).sum()
     loss(s).backward()
     eps = 1e-2
     for h in range(3):
@@ -313,9 +313,9 @@ def test_sinks_train_and_get_gradients_in_the_model():
     x = torch.randint(0, 37, (4, 17))
     _, loss = m(x[:, :-1], x[:, 1:])
     loss.backward()
-    sinks = [b.attn.sinks for b in m.transformer.h]
-    assert all(s.grad is not None and (s.grad != 0).all() for s in sinks)
-    assert all(s.dim() == 1 for s in sinks)  # no weight decay (configure_optimizers: dim < 2)
+    sink_logits = [b.attn.sink_logits for b in m.transformer.h]
+    assert all(s.grad is not None and (s.grad != 0).all() for s in sink_logits)
+    assert all(s.dim() == 1 for s in sink_logits)  # no weight decay (configure_optimizers: dim < 2)
 
 
 # --- QK-norm ----------------------------------------------------------------------
@@ -457,8 +457,8 @@ def test_added_sink_logits_start_where_the_outputs_do_not_change():
     old = tiny_model('rope', seed=1).eval()
     new = tiny_model('rope', seed=2, sink_logits=True).eval()
     kept, dropped, fresh = checkpoint.load_shared(new, old.state_dict(), 'old.pt')
-    assert sorted(fresh) == ['transformer.h.0.attn.sinks', 'transformer.h.1.attn.sinks'] and not dropped
-    assert all((b.attn.sinks == A.SINK_FRESH).all() for b in new.transformer.h)
+    assert sorted(fresh) == ['transformer.h.0.attn.sink_logits', 'transformer.h.1.attn.sink_logits'] and not dropped
+    assert all((b.attn.sink_logits == A.SINK_FRESH).all() for b in new.transformer.h)
     x = torch.randint(0, 37, (2, 16))
     with torch.no_grad():
         assert torch.allclose(new(x)[0], old(x)[0], atol=1e-5)
@@ -495,7 +495,7 @@ def test_finetune_with_another_scheme_prints_the_report(tmp_path, char_data):
                   f'--init_from={tmp_path}/a/ckpt.pt', f'--out_dir={tmp_path}/b'] + common)
     assert r.returncode == 0, r.stderr[-2000:]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith('fine-tune weights'))
-    assert 'dropped pe.table' in line and 'started fresh transformer.h.{0,1}.attn.sinks' in line
+    assert 'dropped pe.table' in line and 'started fresh transformer.h.{0,1}.attn.sink_logits' in line
     assert "pos_encoding 't5' -> 'alibi'" in r.stdout and "layer 1: alibi, sink_logits" in r.stdout
 
 
@@ -503,15 +503,15 @@ def test_finetune_with_another_scheme_prints_the_report(tmp_path, char_data):
 
 PRESETS = {  # written out from the models' own configs, scaled as each config file says
     'rnope_swa': dict(types='SSSF', window=[64, 64, 64, None], chunk=[None] * 4, nope=[3], qk=[None] * 4,
-                      sinks=[False] * 4),
+                      sink_logits=[False] * 4),
     'irope': dict(types='CCCF', window=[None] * 4, chunk=[4, 4, 4, None], nope=[3],
-                  qk=['weightless'] * 3 + [None], sinks=[False] * 4),
+                  qk=['weightless'] * 3 + [None], sink_logits=[False] * 4),
     'gemma3': dict(types='SSSSSF', window=[4] * 5 + [None], chunk=[None] * 6, nope=[],
-                   qk=['weight'] * 6, sinks=[False] * 6),
+                   qk=['weight'] * 6, sink_logits=[False] * 6),
     'gpt_oss': dict(types='SFSF', window=[4, None, 4, None], chunk=[None] * 4, nope=[], qk=[None] * 4,
-                    sinks=[True] * 4),
+                    sink_logits=[True] * 4),
     'sssl': dict(types='SSSL', window=[33, 33, 33, 129], chunk=[None] * 4, nope=[], qk=['weightless'] * 4,
-                 sinks=[False] * 4),
+                 sink_logits=[False] * 4),
 }
 
 
@@ -616,13 +616,13 @@ def test_attend_logits_is_the_softmax_of_given_logits(mask, path):
     A (plus a sink logit per head) times v, per pair in float64."""
     q, k, v = qkv(2, 3, 11, 11, 8, seed=3)
     logits = (q @ k.transpose(-2, -1)) / math.sqrt(8) + torch.randn(2, 3, 11, 11)
-    sinks = torch.randn(3) if path == 'sinks' else None
-    att = A.Attend(A.Mask(**mask), 'flex' if path == 'flex' else 'dense', sinks=sinks)
+    sink_logits = torch.randn(3) if path == 'sinks' else None
+    att = A.Attend(A.Mask(**mask), 'flex' if path == 'flex' else 'dense', sink_logits=sink_logits)
     with torch.no_grad():
         y = att.logits(logits, v)
     zero = torch.zeros_like(q)
     ref = reference_attend(zero, zero, v, window=mask.get('window'), chunk=mask.get('chunk'),
-                           bias=lambda b, h, i, j: logits[b, h, i, j], sinks=sinks)
+                           bias=lambda b, h, i, j: logits[b, h, i, j], sink_logits=sink_logits)
     assert torch.allclose(y.double(), ref, atol=1e-5)
 
 
@@ -656,18 +656,22 @@ def test_windowed_sinks_flex_backward_graph_validates_and_equals_dense(flex_with
     monkeypatch.setitem(A._compiled, 'flex', fa.flex_attention)
     out = flex_and_dense_grads(lambda be: tiny_model('alibi', attn_backend=be, **kw), x)
     assert_same_grads(out)
-    assert out['flex'][1]['transformer.h.0.attn.sinks'].abs().sum() > 0
+    assert out['flex'][1]['transformer.h.0.attn.sink_logits'].abs().sum() > 0
 
 
-def test_a_checkpoint_with_ssmax_under_its_older_name_loads(tmp_path):
-    """SSMax's scales were saved as attn.pe_layer.ssmax before attention scaling moved to the attention."""
+def test_a_checkpoint_with_ssmax_or_sink_logits_under_their_older_names_loads(tmp_path):
+    """SSMax's scales were saved as attn.pe_layer.ssmax before attention scaling moved to the attention, and sink
+    logits as attn.sinks."""
     import dataclasses
-    m = tiny_model('rope', attn_scaling={'type': 'ssmax'})
+    m = tiny_model('rope', attn_scaling={'type': 'ssmax'}, sink_logits=True)
     with torch.no_grad():
         m.transformer.h[1].attn.ssmax.copy_(torch.tensor([0.1, 0.2, 0.3, 0.4]))
-    old = {k.replace('attn.ssmax', 'attn.pe_layer.ssmax'): v for k, v in m.state_dict().items()}
-    assert 'transformer.h.1.attn.pe_layer.ssmax' in old
+        m.transformer.h[0].attn.sink_logits.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    old = {k.replace('attn.ssmax', 'attn.pe_layer.ssmax').replace('attn.sink_logits', 'attn.sinks'): v
+           for k, v in m.state_dict().items()}
+    assert 'transformer.h.1.attn.pe_layer.ssmax' in old and 'transformer.h.0.attn.sinks' in old
     args = {f.name: getattr(m.config, f.name) for f in dataclasses.fields(m.config)}
     torch.save({'model': old, 'model_args': args}, tmp_path / 'ckpt.pt')
     loaded, _ = checkpoint.load_model(str(tmp_path / 'ckpt.pt'))
     assert torch.equal(loaded.transformer.h[1].attn.ssmax, torch.tensor([0.1, 0.2, 0.3, 0.4]))
+    assert torch.equal(loaded.transformer.h[0].attn.sink_logits, torch.tensor([1.0, 2.0, 3.0, 4.0]))
