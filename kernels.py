@@ -280,7 +280,7 @@ def fla_plan(backend, scheme, index, mask, sink_logits, head_dim, dropout):
     where = f"{scheme.name} on layer {index}"
     if kernel is None:
         raise ValueError(f"attn_backend='fla': {where} has no flash-linear-attention kernel (schemes with one: "
-                         f"{', '.join(fla_schemes())}); use attn_backend='auto', which runs fla where it can")
+                         f"{', '.join(scheme.fla_schemes())}); use attn_backend='auto', which runs fla where it can")
     why = FLA_KERNELS[kernel].refusal(mask, sink_logits, head_dim, dropout)
     if why is None and backend == 'auto':
         why = FLA_KERNELS[kernel].not_auto
@@ -291,12 +291,6 @@ def fla_plan(backend, scheme, index, mask, sink_logits, head_dim, dropout):
     if backend == 'fla':
         raise ValueError(f"attn_backend='fla' cannot run {where}: {why}; or use attn_backend='auto'")
     return None, (why if torch.cuda.is_available() else None)
-
-
-def fla_schemes():
-    """The registered schemes with an fla kernel."""
-    from positional import REGISTRY  # here: positional imports this module
-    return sorted(name for name, cls in REGISTRY.items() if cls.fla_kernel is not None)
 
 
 def runs_fla(kernel, backend, device_type):

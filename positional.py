@@ -174,6 +174,11 @@ class PositionalEncoding(nn.Module):
     def attention(self, q, k, v, x, ctx, params, cache, attend):
         return None
 
+    @staticmethod
+    def fla_schemes():
+        """The registered schemes whose `attention` hook can run an fla kernel (kernels.py)."""
+        return sorted(name for name, cls in REGISTRY.items() if cls.fla_kernel is not None)
+
     @property
     def owns_attention(self):
         """True when this scheme computes its layers' attention itself (its `attention` hook),

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import kernels
+import positional
 from conftest import ROOT, fork_run, tiny_model
 from fla_interpret import CASES
 
@@ -50,7 +51,7 @@ def test_fla_kernel_equals_nanope_path(interpreted, case):
 def test_every_fla_scheme_and_option_is_covered():
     """Each scheme with an fla kernel has hook cases and a model case; GQA, windows and sinks are covered where
     the kernel takes them."""
-    assert kernels.fla_schemes() == FLA_SCHEMES
+    assert positional.PositionalEncoding.fla_schemes() == FLA_SCHEMES
     for s in FLA_SCHEMES:
         assert f'model_{s}' in CASES and any(c == s or c.startswith(s + '_') for c in CASES), s
     for kernel, has in (('attn', 'fox_window_sinks_gqa'), ('wall', 'wall_scalar_window_sinks_gqa'),
