@@ -14,7 +14,7 @@ import attention as A
 import positional
 import positional as P
 from conftest import tiny_config, tiny_model
-from test_schemes import qkv
+from test_positional import qkv
 
 
 @pytest.mark.parametrize('path', ['sdpa', 'dense', 'flex'])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import ROOT, fork_run
-from test_robust import TINY, copy_run, data, trained  # noqa: F401 (fixtures)
+from test_train_robust import TINY, copy_run, data, trained  # noqa: F401 (fixtures)
 
 sys.path.insert(0, ROOT)
 import checkpoint  # noqa: E402

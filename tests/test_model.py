@@ -15,7 +15,7 @@ from conftest import (SCHEMES, Validated, assert_causal, assert_flex_equals_dens
                       assert_same_grads, assert_trains_and_pe_params_learn, attend_mods, flex_and_dense_grads,
                       has_attention_mod, tiny_model, validating_backend)
 from presets import PRESETS, preset_plans
-from test_stacks import STACKS, split_heads, stack_model
+from test_stack import STACKS, split_heads, stack_model
 
 
 BIAS_SCHEMES = [s for s in SCHEMES if has_attention_mod(s)]  # derived from the hooks, not the name

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import ROOT, fork_run
-from test_robust import ENV, TINY, ckpt_iter, data, losses, run, wait_for_iter, worker_pid  # noqa: F401
+from test_train_robust import ENV, TINY, ckpt_iter, data, losses, run, wait_for_iter, worker_pid  # noqa: F401
 
 N = 300  # iterations: enough (~5 ms each) that a fault lands mid-training, after a save
 ARGS = ['train.py', f'--max_iters={N}', '--eval_interval=10', '--final_eval=False'] + TINY

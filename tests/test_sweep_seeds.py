@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from test_sweep_faults import ENV, MODEL, data, tables, wait_for  # noqa: F401 (data: a fixture)
+from test_sweep import ENV, MODEL, data, tables, wait_for  # noqa: F401 (data: a fixture)
 
 TWO = ['--schemes=rope,alibi', '--seeds=2', '--scalings=', '--max_iters=60', '--eval_interval=30',
        '--final_eval_mults=[1, 2]', '--block_size=16', '--batch_size=4', '--eval_tokens=256',
