@@ -23,7 +23,11 @@ from model import GPT, GPTConfig  # noqa: E402
 from data.common import get_encoding  # noqa: E402
 
 SCHEMES = sorted(positional.REGISTRY)
-torch.set_num_threads(min(2, torch.get_num_threads()))
+if os.environ.get('PYTEST_XDIST_WORKER'):  # pytest -n 2: one thread a worker (and its children), two on two cores
+    os.environ['OMP_NUM_THREADS'] = '1'
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
 def tiny_config(scheme, **kw):

@@ -426,7 +426,7 @@ def test_sink_logits_refused_where_the_softmax_is_not_attends(scheme, kw, match)
 @pytest.mark.parametrize('kw', [dict(sliding_window=8), dict(attention_chunk_size=8)])
 def test_rolling_cache_refused_with_a_window_or_chunk(kw):
     m = tiny_model('rope', **kw).eval()
-    with pytest.raises(ValueError, match='rolling .* cannot tell apart'):
+    with pytest.raises(ValueError, match='StreamingLLM .* cannot tell apart'):
         m.generate(torch.zeros(1, 2, dtype=torch.long), 4, recent=8, sink_tokens=2)
 
 
