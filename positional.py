@@ -264,8 +264,8 @@ def sinusoidal_table(n_pos, dim, positions=None):
     pos = torch.arange(n_pos, dtype=torch.float64) if positions is None else positions.double()
     inv = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device) / dim)  # [dim/2]
     ang = pos[:, None] * inv[None, :]
-    pe = torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(len(pos), dim)  # interleave
-    return pe.float()
+    table = torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(len(pos), dim)  # interleave
+    return table.float()
 
 
 @register('learned')
@@ -298,8 +298,8 @@ class Sinusoidal(PositionalEncoding):
     position on the fly: there is no table to run past."""
 
     def embed(self, x, pos):
-        pe = sinusoidal_table(0, self.n_embd, positions=pos).to(x.device, x.dtype)
-        return x * math.sqrt(self.n_embd) + pe
+        table = sinusoidal_table(0, self.n_embd, positions=pos).to(x.device, x.dtype)
+        return x * math.sqrt(self.n_embd) + table
 
 
 # --- rotating or extending q and k (`transform_qk`): RoPE and its relatives, and RoPE's successors that stay

@@ -37,32 +37,32 @@ class Positions(nn.Module):
         super().__init__()
         self.name = name = config.pos_encoding
         base = dict(config.pos_options or {})
-        pe = make_scheme(config, name, base)
-        if getattr(config, 'rope_scaling', None) and not pe.uses_rope_scaling:
+        plain = make_scheme(config, name, base)  # the scheme with the config's own pos_options
+        if getattr(config, 'rope_scaling', None) and not plain.uses_rope_scaling:
             raise ValueError(f"rope_scaling={config.rope_scaling!r} was given, but scheme {name!r} has no "
                              f"rotary embedding to scale; drop rope_scaling or use a RoPE checkpoint")
-        if pe.embeds_positions and (getattr(config, 'nope_layers', None) or getattr(config, 'layer_options', None)):
+        if plain.embeds_positions and (getattr(config, 'nope_layers', None) or getattr(config, 'layer_options', None)):
             others = [s for s in sorted(REGISTRY) if REGISTRY[s].embed is PositionalEncoding.embed and s != 'none']
             raise ValueError(f"{name} adds positions to the token embeddings once, before block 0, for "
                              f"every layer: there is no per-layer position to switch off or change, so "
                              f"nope_layers/layer_options do not apply. Use an attention-side scheme "
                              f"({', '.join(others)})")
         schemes, seen, self.slot = [], {}, []
-        for spec in plan:  # one instance per distinct options, in the order the layers first use them
+        for spec in plan:  # one instance per distinct options, in the order the layers plain use them
             if spec.pos_options is None:
                 self.slot.append(None)
                 continue
             key = repr(sorted(spec.pos_options.items()))
             if key not in seen:
                 seen[key] = len(schemes)
-                schemes.append(pe if spec.pos_options == base else make_scheme(
+                schemes.append(plain if spec.pos_options == base else make_scheme(
                     config, name, spec.pos_options, f" (pos_options updated by layer_options[{spec.index}])"))
             self.slot.append(seen[key])
         self.schemes = nn.ModuleList(schemes)
         self.nope = NoPE(config)
         if len(schemes) == 1:  # the plain scheme's state-dict keys
             _plain_state_dict_names(self, 'schemes.0.')
-        self.uses_rope_scaling, self.scaling = pe.uses_rope_scaling, pe.scaling
+        self.uses_rope_scaling, self.scaling = plain.uses_rope_scaling, plain.scaling
         self.nope_layers = [i for i, p in enumerate(self.slot) if p is None or isinstance(schemes[p], NoPE)]
 
     def at(self, i):

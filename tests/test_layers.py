@@ -532,7 +532,7 @@ def test_each_preset_plan_is_what_its_config_says(name):
     assert [s.attention_chunk_size for s in m.plan] == want['chunk']
     assert [s.index for s in m.plan if s.pos_options is None] == want['nope']
     assert [s.qk_norm for s in m.plan] == want['qk']
-    assert [s.sink_logits for s in m.plan] == want['sinks']
+    assert [s.sink_logits for s in m.plan] == want['sink_logits']
     if name == 'gemma3':
         assert [m.pe.at(i).base for i in range(6)] == [1e4] * 5 + [1e6]
     if name == 'irope':
