@@ -337,7 +337,7 @@ def test_second_writer_is_refused_while_the_first_runs_on(data, tmp_path):
     out = str(tmp_path / 'out')
     args = ['train.py', f'--data_dir={data}', f'--out_dir={out}', '--eval_interval=20'] + TINY
     first = fork_start(args + ['--max_iters=1000000'])
-    wait_for_iter(out, lambda: alive(first[0]))
+    wait_for_iter(out, lambda: alive(first[0]), it=21)  # past its first save (iter 20): eval.py finds a checkpoint
     for extra in (['--max_iters=60'], ['--max_iters=60', '--init_from=resume']):
         r = fork_run(args + extra)
         assert r.returncode != 0 and 'Traceback' not in r.stderr
