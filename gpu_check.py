@@ -121,8 +121,9 @@ def goal_class(config):
     return min(found, key=lambda c: GOALS[c][1])
 
 
-class SchemeTimeout(Exception):
-    pass
+class SchemeTimeout(BaseException):
+    """--scheme_limit ran out: not an Exception, so that the handlers that let a failed part go on to the next
+    part of the same scheme let it through."""
 
 
 @contextmanager
@@ -139,6 +140,9 @@ def time_limit(seconds):
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
+    except SchemeTimeout:
+        torch.set_grad_enabled(True)  # the alarm can land inside no_grad's __enter__, whose __exit__ then never runs
+        raise
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -397,7 +401,7 @@ def time_pairs(a, names, plans, size, B, L, rt, peak, out, save, t_start):
             r['vs_rope_q1'], r['vs_rope_paired'], r['vs_rope_q3'] = quartiles([x / y for x, y in zip(
                 times['rope'], times[name])])
             rope_times += times['rope']
-        except Exception as e:  # noqa: BLE001 - a model that fails to build, compile or fit fails alone
+        except (Exception, SchemeTimeout) as e:  # noqa: BLE001 - a model that fails to build, compile, fit or finish
             out['results'].setdefault(name, {})['error'] = f"{type(e).__name__}: {str(e)[:500]}"
             failed.append(name)
         finally:
@@ -418,6 +422,40 @@ def time_pairs(a, names, plans, size, B, L, rt, peak, out, save, t_start):
     save()
     print(line('rope', r), flush=True)
     return failed
+
+
+def check_scheme(name, a, parts, size, plans, B, rt, peak, tol, r, save):
+    """The check (--parts) of one scheme or preset at `size` and batch B, into its entry r; its model is freed on
+    return."""
+    L = size['block_size']
+    torch.manual_seed(a.seed)
+    cfg = model_config(name, size, plans)
+    model = GPT(cfg).to(rt.device)
+    c = goal_class(cfg)
+    r.update(goal_class=c, goal=GOALS[c][1], attention_backends=model.attention_backends(rt.device))
+    x = torch.randint(size['vocab_size'], (2, min(256, L) + 1), device=rt.device)
+    xl = torch.randint(size['vocab_size'], (2, L + 1), device=rt.device)  # gradients at the training length
+    try:
+        if 'correct' in parts:
+            check_correct(model, x[:, :-1], rt, r)
+            check_grads(model, xl, rt, r)
+        if 'attn_grads' in parts:
+            check_attn_grads(model, L, rt, r)
+    except Exception as e:  # noqa: BLE001 - a kernel that fails to build fails this scheme, not the check
+        r['correct_error'] = f"{type(e).__name__}: {str(e)[:500]}"
+    if parts & {'correct', 'attn_grads'}:
+        errs = [r.get(k, 0) for k in ('flex_vs_dense', 'kv_vs_full', 'grad_flex_vs_dense')] + \
+            [e[k] for e in r.get('attn_grads', {}).values() for k in ('dq', 'dk', 'dv')]
+        r['correct'] = 'correct_error' not in r and all(e < tol for e in errs)
+    save()
+    if 'train' in parts:
+        try:
+            check_train(model, size, B, L, a, rt, peak, r)  # its optimizer and compiled graph are freed on return
+        except Exception as e:  # noqa: BLE001 - report the failure, go on with the next scheme
+            r['train_error'] = f"{type(e).__name__}: {str(e)[:500]}"
+        save()  # a long forward's FlexAttention compile can take minutes (fire's did, on an H200): keep what it has
+    if 'long' in parts and (name in MAIN_SCHEMES[:4] or name in plans):
+        check_long(model, size, L, a, rt, r)
 
 
 def line(name, r):
@@ -473,35 +511,11 @@ def main(argv):
             out['skipped'] = out.get('skipped', []) + [name]
             continue
         r = out['results'][name] = {}
-        torch.manual_seed(a.seed)
-        cfg = model_config(name, size, plans)
-        model = GPT(cfg).to(rt.device)
-        c = goal_class(cfg)
-        r.update(goal_class=c, goal=GOALS[c][1], attention_backends=model.attention_backends(rt.device))
-        x = torch.randint(size['vocab_size'], (2, min(256, L) + 1), device=rt.device)
-        xl = torch.randint(size['vocab_size'], (2, L + 1), device=rt.device)  # gradients at the training length
         try:
-            if 'correct' in parts:
-                check_correct(model, x[:, :-1], rt, r)
-                check_grads(model, xl, rt, r)
-            if 'attn_grads' in parts:
-                check_attn_grads(model, L, rt, r)
-        except Exception as e:  # noqa: BLE001 - a kernel that fails to build fails this scheme, not the check
-            r['correct_error'] = f"{type(e).__name__}: {str(e)[:500]}"
-        if parts & {'correct', 'attn_grads'}:
-            errs = [r.get(k, 0) for k in ('flex_vs_dense', 'kv_vs_full', 'grad_flex_vs_dense')] + \
-                [e[k] for e in r.get('attn_grads', {}).values() for k in ('dq', 'dk', 'dv')]
-            r['correct'] = 'correct_error' not in r and all(e < tol for e in errs)
-        save()
-        if 'train' in parts:
-            try:
-                check_train(model, size, B, L, a, rt, peak, r)  # its optimizer and compiled graph are freed on return
-            except Exception as e:  # noqa: BLE001 - report the failure, go on with the next scheme
-                r['train_error'] = f"{type(e).__name__}: {str(e)[:500]}"
-            save()  # a long forward's FlexAttention compile can take minutes (fire's did, on an H200): keep what it has
-        if 'long' in parts and (name in MAIN_SCHEMES[:4] or name in plans):
-            check_long(model, size, L, a, rt, r)
-        model = None
+            with time_limit(a.scheme_limit):
+                check_scheme(name, a, parts, size, plans, B, rt, peak, tol, r, save)
+        except SchemeTimeout as e:
+            r['error'] = f"SchemeTimeout: {e}"
         torch.cuda.empty_cache()  # (a no-op off CUDA)
         ref = out['results'].get('rope', {})
         if 'train_tok_s' in r and 'train_tok_s' in ref:
@@ -510,7 +524,7 @@ def main(argv):
                 r['peak_vs_rope'] = r['train_peak_MiB'] / ref['train_peak_MiB']
         print(line(name, r), flush=True)
         save()
-    bad = [n for n, r in out['results'].items() if r.get('correct') is False or 'train_error' in r]
+    bad = [n for n, r in out['results'].items() if r.get('correct') is False or 'train_error' in r or 'error' in r]
     print(f"gpu check: {len(out['results'])} schemes in {time.perf_counter() - t_start:.0f}s -> {path}; "
           + (f"FAILED: {', '.join(bad)}" if bad else 'none failed')
           + (f"; skipped (time budget): {', '.join(out['skipped'])}" if out.get('skipped') else ''))

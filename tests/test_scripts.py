@@ -112,7 +112,7 @@ def test_gpu_check_pairs_time_each_model_against_rope_in_the_same_process(tmp_pa
     """--pairs=True: rope and each model of the classes asked, steps alternated; each model's entry holds its
     class and goal (from its hooks), backends, compile time, peak memory and step statistics, and vs_rope is the
     quotient of the two medians of the same pairs; rope's entry holds its MFU. A scheme past --scheme_limit fails
-    alone, and rope is still timed."""
+    alone, and rope is still timed; in the check too."""
     import json
     import statistics
     import gpu_check
@@ -142,6 +142,11 @@ def test_gpu_check_pairs_time_each_model_against_rope_in_the_same_process(tmp_pa
                          '--scheme_limit=0.001', f'--json={path}'] + GPU_CHECK_TINY)
     res = json.load(open(path))['results']
     assert rc == 1 and res['alibi']['error'].startswith('SchemeTimeout') and len(res['rope']['ms_all']) == 2
+    rc = gpu_check.main(['--parts=correct', '--schemes=alibi', '--presets=', '--scheme_limit=0.001',
+                         f'--json={path}'] + GPU_CHECK_TINY)  # the check, too, goes on to the next scheme
+    res = json.load(open(path))['results']
+    assert rc == 1 and list(res) == ['rope', 'alibi'] and all(r['error'].startswith('SchemeTimeout')
+                                                              for r in res.values())
 
 
 def test_goal_classes_follow_the_hooks():
