@@ -380,6 +380,17 @@ def time_pairs(a, names, plans, size, B, L, rt, peak, out, save, t_start):
         save()
         return step
 
+    def rope_entry(seconds):
+        """Rope's entry from its steps so far (statistics, MFU) and the goals' rows, saved: a run cut short keeps
+        them."""
+        r = out['results']['rope']
+        if seconds:
+            r.update(step_stats(seconds))
+            if peak:
+                r['mfu'], r['mfu_at'] = runtime.mfu(models['rope'], L, B, r['ms_median'] / 1e3, peak), [B, L]
+        out['goals'] = goal_rows(out['results'])
+        save()
+
     try:
         steps, rope_times = {'rope': start('rope')}, []
     except Exception as e:  # noqa: BLE001 - without the reference there is nothing to time against
@@ -410,17 +421,11 @@ def time_pairs(a, names, plans, size, B, L, rt, peak, out, save, t_start):
             if rt.device_type == 'cuda':
                 torch.cuda.empty_cache()
         print(line(name, out['results'][name]), flush=True)
-        out['goals'] = goal_rows(out['results'])
-        save()
+        rope_entry(rope_times)
     if not rope_times:  # no pairs: rope alone
         rope_times = runtime.round_robin(['rope'], a.steps, lambda n: steps[n](), clock, 'rope steps')['rope']
-    r = out['results']['rope']
-    r.update(step_stats(rope_times))
-    if peak:
-        r['mfu'], r['mfu_at'] = runtime.mfu(models['rope'], L, B, r['ms_median'] / 1e3, peak), [B, L]
-    out['goals'] = goal_rows(out['results'])
-    save()
-    print(line('rope', r), flush=True)
+    rope_entry(rope_times)
+    print(line('rope', out['results']['rope']), flush=True)
     return failed
 
 
