@@ -24,7 +24,7 @@ Paths (same logits on all of them):
     FlexAttention backward on CPU)
   - bias, dense               -> the score_mod evaluated once on broadcast index tensors into a
     float32 [B|1, H, Tq, Tk] additive mask, attention in float32 (a bf16 bias would not equal
-    the kernel's float32 one: -500.3 becomes -500)
+    the kernel's float32 one: -500.3 becomes -500); float64 inputs stay float64 (`wide`)
   - value term or sinks       -> need each row's logsumexp: FlexAttention returns it on CUDA;
     compiled flex on CPU cannot in torch 2.13, so these run dense on CPU
   - a scheme's own fla kernel -> not through attend: the scheme's `attention` hook calls kernels.py's adapter
@@ -286,17 +286,23 @@ def _dense(q, k, v, mod, dropout_p, seed, need_lse, att):
         return _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att)
 
 
+def wide(t):
+    """t in float32, or as it is where it is float64: the dense path computes in float32, and in float64 for
+    float64 inputs (gpu_check.py's reference for gradients)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att):
     B, H, Tq, d = q.shape
-    bias = dense_bias(mod, B, H, Tq, k.size(2), q.device, att.mask)
+    q, k, v = wide(q), wide(k), wide(v)
+    bias = dense_bias(mod, B, H, Tq, k.size(2), q.device, att.mask).to(q.dtype)
     if not (dropout_p or need_lse):  # SDPA's fused softmax; float32 inputs so the bias stays float32
-        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias), None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias), None
     if not dropout_p and q.device.type == 'cpu' and not torch.is_grad_enabled():
         # SDPA's fused CPU kernel also returns each row's logsumexp (15x faster than the three
         # passes below at T = 2048); without gradients only, as its lse has no backward
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q.float(), k.float(), v.float(),
-                                                                         attn_mask=bias)
-    att_w = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(d) + bias
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
+    att_w = (q @ k.transpose(-2, -1)) / math.sqrt(d) + bias
     lse = att_w.logsumexp(-1)
     p = (att_w - lse.unsqueeze(-1)).exp()
     if dropout_p:
@@ -304,7 +310,7 @@ def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att):
               for ax, n in enumerate((B, H, Tq, k.size(2)))]
         ix[2], ix[3] = ix[2] + att.row0, ix[3] + att.key0
         p = p * dropout_keep(seed, dropout_p, *ix) / (1 - dropout_p)
-    return p @ v.float(), lse
+    return p @ v, lse
 
 
 def _table_mod(bias):
@@ -389,7 +395,7 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
     if vmod is not None:
         y = y + vmod(lse).to(y.dtype)
     if sink_logits is not None:  # the sink's share of each row's softmax mass carries no value
-        y = y * torch.sigmoid(lse.float() - sink_logits.float()[:, None]).unsqueeze(-1).to(y.dtype)
+        y = y * torch.sigmoid(wide(lse) - wide(sink_logits)[:, None]).unsqueeze(-1).to(y.dtype)
     return y.to(q.dtype)
 
 

@@ -22,7 +22,6 @@ without windows or chunks (NAME-full); the '× full' columns are a preset's eval
 over its twin's, measured in the same run. --windowed=W adds rope-windowW: rope with a W-key sliding window on
 every layer.
 """
-import itertools
 import json
 import math
 import os
@@ -101,70 +100,6 @@ class NanoGPT(nn.Module):
     configure_optimizers = GPT.configure_optimizers  # the same AdamW (fused where available)
 
 
-# --- measuring ----------------------------------------------------------------------
-
-class Clock:
-    def __init__(self, kind, device_type):
-        self.kind, self.cuda = kind, device_type == 'cuda'
-
-    def now(self):
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.process_time() if self.kind == 'cpu' else time.perf_counter()
-
-
-def static_bytes(*objs):
-    """Bytes of distinct tensor storages held by modules (params, buffers) and optimizers (state)."""
-    ts = [t for o in objs for t in ([*o.parameters(), *o.buffers()] if isinstance(o, nn.Module) else
-                                   [t for st in o.state.values() for t in st.values() if torch.is_tensor(t)])]
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())
-
-
-def peak_extra_bytes(fn, device_type):
-    """Peak bytes allocated by fn() on top of what was live before it."""
-    if device_type == 'cuda':
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    from torch.profiler import ProfilerActivity, profile  # here: only --profile needs it
-    sys.stderr.flush()
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)  # the profiler's C++ side prints start/stop banners to fd 2
-    try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            fn()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == '[memory]' and e.device_type() == torch.autograd.DeviceType.CPU)
-    # running total of allocations in order; frees of blocks allocated before fn() are not reported: no negative drift
-    return max([0, *itertools.accumulate(n for _, n in events)])
-
-
-def median_ratio(xs, refs):
-    """Median over rounds of x/ref, each ratio taken within one round."""
-    return statistics.median(x / r for x, r in zip(xs, refs))
-
-
-def round_robin(names, rounds, fn, clock, desc):
-    """{name: [clock seconds of fn(name), one per round]}; the order rotates every round, so
-    that slow drift in machine load hits every name alike."""
-    times = {n: [] for n in names}
-    with progress(total=rounds, desc=desc, unit='round') as bar:
-        for r in range(rounds):
-            for n in names[r % len(names):] + names[:r % len(names)]:
-                t0 = clock.now()
-                fn(n)
-                times[n].append(clock.now() - t0)
-            bar.update()
-    return times
-
-
 # --- the round-robin over schemes (parts train, memory, eval, sample) ------------------
 
 class Bench:
@@ -207,7 +142,7 @@ class Bench:
 
     def peak_MiB(self, fn, *held):
         """params/buffers/optimizer state of `held` + the peak fn() allocates on top, in MiB."""
-        return (static_bytes(*held) + peak_extra_bytes(fn, self.rt.device_type)) / 2**20
+        return (runtime.static_bytes(*held) + runtime.peak_extra_bytes(fn, self.rt.device_type)) / 2**20
 
     def train(self, parts, peak):
         a, B, L, res = self.a, self.B, self.L, self.res
@@ -217,13 +152,13 @@ class Bench:
                 self.train_step(name)
             res[name]['train_warmup_s'] = self.clock.now() - t0
         if 'train' in parts:
-            times = round_robin(self.order, a.rounds, lambda n: [self.train_step(n) for _ in range(a.iters)],
+            times = runtime.round_robin(self.order, a.rounds, lambda n: [self.train_step(n) for _ in range(a.iters)],
                                 self.clock, 'train rounds')
             times = {n: [t / a.iters for t in ts] for n, ts in times.items()}
             for name in self.order:
                 dt = statistics.median(times[name])
-                res[name].update(train_ms=dt * 1e3, train_tok_s=B * L / dt, train_vs_rope=median_ratio(
-                    times['rope'], times[name]), train_vs_nanogpt=median_ratio(times[BASELINE], times[name]),
+                res[name].update(train_ms=dt * 1e3, train_tok_s=B * L / dt, train_vs_rope=runtime.median_ratio(
+                    times['rope'], times[name]), train_vs_nanogpt=runtime.median_ratio(times[BASELINE], times[name]),
                     train_ms_all=[t * 1e3 for t in times[name]])
                 if peak:
                     res[name]['mfu'] = runtime.mfu(self.models[name], L, B, dt, peak)
@@ -240,10 +175,10 @@ class Bench:
             res[name]['eval_first_s'] = self.clock.now() - t0
         if 'eval' in parts:
             label = f'eval@{self.a.eval_mult}L rounds'
-            times = round_robin(self.can_eval, self.a.rounds, self.eval_fwd, self.clock, label)
+            times = runtime.round_robin(self.can_eval, self.a.rounds, self.eval_fwd, self.clock, label)
             for name in self.can_eval:
                 res[name].update(eval_tok_s=self.xe[:, :-1].numel() / statistics.median(times[name]),
-                                 eval_vs_rope=median_ratio(times['rope'], times[name]))
+                                 eval_vs_rope=runtime.median_ratio(times['rope'], times[name]))
         for name in self.can_eval if 'memory' in parts else []:
             m = self.models[name]
             res[name]['fwd8L_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
@@ -458,7 +393,7 @@ def main(argv):
     threads = torch.get_num_threads()
     exit_on_ctrl_c('bench.py')
     rt = runtime.setup(a.device, a.dtype)
-    clock = Clock(a.clock or ('cpu' if rt.device_type == 'cpu' else 'wall'), rt.device_type)
+    clock = runtime.Clock(a.clock or ('cpu' if rt.device_type == 'cpu' else 'wall'), rt.device_type)
     size = model_size(a, a.preset)
     out, meta, smoked = {}, {}, smoke(a, asked) if 'smoke' in parts else None
     if parts & SCHEME_PARTS:  # the CPU clock sums every thread's time: its throughput is per core, as its peak

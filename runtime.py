@@ -2,16 +2,18 @@
 Device, precision and speed: the one place every script (train, eval, sample, passkey, bench, gpu_check,
 extend_table) gets them from, so a GPU run of each uses the same bf16 autocast and TF32 settings and the tables
 they write are comparable. Also: peak FLOP/s, FLOPs per token and MFU (one formula for train.py, bench.py and
-gpu_check.py), the attention backend of a built model, the global batch split, signals and the DDP stop
-agreement, child runs (spawn) and wandb.
+gpu_check.py), steps timed in rotating order and their peak memory (bench.py, gpu_check.py), the attention backend
+of a built model, the global batch split, signals and the DDP stop agreement, child runs (spawn) and wandb.
 
   rt = runtime.setup('auto', 'auto')   # CUDA + bf16 autocast where available, else CPU float32
   with rt.autocast: logits, loss = model(x, y)
 """
 import atexit
+import itertools
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -22,6 +24,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from console import progress
 
 # Dense bf16 tensor-core peak FLOP/s, no sparsity (NVIDIA datasheets), matched against
 # torch.cuda.get_device_name() in this order (the PCIe and NVL H100s are slower than SXM).
@@ -94,6 +98,74 @@ def flops_per_token(model, T):
 def mfu(model, T, rows, seconds, peak):
     """Model FLOPs utilisation: `rows` sequences of T tokens trained in `seconds`, a fraction of `peak` FLOP/s."""
     return flops_per_token(model, T) * T * rows / seconds / peak
+
+
+# --- timing and memory of steps (bench.py, gpu_check.py)
+
+
+class Clock:
+    """Seconds for timing steps: 'wall' (perf_counter) or 'cpu' (this process's CPU time, blind to other
+    processes); on CUDA each reading waits for the GPU's queued work first."""
+
+    def __init__(self, kind, device_type):
+        self.kind, self.cuda = kind, device_type == 'cuda'
+
+    def now(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.process_time() if self.kind == 'cpu' else time.perf_counter()
+
+
+def static_bytes(*objs):
+    """Bytes of distinct tensor storages held by modules (params, buffers) and optimizers (state)."""
+    ts = [t for o in objs for t in ([*o.parameters(), *o.buffers()] if isinstance(o, torch.nn.Module) else
+                                   [t for st in o.state.values() for t in st.values() if torch.is_tensor(t)])]
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())
+
+
+def peak_extra_bytes(fn, device_type):
+    """Peak bytes allocated by fn() on top of what was live before it."""
+    if device_type == 'cuda':
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile  # here: only --profile needs it
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)  # the profiler's C++ side prints start/stop banners to fd 2
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == '[memory]' and e.device_type() == torch.autograd.DeviceType.CPU)
+    # running total of allocations in order; frees of blocks allocated before fn() are not reported: no negative drift
+    return max([0, *itertools.accumulate(n for _, n in events)])
+
+
+def median_ratio(xs, refs):
+    """Median over rounds of x/ref, each ratio taken within one round."""
+    return statistics.median(x / r for x, r in zip(xs, refs))
+
+
+def round_robin(names, rounds, fn, clock, desc):
+    """{name: [clock seconds of fn(name), one per round]}; the order rotates every round, so
+    that slow drift in machine load hits every name alike."""
+    times = {n: [] for n in names}
+    with progress(total=rounds, desc=desc, unit='round') as bar:
+        for r in range(rounds):
+            for n in names[r % len(names):] + names[:r % len(names)]:
+                t0 = clock.now()
+                fn(n)
+                times[n].append(clock.now() - t0)
+            bar.update()
+    return times
 
 
 def cpu_info():

@@ -105,6 +105,95 @@ def test_gpu_check_trains_each_model_and_can_leave_it_uncompiled(tmp_path, monke
         assert r['loss'] < r['loss_first'] - 0.01, (name, r['loss_first'], r['loss'])
 
 
+GPU_CHECK_TINY = ['--n_layer=2', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4']
+
+
+def test_gpu_check_pairs_time_each_model_against_rope_in_the_same_process(tmp_path):
+    """--pairs=True: rope and each model of the classes asked, steps alternated; each model's entry holds its
+    class and goal (from its hooks), backends, compile time, peak memory and step statistics, and vs_rope is the
+    quotient of the two medians of the same pairs; rope's entry holds its MFU. A scheme past --scheme_limit fails
+    alone, and rope is still timed; in the check too."""
+    import json
+    import statistics
+    import gpu_check
+    path = str(tmp_path / 'pairs.json')
+    rc = gpu_check.main(['--pairs=True', '--schemes=alibi,fox,cope,xpos', '--presets=gpt_oss',
+                         '--classes=fla,score_mod', '--compile=False', '--steps=3', '--warmup=1', f'--json={path}']
+                        + GPU_CHECK_TINY)
+    out = json.load(open(path))
+    res = out['results']
+    assert rc == 0 and list(res) == ['rope', 'alibi', 'fox', 'gpt_oss'], list(res)  # cope, xpos: other classes
+    assert {n: r['goal_class'] for n, r in res.items()} == dict(rope='no_bias', alibi='score_mod', fox='fla',
+                                                                 gpt_oss='score_mod')
+    for name, r in res.items():
+        assert r['goal'] == gpu_check.GOALS[r['goal_class']][1] and r['attention_backends'] == ['auto'] * 2
+        assert r['compile_s'] > 0 and r['peak_MiB'] > 0 and r['ms_min'] <= r['ms_q1'] <= r['ms_median'] <= \
+            r['ms_q3'] <= r['ms_max'], (name, r)
+        assert r['ms_median'] == pytest.approx(statistics.median(r['ms_all']))
+        if name != 'rope':
+            assert len(r['ms_all']) == len(r['rope_ms_all']) == 3
+            assert r['rope_ms_median'] == pytest.approx(statistics.median(r['rope_ms_all']))
+            assert r['vs_rope'] == pytest.approx(r['rope_ms_median'] / r['ms_median'])
+    assert len(res['rope']['ms_all']) == 9 and res['rope']['mfu'] > 0 and res['rope']['mfu_at'] == [4, 32]
+    goals = {g['figure'].split(':')[0]: g for g in out['goals']}
+    assert goals['fox']['measured'] == res['fox']['vs_rope'] and goals['fox']['goal'] == 0.6
+    assert goals["rope's MFU at 16 x 1024"]['measured'] is None  # measured at 4 x 32 here
+    rc = gpu_check.main(['--pairs=True', '--schemes=alibi', '--presets=', '--compile=False', '--steps=2',
+                         '--scheme_limit=0.001', f'--json={path}'] + GPU_CHECK_TINY)
+    res = json.load(open(path))['results']
+    assert rc == 1 and res['alibi']['error'].startswith('SchemeTimeout') and len(res['rope']['ms_all']) == 2
+    rc = gpu_check.main(['--parts=correct', '--schemes=alibi', '--presets=', '--scheme_limit=0.001',
+                         f'--json={path}'] + GPU_CHECK_TINY)  # the check, too, goes on to the next scheme
+    res = json.load(open(path))['results']
+    assert rc == 1 and list(res) == ['rope', 'alibi'] and all(r['error'].startswith('SchemeTimeout')
+                                                              for r in res.values())
+
+
+def test_goal_classes_follow_the_hooks():
+    """A scheme with an fla kernel is 'fla', one with its own attention and none 'own_attention', one whose
+    score_mod or value term runs in training 'score_mod' (xPos's blockwise mask does not), the rest 'no_bias'."""
+    import gpu_check
+    import positional
+    from model import GPTConfig
+    got = {n: gpu_check.goal_class(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, pos_encoding=n))
+           for n in positional.REGISTRY}
+    assert {n for n, c in got.items() if c == 'fla'} == set(positional.PositionalEncoding.fla_schemes())
+    assert {n for n, c in got.items() if c == 'own_attention'} == {'cope'}
+    assert {'alibi', 't5', 'shaw', 'fire', 'deberta', 'grape_a'} <= {n for n, c in got.items() if c == 'score_mod'}
+    assert {'rope', 'xpos', 'none', 'learned', 'xl'} <= {n for n, c in got.items() if c == 'no_bias'}
+
+
+def test_attn_grads_match_float64_and_see_a_dropped_logsumexp_gradient(tmp_path, monkeypatch):
+    """--parts=attn_grads: dq, dk and dv of each kind of layer against a float64 copy on the dense path are
+    float32's rounding on CPU; with the logsumexp's gradient dropped (as a kernel's backward might), dq and dk of
+    the layers that read it (Shaw's value term, sink logits) are off by more than 5%, and the check fails."""
+    import json
+    import attention
+    import gpu_check
+    path = str(tmp_path / 'grads.json')
+    argv = ['--parts=attn_grads', '--schemes=rope,shaw', '--presets=gpt_oss', f'--json={path}'] + GPU_CHECK_TINY
+    assert gpu_check.main(argv) == 0
+    res = json.load(open(path))['results']
+    assert list(res['gpt_oss']['attn_grads']) == ['layer 0', 'layer 1']  # its sliding and its full layer
+    for name, r in res.items():
+        assert r['correct'], (name, r)
+        for e in r['attn_grads'].values():
+            assert max(e[k] for k in ('dq', 'dk', 'dv', 'dq_dense', 'dk_dense', 'dv_dense')) < 1e-5, (name, e)
+            assert 0 < e['param_worst_err'] < 1e-4, (name, e)
+    dense = attention._dense
+
+    def lse_dropped(q, *args, **kw):  # the run under test loses the logsumexp's gradient; the float64 one keeps it
+        y, lse = dense(q, *args, **kw)
+        return y, lse if lse is None or q.dtype == torch.float64 else lse.detach()
+    monkeypatch.setattr(attention, '_dense', lse_dropped)
+    assert gpu_check.main(argv) == 1
+    res = json.load(open(path))['results']
+    assert res['rope']['correct'] and not res['shaw']['correct'] and not res['gpt_oss']['correct']
+    for name in ('shaw', 'gpt_oss'):
+        for e in res[name]['attn_grads'].values():
+            assert min(e['dq'], e['dk']) > 0.05 and e['dv'] < 1e-5, (name, e)
+
+
 # --- portable out_dirs ------------------------------------------------------------
 
 def test_out_dir_moved_with_its_data_gone(char_data, tmp_path):
