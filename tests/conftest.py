@@ -272,12 +272,3 @@ def assert_trains_and_pe_params_learn(m):
         assert p.grad is not None and p.grad.abs().sum() > 0, n
     return owned
 
-
-# the files of end-to-end runs (sweeps, DDP, resumes; the kernel interpreter's subprocess), each test tens of
-# seconds: collected first, so that two workers (pytest -n 2) share them rather than one finishing them alone
-END_TO_END_FIRST = ('test_sweep.py', 'test_sweep_seeds.py', 'test_tasks.py', 'test_kernels.py', 'test_train.py',
-                    'test_train_ddp.py', 'test_train_robust.py')
-
-
-def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.fspath.basename not in END_TO_END_FIRST)  # stable: the order within each
