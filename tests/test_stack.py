@@ -1,5 +1,5 @@
 """Per-layer stacks (NoPE every k-th layer, per-layer options such as the RoPE base) and
-length-dependent attention scaling (log-n, SSMax, Llama 4 temperature tuning; issue 17, model side),
+length-dependent attention scaling (log-n, SSMax, Llama 4 temperature tuning),
 their refusals, and the registry-wide properties for every hook combination they add. Expected values
 come from independent references written here."""
 import dataclasses
