@@ -41,7 +41,7 @@ QK_NORMS = {True: 'weight', 'weight': 'weight', 'weightless': 'weightless'}
 class PlanKeys:
     """The config's per-layer keys and their defaults, declared here once: model.GPTConfig subclasses this,
     train.py's globals and model_args take these keys, a fine-tune may change them (checkpoint.py), and
-    bench.py's presets are made of them. Each is a value for every layer or {layer index or type: value}."""
+    presets.py's stacks are made of them. Each is a value for every layer or {layer index or type: value}."""
     layer_types: object = None           # the layers' types: a list of n_layer names, or a pattern tiled ('SSSL')
     nope_layers: object = None           # int k: every k-th layer (k-1, 2k-1, ...) runs NoPE; a list; a type
     layer_options: dict = None           # {layer: pos_options overrides}, e.g. Gemma 3's global base
