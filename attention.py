@@ -21,7 +21,8 @@ Paths (same logits on all of them):
   - no bias, no value term, no sinks -> F.scaled_dot_product_attention (is_causal, or a boolean mask)
   - bias, FlexAttention       -> compiled flex_attention(score_mod, block mask of the Mask, which skips the
     blocks no query of a block can see); CUDA by default, CPU only without gradients (torch 2.13 has no
-    FlexAttention backward on CPU)
+    FlexAttention backward on CPU); without gradients a score_mod marked `tabulate` (an MLP per logit:
+    FIRE) runs dense on CUDA too, unless attn_backend is 'flex'
   - bias, dense               -> the score_mod evaluated once on broadcast index tensors into a
     float32 [B|1, H, Tq, Tk] additive mask, attention in float32 (a bf16 bias would not equal
     the kernel's float32 one: -500.3 becomes -500); float64 inputs stay float64 (`wide`)
@@ -237,14 +238,19 @@ def causal_block_mask(Tq, Tk, device):
     return CAUSAL.block_mask(Tq, Tk, device)
 
 
-def use_flex(q, backend, need_lse):
+def use_flex(q, backend, need_lse, mod=None):
     """'auto': FlexAttention on CUDA; on CPU the dense path, which is as fast there (query
     chunks without gradients, SDPA's fused kernel) while compiled flex costs 9-500 s per
-    new shape (docs/speed.md). A decoding step's bias is one row per head: dense too. 'fla' is
-    'auto' here: attend runs what a layer's fla kernel does not (a KV cache's decoding)."""
+    new shape (docs/speed.md). A decoding step's bias is one row per head: dense too. So is a score_mod
+    marked `tabulate` without gradients: FlexAttention would unroll it into every logit of its kernel, while
+    the dense path evaluates it as a table per chunk of queries. 'fla' is 'auto' here: attend runs what a
+    layer's fla kernel does not (a KV cache's decoding)."""
     if backend == 'dense' or (need_lse and q.device.type == 'cpu' and not FLEX_LSE_ON_CPU):
         return False
-    return backend == 'flex' or (q.device.type == 'cuda' and q.size(2) > 1)
+    if backend == 'flex':
+        return True
+    tables = getattr(mod, 'tabulate', False) and not torch.is_grad_enabled()
+    return q.device.type == 'cuda' and q.size(2) > 1 and not tables
 
 
 def _mix(x):
@@ -387,7 +393,7 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
         return y[..., :Dv]
     # a fresh dropout seed per call from torch's RNG: on the device, no host sync, restored on resume
     seed = torch.randint(0, 2**31 - 1, (), device=q.device) if dropout_p else None
-    if use_flex(q, backend, need_lse):
+    if use_flex(q, backend, need_lse, mod):
         y, lse = _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask)
     else:
         y, lse = chunk_queries(lambda q, k, v, a: _dense(q, k, v, mod, dropout_p, seed, need_lse, a), q, k, v, att)
@@ -456,7 +462,7 @@ def scale_logits(q, mod, s):
     def scaled(score, b, h, i, j):
         bias = mod(torch.zeros_like(score), b, h, i, j)
         return score + torch.where(bias == float('-inf'), bias, bias * s[h, i])
-    scaled.reads_table = getattr(mod, 'reads_table', False)
+    scaled.reads_table, scaled.tabulate = getattr(mod, 'reads_table', False), getattr(mod, 'tabulate', False)
     return q, scaled
 
 

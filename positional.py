@@ -24,7 +24,9 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
 i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; the queries
 are the last Tq keys. A score_mod has no host syncs, indexes each tensor that needs gradients
 once, and stays float32; one that reads a float32 table at each logit's (i, j) says so with
-f.reads_table = True (FlexAttention's smaller tiles on CUDA). Attributes the scripts read are
+f.reads_table = True (FlexAttention's smaller tiles on CUDA); one too costly to unroll into every logit of a kernel
+says f.tabulate = True (without gradients it is then evaluated as a table per chunk of queries, on CUDA too).
+Attributes the scripts read are
 declared on PositionalEncoding. The full contract, with shapes and the rules the tests check, is
 in docs/schemes.md.
 
@@ -1209,11 +1211,13 @@ class FIRE(PositionalEncoding):
     so the MLP input stays in [0, 1] at any length. psi of the normaliser gets +1e-6.
     One FIRE module per layer, as in the paper's default. The bias depends on the
     query position as well as the distance, so it cannot be tabulated per distance:
-    without gradients (evaluation at any length) the MLP runs inside score_mod as
-    `width` scalar ReLU units, O(T) memory; with gradients it is tabulated as
-    [H, Tq, Tk] once per layer, all units in one expression (the paper's dense
-    bias; the unit loop there took torch.compile 3x longer), because FlexAttention's
-    backward can only scatter a score's gradient into a tensor it indexes once.
+    without gradients (evaluation at any length) score_mod sums `width` scalar ReLU
+    units, marked `tabulate`: the dense path evaluates it as a table per chunk of
+    queries (also on CUDA, where FlexAttention would unroll the 32 units into every
+    logit; attn_backend='flex' still does, in O(T) memory); with gradients it is
+    tabulated as [H, Tq, Tk] once per layer, all units in one expression (the
+    paper's dense bias; the unit loop there took torch.compile 3x longer), because
+    FlexAttention's backward can only scatter a score's gradient into a tensor it indexes once.
     Note: with the default L0 = 512 and a training length below 512, training
     never reaches the interpolating regime; set init_L (e.g. block_size / 4 as
     the paper's 512 / 2048) to study it. Options: width, init_c, init_L."""
@@ -1240,6 +1244,7 @@ class FIRE(PositionalEncoding):
                 for u in range(w1.size(0)):  # the MLP on a scalar, one hidden unit at a time
                     score = score + w2[h, u] * torch.relu(w1[u] * x + b1[u])
                 return score + b2[h]
+            mod.tabulate = True  # 32 units a logit: a table per chunk of queries, not a FlexAttention kernel
             return mod
         i, j = torch.arange(q.size(2), device=q.device)[:, None], torch.arange(k.size(2), device=q.device)
         x = self.normalised(params, ctx.q_pos[i], ctx.dist(i, j))  # [Tq, Tk]

@@ -218,3 +218,30 @@ def test_flex_gets_small_tiles_on_cuda_where_the_score_mod_reads_a_table(monkeyp
     A.attend(q, k, v, table, backend='flex')
     A.attend(q, k, v, mods['alibi'], backend='flex', sink_logits=torch.zeros(4))
     assert seen == [('cpu', True), ('cpu', False)]
+
+
+def test_a_tabulated_score_mod_runs_dense_without_gradients_on_cuda(monkeypatch):
+    """FIRE's score_mod without gradients (an MLP of 32 units per logit) is marked `tabulate`, through logit
+    scaling too: on CUDA, 'auto' then evaluates it as a table per chunk of queries (the dense path) rather than
+    unrolling it into FlexAttention's kernel; with gradients, under 'flex', or for an unmarked mod, CUDA runs
+    FlexAttention as before. attend passes the mod to that choice."""
+    pe = positional.REGISTRY['fire'](tiny_config('fire'))
+    layer, pos = pe.new_layer(), torch.arange(8)
+    q, k, v = qkv(1, 4, 8, 8, 8)
+    with torch.no_grad():
+        fire = pe.score_mod(q, k, pe.context(pos, pos), layer)
+        scaled = A.scale_logits(q, fire, torch.full((4, 8), 2.0))[1]
+    trained = pe.score_mod(q, k, pe.context(pos, pos), layer)
+    alibi = positional.REGISTRY['alibi'](tiny_config('alibi')).score_mod(q, k, pe.context(pos, pos), None)
+    assert fire.tabulate and scaled.tabulate and not getattr(trained, 'tabulate', False)
+    on_cuda = SimpleNamespace(device=torch.device('cuda'), size=lambda dim: 8)
+    with torch.no_grad():
+        assert not A.use_flex(on_cuda, 'auto', False, fire) and not A.use_flex(on_cuda, 'auto', False, scaled)
+        assert A.use_flex(on_cuda, 'flex', False, fire) and A.use_flex(on_cuda, 'auto', False, alibi)
+        assert not A.use_flex(q, 'auto', False, alibi)  # CPU: dense for every mod, as before
+    assert A.use_flex(on_cuda, 'auto', False, fire)  # with gradients: FlexAttention
+    seen = []
+    monkeypatch.setattr(A, 'use_flex', lambda q, backend, need_lse, mod=None: seen.append(mod) or False)
+    with torch.no_grad():
+        A.attend(q, k, v, fire)
+    assert seen == [fire]
