@@ -22,8 +22,10 @@ and dv on the model's own backend against the dense path in float64, check_attn_
 alternated, --steps of each after --warmup; per model the median step and its spread, rope's median step in the
 same pairs over its own (vs_rope: training throughput relative to rope's), compile time, peak memory, each layer's
 backend, and the goal of its class (GOALS; goal_class reads its hooks); rope's MFU at the batch run. --classes keeps
-the schemes and presets of those classes; --scheme_limit stops a scheme after that many seconds and goes on. Each
-model's numbers go to --json as soon as they exist.
+the schemes and presets of those classes; --scheme_limit stops a scheme after that many seconds and goes on. A
+scheme whose fla kernel 'auto' does not take (Wall) runs on that kernel, so that every kernel is measured;
+--auto_only=True runs it on 'auto' instead, the path of a default config. Each model's numbers go to --json as
+soon as they exist.
 """
 import copy
 import dataclasses
@@ -85,13 +87,13 @@ def runs_on_flex(model):
         any(b.attn.sink_logits is not None for b in model.transformer.h)
 
 
-def model_config(name, size, plans):
+def model_config(name, size, plans, auto_only=False):
     """The GPTConfig of a scheme or preset at `size`. A layer whose fla kernel 'auto' does not take (Wall's: exact
     only in a range, kernels.FLA_KERNELS) gets attn_backend='fla' where fla can run here, so that every scheme
-    with a kernel is measured on it; elsewhere 'auto'."""
+    with a kernel is measured on it; elsewhere, or with auto_only (the path a default config runs), 'auto'."""
     cfg = {**size, **plans[name]} if name in plans else dict(size, pos_encoding=name)
     kernel = positional.REGISTRY[cfg.get('pos_encoding', 'rope')].fla_kernel
-    if kernel and kernels.FLA_KERNELS[kernel].not_auto and kernels.fla_status()[0]:
+    if kernel and kernels.FLA_KERNELS[kernel].not_auto and kernels.fla_status()[0] and not auto_only:
         cfg['attn_backend'] = 'fla'
     return GPTConfig(**cfg)
 
@@ -364,7 +366,7 @@ def time_pairs(a, names, plans, size, B, L, rt, peak, out, save, t_start):
 
     def start(name):
         """Build, compile and warm up a model; its entry in out['results'] -> its step function."""
-        cfg = model_config(name, size, plans)
+        cfg = model_config(name, size, plans, a.auto_only)
         c = goal_class(cfg)
         r = out['results'][name] = dict(goal_class=c, goal=GOALS[c][1])
         torch.manual_seed(a.seed)
@@ -434,7 +436,7 @@ def check_scheme(name, a, parts, size, plans, B, rt, peak, tol, r, save):
     return."""
     L = size['block_size']
     torch.manual_seed(a.seed)
-    cfg = model_config(name, size, plans)
+    cfg = model_config(name, size, plans, a.auto_only)
     model = GPT(cfg).to(rt.device)
     c = goal_class(cfg)
     r.update(goal_class=c, goal=GOALS[c][1], attention_backends=model.attention_backends(rt.device))
@@ -473,7 +475,7 @@ def main(argv):
     a = options(dict(schemes='all', preset='', n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,
                      device='auto', dtype='auto', warmup=2, iters=5, eval_batch_tokens=16384, json='gpu_check.json',
                      seed=0, budget=540.0, presets='all', compile=True, backend='auto', parts=','.join(PARTS),
-                     pairs=False, steps=20, classes='all', scheme_limit=0.0),
+                     pairs=False, steps=20, classes='all', scheme_limit=0.0, auto_only=False),
                 argv, rules=dict(warmup='>0', iters='>0', eval_batch_tokens='>0', budget='>0', steps='>0',
                                  scheme_limit='>=0',
                                  backend=(lambda b: b in ('auto', 'flex', 'dense'), "one of 'auto', 'flex', 'dense'"),
@@ -493,7 +495,8 @@ def main(argv):
         names = sorted(set(scheme_names(a.schemes) + ['rope']),
                        key=lambda n: (MAIN_SCHEMES.index(n) if n in MAIN_SCHEMES else 99, n)) + list(plans)
     if a.classes != 'all':
-        names = [n for n in names if n == 'rope' or goal_class(model_config(n, size, plans)) in a.classes.split(',')]
+        keep = a.classes.split(',')
+        names = [n for n in names if n == 'rope' or goal_class(model_config(n, size, plans, a.auto_only)) in keep]
     peak, peak_label = runtime.peak_flops(rt.device_type)
     out = {'meta': dict(torch=torch.__version__, device=runtime.device_name(rt), dtype=rt.dtype, preset=preset,
                         model=size, batch_size=B, peak=peak_label, argv=sys.argv, compile=a.compile,

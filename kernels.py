@@ -133,22 +133,41 @@ def path_scores(q, k, w, beta, prev=None, chunk=64, keys=False):
 
 
 def _wall_block(q, k, P):
-    """The lower triangle of Wall's logits (0 above it) for n = 2^m tokens that are both queries and keys
-    -> [B, H, n, n]. A binary tree: the diagonal is q_i . k_i (exp(0) = 1); at each level, every block's
+    """The lower triangle of Wall's logits (0 above it) for n = 2^m tokens that are both queries and keys, q, k, P
+    [..., n, d] -> [..., n, n]. A binary tree: the diagonal is q_i . k_i (exp(0) = 1); at each level, every block's
     lower-left quadrant (its second half's queries R against its first half's keys L) is one matmul through
     R's first token m: exp(P_i - P_j) = exp(P_i - P_m) exp(P_m - P_j), both factors <= 1. No [n, n, d] tensor."""
-    B, H, n, d = q.shape
-    A = (q * k).sum(-1)[..., None, None]  # (B, H, n, 1, 1): blocks of 1
+    *lead, n, d = q.shape
+    A = (q * k).sum(-1)[..., None, None]  # (..., n, 1, 1): blocks of 1
     s = 1
     while s < n:
-        q2, k2, P2 = (t.view(B, H, n // (2 * s), 2, s, d) for t in (q, k, P))  # pairs of blocks of s
-        Pm = P2[:, :, :, 1, :1]  # the reference: the right block's first P
-        cross = (q2[:, :, :, 1] * torch.exp(P2[:, :, :, 1] - Pm)) @ \
-            (k2[:, :, :, 0] * torch.exp(Pm - P2[:, :, :, 0])).transpose(-1, -2)  # (B, H, n/2s, s, s)
-        left, right = A[:, :, 0::2], A[:, :, 1::2]
+        q2, k2, P2 = (t.view(*lead, n // (2 * s), 2, s, d) for t in (q, k, P))  # pairs of blocks of s
+        Pm = P2[..., 1, :1, :]  # the reference: the right block's first P
+        cross = (q2[..., 1, :, :] * torch.exp(P2[..., 1, :, :] - Pm)) @ \
+            (k2[..., 0, :, :] * torch.exp(Pm - P2[..., 0, :, :])).transpose(-1, -2)  # (..., n/2s, s, s)
+        left, right = A[..., 0::2, :, :], A[..., 1::2, :, :]
         A = torch.cat((torch.cat((left, torch.zeros_like(left)), -1), torch.cat((cross, right), -1)), -2)
         s *= 2
-    return A.view(B, H, n, n)
+    return A.view(*lead, n, n)
+
+
+def _wall_runs(q, k, P, n):
+    """wall_scores' loop for T = R n queries and keys in runs of n, all runs at once: run a's queries against each
+    earlier run b's keys through a's first token r, exp(P_i - P_r) exp(P_r - P_j) (one batched matmul over the
+    R (R - 1) / 2 pairs), against their own keys by one _wall_block over the runs. The same products as the loop,
+    in O(log n) operations rather than O(R log n): a compiled training step's graph stays small."""
+    B, H, T, d = q.shape
+    R = T // n
+    a, b = torch.tril_indices(R, R, -1, device=q.device)  # the pairs of runs: a's queries, b's keys, b < a
+    qs, ks, Ps = (t.view(B, H, R, n, d) for t in (q, k, P))
+    Pr = Ps[:, :, :, :1]  # each run's first P [B, H, R, 1, d]
+    qr = qs * torch.exp(Ps - Pr)  # the queries through their run's first token
+    kr = ks[:, :, b] * torch.exp(Pr[:, :, a] - Ps[:, :, b])  # [B, H, pairs, n, d]: b's keys through a's first token
+    A = q.new_zeros(B, H, R, R, n, n)  # (run a, run b, query, key)
+    A[:, :, a, b] = qr[:, :, a] @ kr.transpose(-1, -2)
+    own = torch.arange(R, device=q.device)
+    A[:, :, own, own] = _wall_block(qs, ks, Ps)
+    return A.transpose(3, 4).reshape(B, H, T, T)
 
 
 def wall_scores(q, k, P, run=128):
@@ -157,8 +176,12 @@ def wall_scores(q, k, P, run=128):
     <= 0. Every exponent used is a difference <= 0, so nothing overflows however long the sequence. The queries
     go in runs of 2^m, at most `run` (the binary digits of Tq, largest first): the keys before a run's first query
     r through r (exp(P_i - P_r) exp(P_r - P_j), one matmul), the run's own keys by _wall_block; each written into
-    the output in place, so a long forward holds little more than the output. -> [B, H, Tq, Tk]."""
+    the output in place, so a long forward holds little more than the output. With gradients, no cache and Tq a
+    multiple of `run` (a training step), the runs go at once (_wall_runs: a compiled step's graph then grows with
+    log2(run), not with Tq / run). -> [B, H, Tq, Tk]."""
     Tq, Tk = q.size(2), k.size(2)
+    if torch.is_grad_enabled() and Tq == Tk and Tq > run and Tq % run == 0:
+        return _wall_runs(q, k, P, run)
     A = q.new_zeros(q.size(0), q.size(1), Tq, Tk)
     a = 0
     while a < Tq:

@@ -200,17 +200,34 @@ def wall_logits(q, k, g):
 
 
 @pytest.mark.parametrize('T, q0, run', [(13, 0, 128), (16, 0, 128), (1, 0, 128), (13, 8, 128), (13, 12, 128),
-                                        (40, 3, 128), (40, 0, 8)])
-def test_wall_scores_equal_the_per_pair_formula(T, q0, run):
+                                        (40, 3, 128), (40, 0, 8), (40, 8, 8), (32, 0, 8)])
+@pytest.mark.parametrize('grad', [False, True])
+def test_wall_scores_equal_the_per_pair_formula(T, q0, run, grad):
     """Queries the last T - q0 of T keys (q0 > 0: a KV cache), in runs of 2^m queries (13 = 8 + 4 + 1), at
-    most `run` (40 = 5 x 8)."""
+    most `run` (40 = 5 x 8); with gradients and no cache, 40 and 32 queries in runs of 8 go at once (_wall_runs)."""
     gen = torch.Generator().manual_seed(2)
     q, k = torch.randn(2, 2, T, 4, generator=gen), torch.randn(2, 2, T, 4, generator=gen)
     g = F.logsigmoid(2 * torch.randn(2, 2, T, 4, generator=gen))
-    A = K.wall_scores(q[:, :, q0:], k, g.cumsum(2), run)
+    with torch.set_grad_enabled(grad):
+        A = K.wall_scores(q[:, :, q0:], k, g.cumsum(2), run)
     want = wall_logits(q, k, g)[:, :, q0:]
     seen = torch.ones(T - q0, T, dtype=torch.bool).tril(q0)
     assert torch.allclose(A[..., seen].double(), want[..., seen], atol=1e-5) and (A[..., ~seen] == 0).all()
+
+
+def test_wall_runs_at_once_have_the_per_pair_gradients():
+    """The runs taken at once (32 tokens, runs of 8): the gradients of q, k and the gates equal those of the
+    per-pair formula in float64, with no NaN or inf where g decays steeply (e^-30 a token at most)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, 2, 32, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    g = (F.logsigmoid(torch.randn(1, 2, 32, 4, generator=gen, dtype=torch.float64)) * 30).requires_grad_()
+    w = torch.randn(1, 2, 32, 32, generator=gen, dtype=torch.float64)
+    seen = torch.ones(32, 32, dtype=torch.bool).tril()
+    grads = []
+    for A in (K.wall_scores(q, k, g.cumsum(2), run=8), wall_logits(q, k, g)):
+        grads.append(torch.autograd.grad((A * w)[..., seen].sum(), (q, k, g)))
+    for got, want in zip(*grads):
+        assert torch.isfinite(got).all() and torch.allclose(got, want, rtol=1e-9, atol=1e-12)
 
 
 def test_wall_is_stable_where_exp_of_a_prefix_sum_overflows():
