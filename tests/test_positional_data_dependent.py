@@ -303,3 +303,17 @@ def test_each_scheme_documents_its_source_and_has_a_config(name, source):
     assert source in doc and 'flash-linear-attention' in doc and 'Option' in doc
     cfg = read_config_file(os.path.join(ROOT, 'config', f'{name}.py'))
     assert cfg == {'pos_encoding': name, 'out_dir': f'out-{name}'}
+
+
+def test_wall_training_graph_does_not_grow_with_the_runs():
+    """A compiled training step traces wall_scores in every layer: with gradients and T a multiple of 128 it takes
+    all runs of 128 queries at once, so the traced graph has as many operations at T = 1024 (8 runs) as at 256 (2);
+    a loop over the runs would add each run's tree to the graph."""
+    counts = []
+    for T in (256, 1024):
+        m, x = tiny_model('wall', block_size=T, n_layer=1), torch.randint(0, 37, (1, T))
+        torch._dynamo.reset()
+        ex = torch._dynamo.explain(m)(x, x)
+        counts.append(sum(len(g.graph.nodes) for g in ex.graphs))
+    torch._dynamo.reset()
+    assert counts[0] == counts[1] and ex.graph_break_count == 0, counts
