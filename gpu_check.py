@@ -17,7 +17,9 @@ at 8L and 16L: tokens/s, and peak memory, O(T)). Then the attention stacks of co
 windows, chunks, QK-norm and sink logits on the same checks, long forwards included. Writes --json after each check
 and starts no scheme after --budget seconds; exit status 1 if any failed a check or to train.
 --parts: correct (the logits and whole-gradient checks), attn_grads (each kind of layer's attention alone: dq, dk
-and dv on the model's own backend against the dense path in float64, check_attn_grads), train, long.
+and dv on the model's own backend against the dense path in float64, check_attn_grads), train, long, attn_time
+(a bias scheme's first layer timed as built, with its parameters frozen, with its bias as one table, and without
+it: where the time goes, check_attn_time).
 --pairs=True times instead (time_pairs): rope built once and each scheme or preset in turn, compiled, their steps
 alternated, --steps of each after --warmup; per model the median step and its spread, rope's median step in the
 same pairs over its own (vs_rope: training throughput relative to rope's), compile time, peak memory, each layer's
@@ -38,6 +40,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+import attention
 import kernels
 import positional
 import runtime
@@ -59,7 +62,7 @@ GOALS = {'no_bias': ('no logit bias: rotary, embedded or no positions (SDPA)', 0
          'fla': ("a scheme with an fla kernel (attn_backend 'fla' where 'auto' does not take it)", 0.6),
          'own_attention': ('its own attention, with no fla kernel', 0.4)}
 MFU_GOAL = (0.40, 16, 1024)  # rope's MFU at gpt2_124m's micro-batch, 16 x 1024, against the device's bf16 peak
-PARTS = ('correct', 'attn_grads', 'train', 'long')
+PARTS = ('correct', 'attn_grads', 'train', 'long', 'attn_time')
 
 
 def tolerance(rt):
@@ -219,6 +222,80 @@ def check_attn_grads(model, T, rt, r, rows=2):
         errs = {n: rel_err(got_p[n], w) for n, w in want_p.items() if n in got_p and w.norm() > 1e-6 * top}
         if errs:
             e['param_worst'], e['param_worst_err'] = max(errs.items(), key=lambda kv: kv[1])
+
+
+def check_attn_time(model, B, T, rt, r, reps=10):
+    """Where a bias layer's time goes: the model's first layer, its attention alone (projections included), forward
+    and backward at B x T, median of `reps` calls after two, in r['attn_time'] (ms), four ways:
+      built    as the model has it (FlexAttention on CUDA);
+      frozen   the scheme's parameters not trained: no captured tensor made from them needs a gradient, so
+               FlexAttention's backward scatters none into them (a per-head scalar, a per-distance table);
+      table    the bias handed over as one float32 [B, H, T, T] tensor: its gradient leaves the kernel one logit a
+               cell, and autograd carries it to the parameters (not for a value term or attention scaling);
+      no_bias  the same layer with no score_mod or value term (SDPA): what attention without the bias costs.
+    `table_err`: the table's output against built's, relative (the same bias: rounding only)."""
+    attn, scheme = model.transformer.h[0].attn, model.pe.at(0)
+    model.train()
+    gen = torch.Generator(device=rt.device).manual_seed(2)
+    x = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen, requires_grad=True)
+    g = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen)
+    pos = torch.arange(T, device=rt.device)
+    sync = torch.cuda.synchronize if rt.device_type == 'cuda' else (lambda: None)
+    built = scheme.score_mod
+
+    def tabled(q, k, ctx, params):
+        mod = built(q, k, ctx, params)
+        if mod is None:
+            return None
+        with torch.autocast(q.device.type, enabled=False):
+            bias = attention.dense_bias(mod, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
+        return bias.expand(q.size(0), -1, -1, -1).contiguous()  # one batch row each: FlexAttention indexes b
+
+    def run():
+        with rt.autocast:
+            y = attn(x, scheme, scheme.context(pos, pos, T))
+        y.backward(g)
+        return y.detach().float()
+
+    def timed():
+        out = run()
+        run()
+        sync()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            run()
+            sync()
+            ts.append(time.perf_counter() - t0)
+        attn.zero_grad(set_to_none=True)
+        return statistics.median(ts) * 1e3, out
+    out = r['attn_time'] = {}
+    trained = [p for p in list(attn.parameters()) + list(scheme.parameters()) if p.requires_grad]
+    positional_params = [p for n, p in attn.named_parameters() if n.startswith('pe_layer.')] + \
+        [p for p in scheme.parameters() if p.requires_grad]
+    out['built'], y = timed()
+    try:
+        for p in positional_params:
+            p.requires_grad_(False)
+        out['frozen'], _ = timed()
+    finally:
+        for p in trained:
+            p.requires_grad_(True)
+    plain = type(scheme).value_mod is positional.PositionalEncoding.value_mod and attn.scaling is None
+    none = (lambda *args: None)
+    for way, hooks in (('table', dict(score_mod=tabled) if plain else None),
+                       ('no_bias', dict(score_mod=none, value_mod=none))):
+        if hooks is None:
+            out[way] = None
+            continue
+        vars(scheme).update(hooks)  # this instance only, until the finally below
+        try:
+            out[way], got = timed()
+        finally:
+            for hook in hooks:
+                del vars(scheme)[hook]
+        if way == 'table':
+            out['table_err'] = rel_err(got, y)
 
 
 @torch.no_grad()
@@ -463,6 +540,12 @@ def check_scheme(name, a, parts, size, plans, B, rt, peak, tol, r, save):
         save()  # a long forward's FlexAttention compile can take minutes (fire's did, on an H200): keep what it has
     if 'long' in parts and (name in MAIN_SCHEMES[:4] or name in plans):
         check_long(model, size, L, a, rt, r)
+    if 'attn_time' in parts and runs_on_flex(model):
+        try:
+            check_attn_time(model, B, L, rt, r)
+        except Exception as e:  # noqa: BLE001 - report the failure, go on
+            r['attn_time_error'] = f"{type(e).__name__}: {str(e)[:500]}"
+        save()
 
 
 def line(name, r):

@@ -13,7 +13,8 @@
 # pairs_fla, pairs_bias, pairs_rest (rope/model step pairs by goal class, presets included: gpu_check.py --pairs),
 # pairs_wall (wall on 'auto', nanoPE's wall_scores: its compile time and step, against rope),
 # mfu (rope alone at gpt2_124m's micro-batch, 16 x 1024); in neither call: grads_rest (the gradient check of the
-# other classes), long (rope's and fire's no-grad forwards at 8L and 16L: fire's bias as a table per query chunk).
+# other classes), long (rope's and fire's no-grad forwards at 8L and 16L: fire's bias as a table per query chunk),
+# attn_time (each bias scheme's first layer timed as built, frozen, as one table and without its bias).
 # GPU_CHECK_ARGS is appended to every gpu_check.py command (a CPU dry run: tiny sizes, fewer steps).
 set -u
 cd "$(dirname "$0")/.."
@@ -76,6 +77,8 @@ for s in $STAGES; do
         mfu) stage mfu 60 50 --pairs=True --schemes=rope --presets= --batch_size=16 --steps=30 --warmup=2 ;;
         grads_rest) stage grads_rest 300 270 --schemes=all --classes=no_bias,score_mod,own_attention --presets=all \
                         --parts=correct,attn_grads --scheme_limit=40 ;;
+        attn_time) stage attn_time 300 270 --schemes=grape_a,t5,kerple_log,kerple_power,deberta,shaw,fire --presets= \
+                       --parts=attn_time --scheme_limit=45 ;;
         long) stage long 200 170 --schemes=rope,fire --presets= --parts=long --scheme_limit=120 ;;
         *) echo "unknown stage $s" ;;
     esac

@@ -9,7 +9,9 @@ import torch
 
 import configurator
 import evaluation as E
+import runtime
 from conftest import ROOT, fork_run, tiny_model
+from model import GPT, GPTConfig
 
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=8', '--eval_tokens=256',
         '--wandb_log=False', '--compile=False', '--eval_mults=[1]', '--final_eval=False']
@@ -108,6 +110,29 @@ def test_gpu_check_trains_each_model_and_can_leave_it_uncompiled(tmp_path, monke
 GPU_CHECK_TINY = ['--n_layer=2', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4']
 
 
+def test_gpu_check_attn_time_probes_a_bias_layer_four_ways_and_leaves_the_model_as_it_was():
+    """--parts=attn_time (check_attn_time): a bias scheme's first layer as built, frozen, with its bias as one
+    [B, H, T, T] table and without it. The table gives the built layer's output (grape_a's gates differ per batch
+    row, t5's table is model-wide); Shaw's value term has no table form; afterwards every parameter trains again and
+    the scheme keeps no hook of the probe's."""
+    import gpu_check
+    rt = runtime.setup('cpu', 'float32')
+    for name in ('t5', 'grape_a', 'shaw'):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64, pos_encoding=name))
+        trains = [n for n, p in model.named_parameters() if p.requires_grad]
+        r = {}
+        gpu_check.check_attn_time(model, 3, 32, rt, r, reps=2)
+        t = r['attn_time']
+        assert all(t[w] > 0 for w in ('built', 'frozen', 'no_bias')), (name, t)
+        if name == 'shaw':
+            assert t['table'] is None and 'table_err' not in t
+        else:
+            assert t['table'] > 0 and t['table_err'] < 1e-6, (name, t)
+        assert [n for n, p in model.named_parameters() if p.requires_grad] == trains
+        assert not {'score_mod', 'value_mod'} & set(vars(model.pe.at(0))), name
+
+
 def test_gpu_check_pairs_time_each_model_against_rope_in_the_same_process(tmp_path):
     """--pairs=True: rope and each model of the classes asked, steps alternated; each model's entry holds its
     class and goal (from its hooks), backends, compile time, peak memory and step statistics, and vs_rope is the
@@ -154,7 +179,6 @@ def test_goal_classes_follow_the_hooks():
     score_mod or value term runs in training 'score_mod' (xPos's blockwise mask does not), the rest 'no_bias'."""
     import gpu_check
     import positional
-    from model import GPTConfig
     got = {n: gpu_check.goal_class(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, pos_encoding=n))
            for n in positional.REGISTRY}
     assert {n for n, c in got.items() if c == 'fla'} == set(positional.PositionalEncoding.fla_schemes())
