@@ -5,13 +5,13 @@
 # what it measured. Two calls of the device tool, carrying .whl (fla-core and einops, which the GPU image lacks):
 #
 #   bash docs/gpu_lease.sh wheels    # here, once: download the wheels into .whl/ (git-ignored)
-#   bash docs/gpu_lease.sh first     # call 1, timeout_s=600: correct_fla, pairs_fla, pairs_wall, pairs_bias in 540 s
+#   bash docs/gpu_lease.sh first     # call 1, timeout_s=600: correct_fla, pairs_fla, pairs_bias in 540 s
 #   bash docs/gpu_lease.sh second    # call 2, timeout_s=240: pairs_rest, mfu in 170 s
 #   bash docs/gpu_lease.sh STAGE...  # any stages by name, in LEASE_S seconds (default 540)
 #
 # Stages: correct_fla (fla-routed schemes: KV cache vs full forward, each layer's dq, dk, dv against float64 dense),
-# pairs_fla, pairs_bias, pairs_rest (rope/model step pairs by goal class, presets included: gpu_check.py --pairs),
-# pairs_wall (wall on 'auto', nanoPE's wall_scores: its compile time and step, against rope),
+# pairs_fla, pairs_bias, pairs_rest (rope/model step pairs by goal class, presets included: gpu_check.py --pairs;
+# pairs_fla with each model on 'auto', its default: wall on nanoPE's wall_scores, the others on fla's kernels),
 # mfu (rope alone at gpt2_124m's micro-batch, 16 x 1024); in neither call: grads_rest (the gradient check of the
 # other classes), long (rope's and fire's no-grad forwards at 8L and 16L: fire's bias as a table per query chunk),
 # attn_time (each bias scheme's first layer timed as built, frozen, as one table and without its bias).
@@ -24,7 +24,7 @@ if [ "${1:-}" = wheels ]; then  # pure-Python wheels; the device has Python 3.12
         fla-core==0.6.0 einops==0.8.2
 fi
 case "${1:-}" in
-    first) STAGES="correct_fla pairs_fla pairs_wall pairs_bias"; LEASE_S=${LEASE_S:-540} ;;
+    first) STAGES="correct_fla pairs_fla pairs_bias"; LEASE_S=${LEASE_S:-540} ;;
     second) STAGES="pairs_rest mfu"; LEASE_S=${LEASE_S:-170} ;;
     '') echo "usage: bash docs/gpu_lease.sh wheels | first | second | STAGE..." >&2; exit 2 ;;
     *) STAGES="$*"; LEASE_S=${LEASE_S:-540} ;;
@@ -68,8 +68,8 @@ for s in $STAGES; do
     case $s in
         correct_fla) stage correct_fla 130 100 --schemes=all --classes=fla --presets= --parts=correct,attn_grads \
                          --scheme_limit=60 ;;
-        pairs_fla) stage pairs_fla 240 170 $PAIRS --classes=fla --presets= --scheme_limit=110 ;;
-        pairs_wall) stage pairs_wall 120 100 $PAIRS --schemes=wall --presets= --auto_only=True --scheme_limit=100 ;;
+        pairs_fla) stage pairs_fla 240 170 $PAIRS --schemes=path,wall,fox,path_fox,stick_breaking --presets= \
+                       --auto_only=True --scheme_limit=110 ;;
         pairs_bias) stage pairs_bias 400 $((LEASE_S - SECONDS - 60)) $PAIRS --classes=score_mod --presets=all \
                         --scheme_limit=60 ;;
         pairs_rest) stage pairs_rest $((LEASE_S - SECONDS - 60)) $((LEASE_S - SECONDS - 90)) $PAIRS \
