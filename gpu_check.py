@@ -47,7 +47,7 @@ import runtime
 from configurator import options
 from console import exit_on_ctrl_c
 from files import atomic_write
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, is_positional
 from presets import model_size, preset_plans, scheme_names
 
 MAIN_SCHEMES = ['rope', 'alibi', 't5', 'fire', 'learned']  # checked first; the first four also at 8L and 16L
@@ -270,16 +270,14 @@ def check_attn_time(model, B, T, rt, r, reps=10):
         attn.zero_grad(set_to_none=True)
         return statistics.median(ts) * 1e3, out
     out = r['attn_time'] = {}
-    trained = [p for p in list(attn.parameters()) + list(scheme.parameters()) if p.requires_grad]
-    positional_params = [p for n, p in attn.named_parameters() if n.startswith('pe_layer.')] + \
-        [p for p in scheme.parameters() if p.requires_grad]
     out['built'], y = timed()
+    frozen = [p for n, p in model.named_parameters() if is_positional(n) and p.requires_grad]
     try:
-        for p in positional_params:
+        for p in frozen:
             p.requires_grad_(False)
         out['frozen'], _ = timed()
     finally:
-        for p in trained:
+        for p in frozen:
             p.requires_grad_(True)
     plain = type(scheme).value_mod is positional.PositionalEncoding.value_mod and attn.scaling is None
     none = (lambda *args: None)

@@ -26,9 +26,8 @@ are the last Tq keys. A score_mod has no host syncs, indexes each tensor that ne
 once, and stays float32; one that reads a float32 table at each logit's (i, j) says so with
 f.reads_table = True (FlexAttention's smaller tiles on CUDA); one too costly to unroll into every logit of a kernel
 says f.tabulate = True (without gradients it is then evaluated as a table per chunk of queries, on CUDA too).
-Attributes the scripts read are
-declared on PositionalEncoding. The full contract, with shapes and the rules the tests check, is
-in docs/schemes.md.
+Attributes the scripts read are declared on PositionalEncoding. The full contract, with shapes and the rules the
+tests check, is in docs/schemes.md.
 
 Contents, one section per row of the README's "how positions enter" table, in its order (tested against the
 registry and the README):
