@@ -240,7 +240,7 @@ def check_attn_time(model, B, T, rt, r, reps=10):
     x = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen, requires_grad=True)
     g = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen)
     pos = torch.arange(T, device=rt.device)
-    sync = torch.cuda.synchronize if rt.device_type == 'cuda' else (lambda: None)
+    clock = runtime.Clock('wall', rt.device_type)
     built = scheme.score_mod
 
     def tabled(q, k, ctx, params):
@@ -260,13 +260,11 @@ def check_attn_time(model, B, T, rt, r, reps=10):
     def timed():
         out = run()
         run()
-        sync()
         ts = []
         for _ in range(reps):
-            t0 = time.perf_counter()
+            t0 = clock.now()
             run()
-            sync()
-            ts.append(time.perf_counter() - t0)
+            ts.append(clock.now() - t0)
         attn.zero_grad(set_to_none=True)
         return statistics.median(ts) * 1e3, out
     out = r['attn_time'] = {}
