@@ -10,6 +10,7 @@ of a built model, the global batch split, signals and the DDP stop agreement, ch
 """
 import atexit
 import itertools
+import json
 import os
 import platform
 import signal
@@ -147,6 +148,55 @@ def peak_extra_bytes(fn, device_type):
                     if e.name() == '[memory]' and e.device_type() == torch.autograd.DeviceType.CPU)
     # running total of allocations in order; frees of blocks allocated before fn() are not reported: no negative drift
     return max([0, *itertools.accumulate(n for _, n in events)])
+
+
+class StepProfile:
+    """torch.profiler over `iters` training iterations from iteration `first` (compiled and warm by then): writes
+    out_dir/profile.json (wall time per iteration, the device's busy time in it, and the operators by self
+    device time, CPU time where there is no device) and the Chrome trace profile_trace.json. step(it) is called
+    at the start of every iteration; outside the window it does nothing."""
+
+    def __init__(self, out_dir, first, iters, device_type):
+        self.out_dir, self.first, self.last, self.cuda = out_dir, first, first + iters, device_type == 'cuda'
+        self.prof, self.t0 = None, None
+
+    def _sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def step(self, it):
+        from torch.profiler import ProfilerActivity, profile  # here: only a profiled run needs it
+        if it == self.first:
+            self._sync()
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            self.prof, self.t0 = profile(activities=acts), time.perf_counter()
+            self.prof.start()
+        elif it == self.last and self.prof is not None:
+            self._sync()
+            wall = time.perf_counter() - self.t0
+            self.prof.stop()
+            return self.write(wall)
+
+    def write(self, wall):
+        n, ops = self.last - self.first, self.prof.key_averages()
+
+        def table(events, attr, k):
+            ms = [(e, getattr(e, attr) / 1e3 / n) for e in events if getattr(e, attr) > 0]
+            total = sum(t for _, t in ms)
+            return total, [dict(name=e.key[:200], calls=e.count // n, ms_per_iter=round(t, 4),
+                                share=round(t / total, 4)) for e, t in sorted(ms, key=lambda x: -x[1])[:k]]
+        # the device's kernels (events on the device have no children, so their self times add up without
+        # counting one twice), and the host's operators by their own CPU time
+        gpu = [e for e in ops if e.device_type != torch.autograd.DeviceType.CPU]
+        busy, kernels = table(gpu, 'self_device_time_total', 60) if self.cuda else (None, None)
+        host, cpu_ops = table(ops if not self.cuda else [e for e in ops if e not in gpu], 'self_cpu_time_total', 30)
+        out = dict(iterations=n, wall_ms_per_iter=round(wall * 1e3 / n, 3),
+                   device_busy_ms_per_iter=round(busy, 3) if busy is not None else None,
+                   host_op_ms_per_iter=round(host, 3), kernels=kernels, cpu_ops=cpu_ops)
+        with open(os.path.join(self.out_dir, 'profile.json'), 'w') as f:
+            json.dump(out, f, indent=1)
+        self.prof.export_chrome_trace(os.path.join(self.out_dir, 'profile_trace.json'))
+        return out
 
 
 def median_ratio(xs, refs):

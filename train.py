@@ -92,6 +92,8 @@ device = 'auto'           # 'auto' | 'cpu' | 'cuda' | 'cuda:0' ...
 dtype = 'auto'            # 'auto' (bf16 on CUDA if supported, else float32) | 'float32' | 'bfloat16' | 'float16'
 compile = True
 seed = 1337
+profile = 0               # N > 0: torch.profiler records iterations 5..4+N (compiled and warm by then; rank 0) ->
+                          # out_dir/profile.json (the step's time, its kernels and host operators) and a Chrome trace
 ddp_timeout = 600.0       # DDP: seconds a rank waits in a collective before it gives up on the others; must
                           # outlast rank 0's longest solo phase (an evaluation plus a save), see docs/reliability.md
 # -----------------------------------------------------------------------------
@@ -101,6 +103,7 @@ RULES = dict(batch_size='>0', block_size='>0', task_n='>=0', pos_max='>=0',
              n_embd='>0', max_iters='>=0', eval_interval='>0', log_interval='>0', eval_tokens='>0',
              final_eval_tokens='>=0', learning_rate='>0', min_lr='>=0', warmup_iters='>=0', lr_decay_iters='>=0',
              weight_decay='>=0', grad_clip='>=0', dropout='[0,1)', beta1='[0,1)', beta2='[0,1)', ddp_timeout='>0',
+             profile='>=0',
              attn_backend=(lambda v: v in attention.BACKENDS, "'auto', 'flex', 'dense' or 'fla'"))
 config_keys = [k for k, v in globals().items() if not k.startswith('_') and k != 'RULES'
                and isinstance(v, (int, float, bool, str, list, dict, type(None)))]
@@ -394,6 +397,7 @@ def check_losses():
 
 if resume_state.get('rng'):  # restored last: building the model above drew from the RNG
     restore_rng(resume_state['rng'], device_type)
+profiler = runtime.StepProfile(out_dir, iter_num + 5, profile, device_type) if profile and master else None
 last_saved = resumed_at = iter_num if init_from == 'resume' else None
 failure, stopped, res, t_train = None, False, None, None
 t0 = time.time()
@@ -452,6 +456,10 @@ while True:
         break
 
     t_train = t_train or time.time()  # startup ends where the first training step starts
+    if profiler and (p := profiler.step(iter_num)):
+        print(f"profile of {p['iterations']} iterations: {p['wall_ms_per_iter']:.1f} ms each, "
+              + (f"the device busy {p['device_busy_ms_per_iter']:.1f} ms of it; " if p['device_busy_ms_per_iter']
+                 else '') + f"{out_dir}/profile.json, {out_dir}/profile_trace.json")
     # dropout's randomness: a seed per (run, iteration, rank), so ranks draw different masks (as
     # nanoGPT's per-rank seed offset) and a resumed run draws exactly what it would have
     torch.manual_seed(seed * 1_000_003 + iter_num * 1009 + rank)

@@ -44,6 +44,9 @@ fi
     python3 -c 'import torch, kernels; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
 "fla", kernels.fla_status())'
     python3 -c 'import triton; print("triton", triton.__version__)' 2>&1 | tail -1
+    python3 -c 'import torch; b = torch.backends; print("cudnn", b.cudnn.version(), "sdpa flash", b.cuda.flash_sdp_enabled(),
+"cudnn", b.cuda.cudnn_sdp_enabled(), "efficient", b.cuda.mem_efficient_sdp_enabled())'
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo ' + uncommitted changes')"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
@@ -63,7 +66,38 @@ stage() {  # NAME LIMIT BUDGET ARGS...: gpu_check.py within LIMIT s (capped by t
     echo "== $name: exit $? after $((SECONDS - t0)) s"
 }
 
+synth() {  # GPT-2-sized random tokens for train.py (the GPU machine reaches no corpus): /tmp/synth
+    [ -f /tmp/synth/val.bin ] || python3 -c "import numpy as np, os; os.makedirs('/tmp/synth', exist_ok=True)
+g = np.random.default_rng(0)
+for f, n in (('train.bin', 2**25), ('val.bin', 2**20)):
+    g.integers(0, 50257, n, dtype=np.uint16).tofile(f'/tmp/synth/{f}')"
+}
+
+train() {  # NAME LIMIT ARGS...: train.py config/gpt2_124m.py on /tmp/synth within LIMIT s (capped by the time left);
+           # its metrics.jsonl lines go to $OUT/train.jsonl under "stage": NAME, its profile.json to $OUT/NAME.json
+    local name=$1 limit=$2 left=$((LEASE_S - SECONDS)) t0=$SECONDS
+    shift 2
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$limit" -lt 40 ]; then
+        echo "== $name: not run, ${left} s left of ${LEASE_S}"
+        return
+    fi
+    synth
+    echo "== $name: up to ${limit} s, from $(date -u +%T)"
+    rm -rf "/tmp/run-$name"
+    timeout -s INT -k 20 "$limit" python3 train.py config/gpt2_124m.py --data_dir=/tmp/synth \
+        --out_dir="/tmp/run-$name" --wandb_log=False --final_eval=False --eval_tokens=8192 --eval_mults=[1] --compile=True "$@" ${TRAIN_ARGS:-}
+    echo "== $name: exit $? after $((SECONDS - t0)) s"
+    python3 -c "import json, sys
+for line in open('/tmp/run-$name/metrics.jsonl'):
+    print(json.dumps({'stage': '$name', 'args': sys.argv[1:], **json.loads(line)}))" "$@" >> "$OUT/train.jsonl"
+    [ -f "/tmp/run-$name/profile.json" ] && cp "/tmp/run-$name/profile.json" "$OUT/$name.json"
+}
+
 PAIRS="--pairs=True --schemes=all --steps=20 --warmup=2"
+# the schemes no lease has timed against rope yet, the relative-position family first
+MISSING=t5,kerple_power,sandwich,shaw,xl,cope,learned,none,xpos,sinusoidal,fope,mrope,pope,rope2d,ropepp,selective_rope
+MISSING=$MISSING,grape_m
 for s in $STAGES; do
     case $s in
         correct_fla) stage correct_fla 130 100 --schemes=all --classes=fla --presets= --parts=correct,attn_grads \
@@ -79,6 +113,13 @@ for s in $STAGES; do
                         --parts=correct,attn_grads --scheme_limit=40 ;;
         attn_time) stage attn_time 300 270 --schemes=grape_a,t5,kerple_log,kerple_power,deberta,shaw,fire --presets= \
                        --parts=attn_time --scheme_limit=45 ;;
+        profile) train profile 150 --batch_size=16 --gradient_accumulation_steps=1 --max_iters=9 --profile=3 \
+                     --log_interval=1 ;;
+        mfu16) train mfu16 110 --max_iters=10 --log_interval=5 ;;
+        mfu64) train mfu64 120 --batch_size=64 --gradient_accumulation_steps=8 --max_iters=10 --log_interval=5 ;;
+        pairs_missing) stage pairs_missing $((LEASE_S - SECONDS - 10)) $((LEASE_S - SECONDS - 40)) $PAIRS \
+                           --schemes=$MISSING --scheme_limit=45 \
+                           --presets=gpt_oss,gemma3,irope,rnope_swa,sssl ;;
         long) stage long 200 170 --schemes=rope,fire --presets= --parts=long --scheme_limit=120 ;;
         *) echo "unknown stage $s" ;;
     esac

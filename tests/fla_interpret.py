@@ -226,11 +226,31 @@ def explain_case(scheme):
 CASES['explain_fox'] = lambda: explain_case('fox')
 
 
+def interpreter_fails():
+    """Why this triton's interpreter cannot run a kernel of its own (one line), or None: then every failure of
+    a case is fla's or nanoPE's, not the interpreter's."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_one(x, y, B: tl.constexpr):
+        i = tl.arange(0, B)
+        tl.store(y + i, tl.load(x + i) + 1)
+
+    x, y = torch.arange(4.0), torch.zeros(4)
+    try:
+        add_one[(1,)](x, y, B=4)
+    except Exception as e:
+        return f"triton {triton.__version__}'s interpreter fails at a kernel of one line ({type(e).__name__}: {e})"
+    return None if torch.equal(y, x + 1) else f"triton {triton.__version__}'s interpreter adds 1 wrongly"
+
+
 if __name__ == '__main__':
     warnings.filterwarnings('ignore')  # fla: "Triton is not supported on current platform, roll back to CPU"
     torch.set_num_threads(min(2, torch.get_num_threads()))
     ok, why = kernels.fla_status()
-    if not ok:
+    why = why or interpreter_fails()
+    if why:
         print(json.dumps({'unavailable': why}))
         sys.exit(0)
     names = sys.argv[1:] or list(CASES)
