@@ -169,8 +169,10 @@ class Attend:
     its first query row and first key in the whole problem. `fla`: the flash-linear-attention kernel the
     layer may run (kernels.fla_plan; kernels.use_fla says whether a forward does), or None."""
 
-    def __init__(self, mask=CAUSAL, backend='auto', dropout_p=0.0, sink_logits=None, row0=0, key0=0, fla=None):
-        self.mask, self.backend, self.dropout_p, self.sink_logits = mask, backend, dropout_p, sink_logits
+    def __init__(self, mask=None, backend='auto', dropout_p=0.0, sink_logits=None, row0=0, key0=0, fla=None):
+        # (mask=None for CAUSAL: torch 2.11's dynamo cannot build an object whose __init__ defaults to a dataclass
+        # instance, and breaks the compiled graph at every layer's Attend)
+        self.mask, self.backend, self.dropout_p, self.sink_logits = mask or CAUSAL, backend, dropout_p, sink_logits
         self.row0, self.key0, self.fla = row0, key0, fla
 
     def __call__(self, q, k, v, mod=None, vmod=None):

@@ -120,6 +120,9 @@ for s in $STAGES; do
         pairs_missing) stage pairs_missing $((LEASE_S - SECONDS - 10)) $((LEASE_S - SECONDS - 40)) $PAIRS \
                            --schemes=$MISSING --scheme_limit=45 \
                            --presets=gpt_oss,gemma3,irope,rnope_swa,sssl ;;
+        pairs_main) stage pairs_main $((LEASE_S - SECONDS - 10)) $((LEASE_S - SECONDS - 40)) $PAIRS \
+                        --schemes=alibi,t5,kerple_log,fire,shaw,deberta,xl,cope,sandwich,fox,path,stick_breaking \
+                        --presets= --auto_only=True --scheme_limit=45 ;;
         long) stage long 200 170 --schemes=rope,fire --presets= --parts=long --scheme_limit=120 ;;
         *) echo "unknown stage $s" ;;
     esac

@@ -4,6 +4,7 @@ and without the cache, the padded vocabulary; the CUDA path's failure modes caug
 (FlexAttention == dense, FlexAttention's backward graph built and validated as Inductor does before
 it writes the CUDA kernel, no graph breaks in compiled forwards, a bf16 autocast train step); and
 StreamingLLM attention sinks / rolling caches, with generation far past the block size."""
+import inspect
 import pytest
 import torch
 import torch.nn.attention.flex_attention as fa
@@ -151,6 +152,17 @@ def test_compiled_forward_has_no_graph_breaks(scheme):
         assert ex.graph_break_count == 0, (backend, [str(b.reason)[:200] for b in ex.break_reasons])
         assert ex.graph_count == 1
     torch._dynamo.reset()
+
+
+def test_objects_built_inside_forward_default_to_constants():
+    """Every layer builds an Attend inside the compiled forward. torch 2.11's dynamo (the lent GPUs' torch) cannot
+    build an object whose __init__ defaults to a dataclass instance: Attend's default mask=CAUSAL broke the graph at
+    every layer there (one graph a model became six per two layers in torch._dynamo.explain, and the loss ran
+    outside the compiled graph on an H200), while torch 2.13 traces it. So its defaults are plain constants."""
+    defaults = [p.default for p in inspect.signature(A.Attend.__init__).parameters.values()
+                if p.default is not inspect.Parameter.empty]
+    assert defaults and all(d is None or type(d) in (int, float, str, bool) for d in defaults), defaults
+    assert A.Attend().mask == A.CAUSAL
 
 
 @pytest.mark.parametrize('scheme', SCHEMES + ['preset:' + p for p in PRESETS])
