@@ -72,6 +72,11 @@ FLEX_SHAPES = 256  # compiled FlexAttention kernels kept per process (one per in
 # M2, N2 = 64, 128, 128, 64) needed 257 KiB, so the backward's two loops get 64 x 64 tiles too.
 TABLE_TILES = {'BLOCK_M': 64, 'BLOCK_N': 64, 'BLOCK_M1': 64, 'BLOCK_N1': 64, 'BLOCK_M2': 64, 'BLOCK_N2': 64}
 _compiled = {}
+# Under torch.compile on CUDA, FlexAttention starts a graph of its own, its score_mod's tensors arriving as inputs.
+# Traced into the model's one graph (torch 2.11, an H200, gpt2 preset), alibi's compile ran past 45 s (12 s in a
+# graph of its own) and t5's failed: Inductor chose FlexAttention tiles that need 240 KiB of shared memory (227 KiB
+# is the most). In graphs of their own they compiled and trained (results/gpu/2026-11-28-9bb9952).
+FLEX_OWN_GRAPH = True
 
 
 @dataclass(frozen=True)
@@ -335,8 +340,15 @@ def flex_tiles(device_type, mod):
     return TABLE_TILES if device_type == 'cuda' and reads_table else None
 
 
+def flex_own_graph(device_type):
+    """True where FlexAttention starts a graph of its own under torch.compile (FLEX_OWN_GRAPH: on CUDA)."""
+    return FLEX_OWN_GRAPH and device_type == 'cuda'
+
+
 def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask):
     """FlexAttention -> (y, lse or None); with dropout, the kept keys' softmax rescaled to all keys'."""
+    if flex_own_graph(q.device.type) and torch.compiler.is_compiling():
+        torch._dynamo.graph_break()
     bm = mask.block_mask(q.size(2), k.size(2), q.device)
     opts = flex_tiles(q.device.type, mod)
     if torch.is_tensor(mod):

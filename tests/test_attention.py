@@ -245,3 +245,22 @@ def test_a_tabulated_score_mod_runs_dense_without_gradients_on_cuda(monkeypatch)
     with torch.no_grad():
         A.attend(q, k, v, fire)
     assert seen == [fire]
+
+
+def test_flex_attention_starts_a_graph_of_its_own_on_cuda(monkeypatch):
+    """Under torch.compile on CUDA a FlexAttention layer breaks the model's graph before its kernel (what compiled
+    on an H200, attention.FLEX_OWN_GRAPH); on the CPU, and with the flag off, the model stays one graph. The
+    break itself is checked on the CPU by letting flex_own_graph answer as on CUDA."""
+    assert A.flex_own_graph('cuda') and not A.flex_own_graph('cpu')
+    x = torch.randint(0, 37, (2, 64))
+    counts = {}
+    for own in (False, True):
+        monkeypatch.setattr(A, 'flex_own_graph', lambda device_type: own)
+        torch._dynamo.reset()
+        m = tiny_model('alibi', block_size=64, attn_backend='flex').eval()
+        with torch.no_grad():  # (FlexAttention has no backward on the CPU)
+            ex = torch._dynamo.explain(m)(x, x)
+        counts[own] = (ex.graph_count, ex.graph_break_count)
+    torch._dynamo.reset()
+    assert counts[False] == (1, 0), counts
+    assert counts[True][1] >= m.config.n_layer and counts[True][0] > m.config.n_layer, counts
