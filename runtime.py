@@ -186,8 +186,9 @@ class StepProfile:
             return total, [dict(name=e.key[:200], calls=e.count // n, ms_per_iter=round(t, 4),
                                 share=round(t / total, 4)) for e, t in sorted(ms, key=lambda x: -x[1])[:k]]
         # the device's kernels (events on the device have no children, so their self times add up without
-        # counting one twice), and the host's operators by their own CPU time
-        gpu = [e for e in ops if e.device_type != torch.autograd.DeviceType.CPU]
+        # counting one twice; an annotation such as Optimizer.step#AdamW.step spans kernels, and is left out),
+        # and the host's operators by their own CPU time
+        gpu = [e for e in ops if e.device_type != torch.autograd.DeviceType.CPU and not e.is_user_annotation]
         busy, kernels = table(gpu, 'self_device_time_total', 60) if self.cuda else (None, None)
         host, cpu_ops = table(ops if not self.cuda else [e for e in ops if e not in gpu], 'self_cpu_time_total', 30)
         out = dict(iterations=n, wall_ms_per_iter=round(wall * 1e3 / n, 3),
