@@ -29,7 +29,7 @@ Paths (same logits on all of them):
   - value term or sinks       -> need each row's logsumexp: FlexAttention returns it on CUDA;
     compiled flex on CPU cannot in torch 2.13, so these run dense on CPU
   - a scheme's own fla kernel -> not through attend: the scheme's `attention` hook calls kernels.py's adapter
-    where kernels.use_fla says so (attn_backend 'fla', or 'auto' on CUDA; no KV cache)
+    where route says so ('fla:<kernel>': attn_backend 'fla', or 'auto' on CUDA; no KV cache)
 Without gradients, the dense path and every windowed or chunked layer go through in query chunks
 (chunk_queries) that slice in only the keys the chunk's queries can see: a windowed layer then costs
 time and memory linear in the length.
@@ -172,7 +172,7 @@ class Attend:
     bound; ask it which keys each query sees (visibility); or run a function over chunks of query rows
     without gradients (rows), each chunk with the keys it can see. A chunk's Attend has `row0` and `key0`:
     its first query row and first key in the whole problem. `fla`: the flash-linear-attention kernel the
-    layer may run (kernels.fla_plan; kernels.use_fla says whether a forward does), or None."""
+    layer may run (kernels.fla_plan; uses_fla says whether a forward does), or None."""
 
     def __init__(self, mask=None, backend='auto', dropout_p=0.0, sink_logits=None, row0=0, key0=0, fla=None):
         # (mask=None for CAUSAL: torch 2.11's dynamo cannot build an object whose __init__ defaults to a dataclass
@@ -182,6 +182,15 @@ class Attend:
 
     def __call__(self, q, k, v, mod=None, vmod=None):
         return attend(q, k, v, mod, vmod, self.backend, self.dropout_p, self.mask, self.sink_logits)
+
+    def uses_fla(self, q, cache):
+        """Whether a scheme's `attention` hook runs its fla kernel in this forward (route: 'fla:<kernel>')."""
+        if not route(q.device.type, self.backend, fla=self.fla, cache=cache).startswith('fla:'):
+            return False
+        if not q.is_cuda and not kernels.interpreting():
+            raise ValueError("attn_backend='fla' on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1 in the "
+                             "environment); or use attn_backend='auto'")
+        return True
 
     def logits(self, A, v):
         """This layer's softmax over logits a scheme computed itself, A [B, H, Tq, Tk] (float32, scaled): the
@@ -245,19 +254,53 @@ def causal_block_mask(Tq, Tk, device):
     return CAUSAL.block_mask(Tq, Tk, device)
 
 
-def use_flex(q, backend, need_lse, mod=None):
-    """'auto': FlexAttention on CUDA; on CPU the dense path, which is as fast there (query
-    chunks without gradients, SDPA's fused kernel) while compiled flex costs 9-500 s per
-    new shape (docs/speed.md). A decoding step's bias is one row per head: dense too. So is a score_mod
-    marked `tabulate` without gradients: FlexAttention would unroll it into every logit of its kernel, while
-    the dense path evaluates it as a table per chunk of queries. 'fla' is 'auto' here: attend runs what a
-    layer's fla kernel does not (a KV cache's decoding)."""
-    if backend == 'dense' or (need_lse and q.device.type == 'cpu' and not FLEX_LSE_ON_CPU):
-        return False
+def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2, fla=None, cache=None):
+    """The one choice of how an attention runs, by name. A layer whose scheme has a flash-linear-attention kernel
+    (fla: kernels.fla_plan's answer for the layer) runs it, 'fla:<kernel>', under 'fla', or 'auto' on CUDA,
+    without a KV cache (decoding stays on nanoPE's path); its scheme's `attention` hook asks (Attend.uses_fla).
+    Otherwise attend's call:
+      'sdpa'   no bias, no value term, no sink logits: SDPA's fused kernels (cuDNN or flash on a GPU)
+      'flex'   FlexAttention: 'flex'; or 'auto' on CUDA with more than one query. Not without gradients for a
+               score_mod marked `tabulate` under 'auto' (FIRE's MLP per logit, which FlexAttention would unroll
+               into every logit of its kernel: the dense path evaluates it as a table per chunk of queries), and
+               not where the logsumexp is needed on CPU (compiled FlexAttention cannot return it there)
+      'dense'  the rest: float32 attention with the bias as a tensor, in query chunks without gradients; on CPU
+               it is as fast as FlexAttention, whose compiled kernels cost 9-500 s per new shape (docs/speed.md)
+    A layer that computes its attention with no call of attend (stick-breaking on PyTorch, RoPE's extensions)
+    runs 'own' (model.GPT.attention_backends)."""
+    if fla is not None and cache is None and kernels.runs_fla(fla, backend, device_type):
+        return f'fla:{fla}'
+    if mod is None and not need_lse:
+        return 'sdpa'
+    if backend == 'dense' or (need_lse and device_type == 'cpu' and not FLEX_LSE_ON_CPU):
+        return 'dense'
     if backend == 'flex':
-        return True
-    tables = getattr(mod, 'tabulate', False) and not torch.is_grad_enabled()
-    return q.device.type == 'cuda' and q.size(2) > 1 and not tables
+        return 'flex'
+    tables = getattr(mod, 'tabulate', False) and not grad
+    return 'flex' if device_type == 'cuda' and Tq > 1 and not tables else 'dense'
+
+
+class RouteProbe:
+    """Within `with RouteProbe(device_type, grad):` every attend call also notes the route it would take on
+    device_type in that grad mode, under the layer that made it (CausalSelfAttention sets `layer`), and runs on
+    the dense path: model.GPT.attention_backends asks a small copy of a model on the CPU which route each layer
+    takes on a GPU, by the one function that dispatches."""
+    active = None
+
+    def __init__(self, device_type, grad):
+        self.device_type, self.grad, self.layer, self.seen = device_type, grad, None, {}
+
+    def __enter__(self):
+        RouteProbe.active = self
+        return self
+
+    def __exit__(self, *exc):
+        RouteProbe.active = None
+
+    def note(self, name):
+        names = self.seen.setdefault(self.layer, [])
+        if name not in names:
+            names.append(name)
 
 
 def _mix(x):
@@ -399,7 +442,12 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
         v = F.pad(v, (0, q.size(-1) - Dv))
     need_lse = vmod is not None or sink_logits is not None
     att = Attend(mask, backend, dropout_p, sink_logits)
-    if mod is None and not need_lse:
+    way = route(q.device.type, backend, mod, need_lse, torch.is_grad_enabled(), q.size(2))
+    if RouteProbe.active is not None:  # (a Python check: a compiled graph keeps no trace of it)
+        p = RouteProbe.active
+        p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2)))
+        way = 'dense' if way == 'flex' else way
+    if way == 'sdpa':
         if mask.bounded:
             y = chunk_queries(lambda q, k, v, a: _sdpa(q, k, v, dropout_p, a.mask), q, k, v, att)
         else:
@@ -407,7 +455,7 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
         return y[..., :Dv]
     # a fresh dropout seed per call from torch's RNG: on the device, no host sync, restored on resume
     seed = torch.randint(0, 2**31 - 1, (), device=q.device) if dropout_p else None
-    if use_flex(q, backend, need_lse, mod):
+    if way == 'flex':
         y, lse = _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask)
     else:
         y, lse = chunk_queries(lambda q, k, v, a: _dense(q, k, v, mod, dropout_p, seed, need_lse, a), q, k, v, att)
@@ -502,6 +550,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config, spec, pe):
         super().__init__()
         self.hd = hd = config.n_embd // config.n_head
+        self.index = spec.index
         scheme = pe.at(spec.index)
         # query, key/value and attention heads: n_head each, unless the scheme says otherwise (RoPE++)
         self.q_heads, self.kv_heads, self.n_head = scheme.heads()
@@ -539,10 +588,10 @@ class CausalSelfAttention(nn.Module):
         self.fla, self.fla_note = kernels.fla_plan(self.backend, scheme, spec.index, self.mask, spec.sink_logits, hd,
                                                    config.dropout)
 
-    def backend_on(self, device):
-        """The attention this layer runs on `device` without a KV cache: 'fla' (its fla kernel), or its
-        attn_backend for nanoPE's PyTorch path."""
-        return 'fla' if kernels.runs_fla(self.fla, self.backend, torch.device(device).type) else self.backend
+    def fla_route(self, device_type):
+        """'fla:<kernel>' where this layer runs its fla kernel on device_type without a KV cache (route), else None."""
+        way = route(device_type, self.backend, fla=self.fla)
+        return way if way.startswith('fla:') else None
 
     @torch.no_grad()
     def start_fresh(self, names):
@@ -573,6 +622,8 @@ class CausalSelfAttention(nn.Module):
             q, k = scheme.transform_qk(q, k, ctx, self.pe_layer)
         # 4. attention over the keys the mask lets each query see (key 0 is token k0 of the text)
         mask = self.mask.at(cache.start) if cache is not None else self.mask
+        if RouteProbe.active is not None:  # the attend calls from here on are this layer's
+            RouteProbe.active.layer = self.index
         att = Attend(mask, self.backend, self.dropout if self.training else 0.0, self.sink_logits, fla=self.fla)
         y = scheme.attention(q, k, v, x, ctx, self.pe_layer, cache, att)  # a scheme's own attention, or None
         if y is None:

@@ -203,6 +203,7 @@ def check_attn_grads(model, T, rt, r, rows=2):
     model.train()
     kinds = [line.split(': ', 1)[1] for line in model.plan_lines()]  # a layer's plan without its index
     out = r['attn_grads'] = {}
+    routes = model.attention_backends(rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(1)
     for i in sorted({kinds.index(kind) for kind in kinds}):
         attn, scheme = model.transformer.h[i].attn, model.pe.at(i)
@@ -216,7 +217,7 @@ def check_attn_grads(model, T, rt, r, rows=2):
         floor, _ = layer_grads(attn, scheme, x, g, rt.autocast, 'dense')
         e = out[f'layer {i}'] = {f'd{n}': rel_err(got[n], want[n]) for n in 'qkv'}
         e.update({f'd{n}_dense': rel_err(floor[n], want[n]) for n in 'qkv'})
-        e['backend'] = attn.backend_on(rt.device)
+        e['backend'] = routes[i]
         # a gradient that cancels (a bias every logit of a row shares: FIRE's last bias) is rounding on both sides
         top = max((w.norm().item() for w in want_p.values()), default=0.0)
         errs = {n: rel_err(got_p[n], w) for n, w in want_p.items() if n in got_p and w.norm() > 1e-6 * top}

@@ -16,8 +16,8 @@ fla's [B, T, H, D] kernel, and returns nanoPE's output [B, H, T, Dv]:
   fla_wall(q, k, v, g, g_scalar, attend)       Wall: parallel_wall_attn, the scalar gate after the scale
   fla_stick_breaking(q, k, v, attend_current, remainder)  parallel_stickbreaking_attn, plus nanoPE's remainder term
 Which layers run them: fla_plan (at build: attn_backend 'fla' refused in one line where the kernel cannot run the
-layer; 'auto' notes why not) and runs_fla / use_fla (per forward: CUDA, or 'fla' under Triton's interpreter, and
-no KV cache, whose decoding stays on nanoPE's path). fla_status says whether fla can run here at all.
+layer; 'auto' notes why not) and runs_fla, which attention.route asks per forward (CUDA, or 'fla' under Triton's
+interpreter, and no KV cache, whose decoding stays on nanoPE's path). fla_status says whether fla can run here.
 Shared conventions, the same on both sides: a query head h reads key/value head h // (HQ / H); a window of W keys
 includes the query's own (fla's window_size = nanoPE's sliding_window); sink logits are one logit per query head in
 every row's denominator, unscaled (fla's sink_bias). Every adapter is a torch.compile graph break
@@ -323,17 +323,6 @@ def runs_fla(kernel, backend, device_type):
     'fla' anywhere (on CPU under Triton's interpreter), 'auto' on CUDA; never 'flex' or 'dense', which a script may
     set on a built model (bench.py, gpu_check.py)."""
     return kernel is not None and (backend == 'fla' or backend == 'auto' and device_type == 'cuda')
-
-
-def use_fla(attend, q, cache):
-    """Whether a scheme's `attention` hook runs its fla kernel in this forward: runs_fla for the layer (attend.fla,
-    attend.backend), and no KV cache (decoding stays on nanoPE's path)."""
-    if cache is not None or not runs_fla(attend.fla, attend.backend, q.device.type):
-        return False
-    if not q.is_cuda and not interpreting():
-        raise ValueError("attn_backend='fla' on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1 in the "
-                         "environment); or use attn_backend='auto'")
-    return True
 
 
 def _fla_layout(x):

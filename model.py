@@ -9,7 +9,7 @@ mask lets a query see, with its own QK-norm, sink logits and logit scaling.
 import inspect
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn as nn
@@ -139,10 +139,27 @@ class GPT(nn.Module):
             return lines
         return [f"{line}; attention {b}" for line, b in zip(lines, self.attention_backends(device))]
 
-    def attention_backends(self, device):
-        """What each layer's attention runs on `device` without a KV cache: 'fla' (its scheme's flash-linear-attention
-        kernel), or its attn_backend ('auto', 'flex', 'dense') for nanoPE's PyTorch path."""
-        return [block.attn.backend_on(device) for block in self.transformer.h]
+    def attention_backends(self, device, grad=True):
+        """The route each layer's attention takes on `device` without a KV cache, in training (grad=True) or in
+        evaluation: attention.route's name, 'sdpa', 'flex', 'dense', 'fla:<kernel>' or 'own' (several joined by
+        '+' where a layer's attention takes more than one). A layer that runs its fla kernel says so from its plan;
+        the others are asked of a copy of this model on the CPU (its layer plan and backends, a 64-token
+        vocabulary), whose forward of 8 tokens notes under attention.RouteProbe where each call of attend would go
+        on `device`: a layer with no call computes its attention itself ('own'). The copy draws its weights
+        from a forked RNG, so the caller's random numbers stay as they were."""
+        dev = torch.device(device).type
+        fla = [block.attn.fla_route(dev) for block in self.transformer.h]
+        if all(fla):
+            return fla
+        with torch.random.fork_rng(devices=[]):
+            copy = GPT(replace(self.config, vocab_size=64, vocab_multiple=1,
+                               attn_backend='auto' if self.config.attn_backend == 'fla' else self.config.attn_backend))
+        for mine, theirs in zip(copy.transformer.h, self.transformer.h):
+            mine.attn.backend = theirs.attn.backend
+        copy.train(grad)
+        with attention.RouteProbe(dev, grad) as probe, torch.set_grad_enabled(grad):
+            copy(torch.zeros(1, 8, dtype=torch.long))
+        return [f or '+'.join(probe.seen.get(i, ['own'])) for i, f in enumerate(fla)]
 
     def fla_notes(self, device):
         """Under attn_backend='auto' on CUDA: why layers whose scheme has an fla kernel run nanoPE's path instead,

@@ -51,7 +51,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention import CAUSAL
-from kernels import (causal_conv, cumsum_tokens, fla_fox, fla_path, fla_stick_breaking, fla_wall, path_scores, use_fla,
+from kernels import (causal_conv, cumsum_tokens, fla_fox, fla_path, fla_stick_breaking, fla_wall, path_scores,
                      wall_scores)
 from rope_scaling import EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, resolve_rope_scaling, rope_frequencies
 
@@ -1767,7 +1767,7 @@ class FoX(PositionalEncoding):
     def attention(self, q, k, v, x, ctx, params, cache, attend):
         with torch.autocast(x.device.type, enabled=False):  # the bias stays float32
             log_f = F.logsigmoid(params.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
-        if use_fla(attend, q, cache):
+        if attend.uses_fla(q, cache):
             return fla_fox(q, k, v, log_f, attend)
         if cache is not None:
             if 'fox_log_f' in cache.state:
@@ -1876,7 +1876,7 @@ class StickBreaking(PositionalEncoding):
             return A, log_keep.sum(-1).exp()
 
     def attention(self, q, k, v, x, ctx, params, cache, attend):
-        if use_fla(attend, q, cache):
+        if attend.uses_fla(q, cache):
             return fla_stick_breaking(q, k, v, self.attend_current, self.remainder)
         p = self.dropout if self.training else 0.0
 
@@ -1957,7 +1957,7 @@ class PaTH(PositionalEncoding):
             xf = x.float()
             w, beta = self.gates(xf, params, cache)
             log_f = F.logsigmoid(params.fgate(xf)).transpose(1, 2) if params.fgate is not None else None  # [B, H, T]
-            if use_fla(attend, q, cache):
+            if attend.uses_fla(q, cache):
                 return fla_path(q, k, v, w, beta, log_f)
             A, keys = path_scores(q.float(), k.float(), w, beta, cache[0].float() if n else None, self.chunk,
                                   keys=cache is not None)
@@ -2020,7 +2020,7 @@ class Wall(PositionalEncoding):
             xf = x.float()
             g = F.logsigmoid(params.gate(xf)).view(B, T, H, d).transpose(1, 2)  # [B, H, T, d]
             gs = F.logsigmoid(params.scalar(xf)).transpose(1, 2) if params.scalar is not None else None
-            if use_fla(attend, q, cache):
+            if attend.uses_fla(q, cache):
                 return fla_wall(q, k, v, g, gs, attend)
             if cache is not None:  # the gates of every key in the cache (its keys include the new ones)
                 for name, t in (('wall_g', g), ('wall_gs', gs)):

@@ -504,9 +504,9 @@ t_train = t_train or t_end  # iters_trained: by this process (a resumed run trai
 timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': round(t_end - t_train, 3),
           'iters_trained': iter_num - (resumed_at or 0)}
 if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
-    # eval.json's first keys; attn_backends: what each layer's attention ran (model.attention_backends)
+    # eval.json's first keys; attn_backends: the route each layer's attention took (model.attention_backends)
     head = dict(scheme=pos_encoding, name=wandb_run_name or pos_encoding, seed=seed, rope_scaling=rope_scaling,
-                iter=iter_num, out_dir=out_dir, attn_backends=raw_model.attention_backends(device))
+                iter=iter_num, out_dir=out_dir, attn_backends=raw_model.attention_backends(device, grad=False))
     failure = final_suite(raw_model, out_dir, head, val_data, block_size, final_eval_mults,
                           final_eval_tokens or eval_tokens, task, task_n, positions, pos_max, device, autocast,
                           control.stopping, wandb_run, timing)

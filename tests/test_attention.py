@@ -224,7 +224,7 @@ def test_a_tabulated_score_mod_runs_dense_without_gradients_on_cuda(monkeypatch)
     """FIRE's score_mod without gradients (an MLP of 32 units per logit) is marked `tabulate`, through logit
     scaling too: on CUDA, 'auto' then evaluates it as a table per chunk of queries (the dense path) rather than
     unrolling it into FlexAttention's kernel; with gradients, under 'flex', or for an unmarked mod, CUDA runs
-    FlexAttention as before. attend passes the mod to that choice."""
+    FlexAttention as before. attend passes the mod to that choice (attention.route)."""
     pe = positional.REGISTRY['fire'](tiny_config('fire'))
     layer, pos = pe.new_layer(), torch.arange(8)
     q, k, v = qkv(1, 4, 8, 8, 8)
@@ -234,14 +234,12 @@ def test_a_tabulated_score_mod_runs_dense_without_gradients_on_cuda(monkeypatch)
     trained = pe.score_mod(q, k, pe.context(pos, pos), layer)
     alibi = positional.REGISTRY['alibi'](tiny_config('alibi')).score_mod(q, k, pe.context(pos, pos), None)
     assert fire.tabulate and scaled.tabulate and not getattr(trained, 'tabulate', False)
-    on_cuda = SimpleNamespace(device=torch.device('cuda'), size=lambda dim: 8)
-    with torch.no_grad():
-        assert not A.use_flex(on_cuda, 'auto', False, fire) and not A.use_flex(on_cuda, 'auto', False, scaled)
-        assert A.use_flex(on_cuda, 'flex', False, fire) and A.use_flex(on_cuda, 'auto', False, alibi)
-        assert not A.use_flex(q, 'auto', False, alibi)  # CPU: dense for every mod, as before
-    assert A.use_flex(on_cuda, 'auto', False, fire)  # with gradients: FlexAttention
+    assert A.route('cuda', 'auto', fire, grad=False, Tq=8) == 'dense' == A.route('cuda', 'auto', scaled, grad=False)
+    assert A.route('cuda', 'flex', fire, grad=False) == 'flex' == A.route('cuda', 'auto', alibi, grad=False)
+    assert A.route('cpu', 'auto', alibi, grad=False) == 'dense'  # CPU: dense for every mod, as before
+    assert A.route('cuda', 'auto', fire, grad=True) == 'flex'  # with gradients: FlexAttention
     seen = []
-    monkeypatch.setattr(A, 'use_flex', lambda q, backend, need_lse, mod=None: seen.append(mod) or False)
+    monkeypatch.setattr(A, 'route', lambda device_type, backend, mod, *a: seen.append(mod) or 'dense')
     with torch.no_grad():
         A.attend(q, k, v, fire)
     assert seen == [fire]
@@ -264,3 +262,44 @@ def test_flex_attention_starts_a_graph_of_its_own_on_cuda(monkeypatch):
     torch._dynamo.reset()
     assert counts[False] == (1, 0), counts
     assert counts[True][1] >= m.config.n_layer and counts[True][0] > m.config.n_layer, counts
+
+
+def test_route_names_the_path_and_attend_runs_the_path_it_names(monkeypatch):
+    """attention.route: no bias -> 'sdpa'; a bias -> 'flex' on CUDA under 'auto' (not for one query, a decoding
+    step) and under 'flex', else 'dense'; the logsumexp on CPU -> 'dense'; a layer's fla kernel -> 'fla:<kernel>'
+    without a KV cache. attend then calls the function of the route it is given, whatever the inputs."""
+    alibi = positional.REGISTRY['alibi'](tiny_config('alibi'))
+    mod = alibi.score_mod(None, None, alibi.context(torch.arange(8), torch.arange(8)), None)
+    assert A.route('cuda') == 'sdpa' == A.route('cpu', 'dense')
+    assert A.route('cuda', 'auto', mod) == 'flex' and A.route('cuda', 'auto', mod, Tq=1) == 'dense'
+    assert A.route('cpu', 'auto', mod) == 'dense' and A.route('cpu', 'flex', mod) == 'flex'
+    assert A.route('cpu', 'flex', mod, need_lse=True) == 'dense' and A.route('cuda', 'dense', mod) == 'dense'
+    assert A.route('cuda', 'auto', fla='attn') == 'fla:attn' and A.route('cpu', 'fla', fla='attn') == 'fla:attn'
+    assert A.route('cuda', 'auto', fla='attn', cache=object()) == 'sdpa' == A.route('cpu', 'auto', fla='attn')
+    q, k, v = qkv(1, 2, 8, 8, 8)
+    calls = []
+    monkeypatch.setattr(A, '_sdpa', lambda q, *a: calls.append('sdpa') or q)
+    monkeypatch.setattr(A, '_flex_attend', lambda q, *a: calls.append('flex') or (q, None))
+    monkeypatch.setattr(A, '_dense', lambda q, *a: calls.append('dense') or (q, None))
+    for way in ('sdpa', 'flex', 'dense'):
+        monkeypatch.setattr(A, 'route', lambda *a, way=way: way)
+        A.attend(q, k, v, mod)
+    assert calls == ['sdpa', 'flex', 'dense']
+
+
+def test_each_layer_reports_the_route_its_forward_takes(monkeypatch):
+    """GPT.attention_backends names each layer's route: on the CPU the routes a real forward takes (its calls of
+    SDPA and of the dense path counted), on CUDA FlexAttention for the bias layers, without touching the caller's
+    random numbers."""
+    m = tiny_model('alibi', n_layer=3, nope_layers=[1], attn_backend='auto')
+    state = torch.get_rng_state()
+    assert m.attention_backends('cpu') == ['dense', 'sdpa', 'dense']
+    assert m.attention_backends('cuda') == ['flex', 'sdpa', 'flex'] == m.attention_backends('cuda', grad=False)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert tiny_model('stick_breaking', attn_backend='dense').attention_backends('cuda') == ['own', 'own']
+    calls = []
+    for name in ('_sdpa', '_dense'):
+        real = getattr(A, name)
+        monkeypatch.setattr(A, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    m(torch.zeros(1, 8, dtype=torch.long))
+    assert sorted(calls) == ['_dense', '_dense', '_sdpa']

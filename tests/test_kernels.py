@@ -60,9 +60,11 @@ def test_every_fla_scheme_and_option_is_covered():
 
 
 def test_model_layers_run_and_report_fla(interpreted):
-    """A whole model on attn_backend='fla' says each layer ran fla; on 'dense', nanoPE's dense path."""
+    """A whole model on attn_backend='fla' says each layer ran its fla kernel; on 'dense', nanoPE's path."""
     for s in FLA_SCHEMES:
-        assert interpreted[f'model_{s}']['backends'] == {'dense': ['dense', 'dense'], 'fla': ['fla', 'fla']}, s
+        route = 'own' if s == 'stick_breaking' else 'dense'  # its own attention; the others' logits through attend
+        kernel = f"fla:{positional.REGISTRY[s].fla_kernel}"
+        assert interpreted[f'model_{s}']['backends'] == {'dense': [route] * 2, 'fla': [kernel] * 2}, s
 
 
 def test_the_fla_call_is_the_only_graph_break(interpreted):
@@ -115,7 +117,8 @@ def test_auto_on_cpu_is_nanopes_path(scheme):
     """attn_backend='auto' on CPU runs nanoPE's path, bit for bit the dense one, and imports no fla."""
     x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
     auto, dense = tiny_model(scheme, attn_backend='auto'), tiny_model(scheme, attn_backend='dense')
-    assert auto.attention_backends('cpu') == ['auto', 'auto'] and auto.fla_notes('cpu') == []
+    route = 'own' if scheme == 'stick_breaking' else 'dense'  # its own attention; the others' logits through attend
+    assert auto.attention_backends('cpu') == [route, route] and auto.fla_notes('cpu') == []
     la, ld = auto(x, x)[1], dense(x, x)[1]
     assert torch.equal(la, ld)
     la.backward()
@@ -129,24 +132,24 @@ def test_auto_on_cuda_uses_fla_where_it_can_and_says_once_why_not(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(kernels, 'fla_status', lambda: (True, None))
     m = tiny_model('path', n_layer=3, n_embd=32, n_head=2, attn_backend='auto', sliding_window={1: 4})
-    assert m.attention_backends('cuda') == ['fla', 'auto', 'fla']
-    assert m.attention_backends('cpu') == ['auto', 'auto', 'auto']
-    assert m.plan_lines('cuda')[0] == 'layer 0: path; attention fla'
+    assert m.attention_backends('cuda') == ['fla:path', 'flex', 'fla:path']  # layer 1: its logits to FlexAttention
+    assert m.attention_backends('cpu') == ['dense', 'dense', 'dense']
+    assert m.plan_lines('cuda')[0] == 'layer 0: path; attention fla:path'
     notes = m.fla_notes('cuda')
     assert notes == ["attn_backend='auto': layers 1 run nanoPE's PyTorch attention, not fla's kernel: "
                      "parallel_path_attn has no sliding window: drop sliding_window on this layer"]
     assert m.fla_notes('cpu') == []
     monkeypatch.setattr(kernels, 'fla_status', lambda: (False, 'fla-core is not installed: pip install fla-core'))
     m = tiny_model('fox', attn_backend='auto')
-    assert m.attention_backends('cuda') == ['auto', 'auto']
+    assert m.attention_backends('cuda') == ['flex', 'flex']
     assert m.fla_notes('cuda') == ["attn_backend='auto': layers 0, 1 run nanoPE's PyTorch attention, not fla's "
                                    "kernel: fla-core is not installed: pip install fla-core"]
     assert tiny_model('rope', attn_backend='auto').fla_notes('cuda') == []  # no kernel: nothing to fall back from
     monkeypatch.setattr(kernels, 'fla_status', lambda: (True, None))
     m = tiny_model('wall', attn_backend='auto')  # exact only in a range a trained gate can leave: not under 'auto'
-    assert m.attention_backends('cuda') == ['auto', 'auto']
+    assert m.attention_backends('cuda') == ['flex', 'flex']
     assert 'decays by more than about 76 nats' in m.fla_notes('cuda')[0]
-    assert tiny_model('wall', attn_backend='fla').attention_backends('cuda') == ['fla', 'fla']
+    assert tiny_model('wall', attn_backend='fla').attention_backends('cuda') == ['fla:wall', 'fla:wall']
 
 
 def test_a_kv_cache_stays_on_nanopes_path(monkeypatch):
@@ -154,26 +157,29 @@ def test_a_kv_cache_stays_on_nanopes_path(monkeypatch):
     from attention import Attend
     q = torch.zeros(1, 2, 3, 16)
     fla = Attend(backend='fla', fla='attn')
-    assert not kernels.use_fla(fla, q, cache=object())
-    assert not kernels.use_fla(Attend(backend='auto', fla='attn'), q, None)  # 'auto' on CPU
-    assert not kernels.use_fla(Attend(backend='fla'), q, None)  # no kernel for this layer
+    assert not fla.uses_fla(q, cache=object())
+    assert not Attend(backend='auto', fla='attn').uses_fla(q, None)  # 'auto' on CPU
+    assert not Attend(backend='fla').uses_fla(q, None)  # no kernel for this layer
     for backend in ('flex', 'dense'):  # set on a built model by bench.py and gpu_check.py: never fla
         assert not kernels.runs_fla('attn', backend, 'cuda')
     assert kernels.runs_fla('attn', 'auto', 'cuda') and kernels.runs_fla('attn', 'fla', 'cpu')
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     with pytest.raises(ValueError, match=r"^attn_backend='fla' on CPU tensors needs Triton's interpreter"):
-        kernels.use_fla(fla, q, None)
+        fla.uses_fla(q, None)
 
 
-def test_train_log_and_eval_json_say_which_backend_each_layer_ran(char_data, tmp_path):
+def test_train_log_and_eval_json_say_which_route_each_layer_ran(char_data, tmp_path):
+    """train.py's plan lines say each layer's route in training, eval.json's attn_backends the route of the
+    evaluation (on CPU fox's gate bias goes to the dense path); a checkpoint's 'fla' evaluated where fla cannot
+    run is refused in one line."""
     out = str(tmp_path / 'out')
     r = fork_run(['train.py', 'config/fox.py', f'--data_dir={char_data}', f'--out_dir={out}', '--max_iters=2',
                   '--eval_interval=2', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=8',
                   '--eval_tokens=256', '--eval_mults=[1]', '--final_eval_mults=[1]', '--wandb_log=False',
                   '--compile=False'])
     assert r.returncode == 0, r.stderr[-2000:]
-    assert '  layer 0: fox; attention auto\n  layer 1: fox; attention auto\n' in r.stdout
-    assert json.load(open(os.path.join(out, 'eval.json')))['attn_backends'] == ['auto', 'auto']
+    assert '  layer 0: fox; attention dense\n  layer 1: fox; attention dense\n' in r.stdout
+    assert json.load(open(os.path.join(out, 'eval.json')))['attn_backends'] == ['dense', 'dense']
     r = fork_run(['train.py', f'--out_dir={out}-x', '--attn_backend=flash', '--wandb_log=False'])
     assert r.returncode != 0 and "attn_backend" in r.stderr and 'Traceback' not in r.stderr
     # a checkpoint saved with 'fla' (a GPU run's), evaluated where fla cannot run: refused in one line, and
