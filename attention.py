@@ -17,8 +17,12 @@ head h then reads key/value head h // g (HF's repeat_kv).
   sink_logits [H]         sink logits (gpt-oss): one logit per head in every row's softmax denominator, with
                           no value: p_ij = exp(z_ij) / (exp(s_h) + sum_j' exp(z_ij')), i.e. the softmax output
                           times sigmoid(lse - s_h); not scaled by 1/sqrt(d), never masked
-Paths (same logits on all of them):
-  - no bias, no value term, no sinks -> F.scaled_dot_product_attention (is_causal, or a boolean mask)
+Paths (same logits on all of them), each a named route chosen by `route`:
+  - no bias, no value term, no sinks -> F.scaled_dot_product_attention (is_causal, or a boolean mask): 'sdpa'
+  - a bias fq_i . fk_j + a term of the query alone (ALiBi, GRAPE-A: the mod's `factors`) on CUDA -> SDPA with the
+    factors as extra columns of q and k, each split in three bfloat16-exact parts under bf16 (lift_qk):
+    'qk_lift'. The dropped term of the query leaves the softmax as it is; the logits are then as large as the
+    bias's key term (ALiBi: m * j), so float32 rounds them to about 2^-24 of that (3e-5 at m = 0.5, j = 1024)
   - bias, FlexAttention       -> compiled flex_attention(score_mod, block mask of the Mask, which skips the
     blocks no query of a block can see); CUDA by default, CPU only without gradients (torch 2.13 has no
     FlexAttention backward on CPU); without gradients a score_mod marked `tabulate` (an MLP per logit:
@@ -254,12 +258,17 @@ def causal_block_mask(Tq, Tk, device):
     return CAUSAL.block_mask(Tq, Tk, device)
 
 
-def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2, fla=None, cache=None):
+def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2, fla=None, cache=None, dtype=None):
     """The one choice of how an attention runs, by name. A layer whose scheme has a flash-linear-attention kernel
     (fla: kernels.fla_plan's answer for the layer) runs it, 'fla:<kernel>', under 'fla', or 'auto' on CUDA,
     without a KV cache (decoding stays on nanoPE's path); its scheme's `attention` hook asks (Attend.uses_fla).
     Otherwise attend's call:
       'sdpa'   no bias, no value term, no sink logits: SDPA's fused kernels (cuDNN or flash on a GPU)
+      'qk_lift' a bias of the form fq_i . fk_j + (a term of the query alone), which the mod carries as
+               `factors` (ALiBi, GRAPE-A), on CUDA under 'auto' with more than one query and no logsumexp (the
+               dropped term of the query would change a sink's share or a value term), not in float16 (whose
+               range a position overflows): the factors ride as extra columns of q and k through SDPA's fused
+               kernels (FlashBias, arXiv 2505.12044; lift_qk)
       'flex'   FlexAttention: 'flex'; or 'auto' on CUDA with more than one query. Not without gradients for a
                score_mod marked `tabulate` under 'auto' (FIRE's MLP per logit, which FlexAttention would unroll
                into every logit of its kernel: the dense path evaluates it as a table per chunk of queries), and
@@ -276,8 +285,11 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
         return 'dense'
     if backend == 'flex':
         return 'flex'
-    tables = getattr(mod, 'tabulate', False) and not grad
-    return 'flex' if device_type == 'cuda' and Tq > 1 and not tables else 'dense'
+    if device_type != 'cuda' or Tq == 1:
+        return 'dense'
+    if getattr(mod, 'factors', None) is not None and not need_lse and dtype != torch.float16:
+        return 'qk_lift'
+    return 'dense' if getattr(mod, 'tabulate', False) and not grad else 'flex'
 
 
 class RouteProbe:
@@ -417,17 +429,69 @@ def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask):
     return y * scale.to(y.dtype), lse
 
 
-def _sdpa(q, k, v, dropout_p, mask):
-    """Attention without a bias: SDPA, with a boolean mask where the mask is not plain causal."""
+def _sdpa(q, k, v, dropout_p, mask, scale=None):
+    """Attention without a bias: SDPA, with a boolean mask where the mask is not plain causal. scale: the logits'
+    factor (None: SDPA's 1 / sqrt(q's head dim); lifted columns leave it at the head dim's before them)."""
     Tq, Tk = q.size(2), k.size(2)
     if mask.bounded:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.visibility(Tq, Tk, q.device),
-                                              dropout_p=dropout_p)
+                                              dropout_p=dropout_p, scale=scale)
     if Tq == Tk:  # no cache: plain causal
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale)
     if Tq == 1:  # one new token after the cache sees every key: no mask to build
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.visibility(Tq, Tk, q.device), dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.visibility(Tq, Tk, q.device), dropout_p=dropout_p,
+                                          scale=scale)
+
+
+def round_bf16(x):
+    """x (float32) rounded to the nearest bfloat16 value, ties to even, kept in float32, by integer arithmetic on its
+    bits: torch.compile folds x.to(torch.bfloat16).float() into x (Inductor's pointless_convert), dropping the
+    rounding that split_bf16 is made of."""
+    i = x.view(torch.int32)
+    return ((i + 0x7FFF + ((i >> 16) & 1)) & -65536).view(torch.float32)
+
+
+def split_bf16(x, parts=3):
+    """x (float32) as the sum of `parts` tensors whose values bfloat16 holds exactly: each the rounding of what the
+    ones before left over. Three carry float32's 24 bits (to 2^-24 of |x| where no part underflows). The gradient
+    of x flows through the first part alone, and whole: the parts always meet the same partner columns, so each
+    part's gradient is x's."""
+    out, rest = [], x.detach()
+    for _ in range(parts):
+        out.append(round_bf16(rest))
+        rest = rest - out[-1]
+    out[0] = x - (x.detach() - out[0])  # the value of the first part, the gradient of x
+    return out
+
+
+def lift_qk(q, k, v, fq, fk):
+    """q, k and v with columns appended so that q'_i . k'_j = q_i . k_j + fq_i . fk_j / scale, scale = 1 / sqrt(d)
+    of q's own head dim d (SDPA is then called with that scale), v padded with zeros to the new width, a multiple
+    of 8 as SDPA's fused kernels need, all three in the dtype the attention computes in: -> (q', k', v').
+    fq [B|1, H|1, Tq|1, r], fk [B|1, H|1, Tk|1, r], float32. In bfloat16 (inputs or autocast) each factor
+    becomes three bfloat16-exact parts and every pair of parts a column: the kernels multiply bfloat16 columns
+    exactly into float32 and sum there, so the bias keeps float32's precision (a factor cast to bfloat16 whole
+    keeps 8 bits: ALiBi's m * j at j = 1000 would be off by about 1)."""
+    d, (B, H) = q.size(-1), q.shape[:2]
+    dtype = compute_dtype(q)
+    fq, fk = fq.float() * d ** 0.5, fk.float()
+    if dtype == torch.bfloat16:
+        pq, pk = split_bf16(fq), split_bf16(fk)  # sum over pairs (a, b) of pq[a] * pk[b] = fq * fk, per column
+        fq = torch.cat([a for a in pq for _ in pk], -1)  # block (a, b): pq[a] against pk[b], r columns each
+        fk = torch.cat([b for _ in pq for b in pk], -1)
+    width = -(-(d + fq.size(-1)) // 8) * 8
+    fq, fk = (F.pad(f, (0, width - d - f.size(-1))) for f in (fq, fk))
+    q = torch.cat((q.to(dtype), fq.expand(B, H, q.size(2), -1).to(dtype)), -1)
+    k = torch.cat((k.to(dtype), fk.expand(B, H, k.size(2), -1).to(dtype)), -1)
+    return q, k, F.pad(v, (0, width - v.size(-1))).to(dtype)
+
+
+def compute_dtype(q):
+    """The dtype attention on q computes in: autocast's for a float32 q where autocast is on, else q's own."""
+    if q.dtype == torch.float32 and torch.is_autocast_enabled(q.device.type):
+        return torch.get_autocast_dtype(q.device.type)
+    return q.dtype
 
 
 def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=None):
@@ -437,21 +501,23 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
     if k.size(1) != q.size(1):  # grouped keys and values: query head h reads key/value head h // g
         g = q.size(1) // k.size(1)
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    Dv = v.size(-1)
+    Dv, scale = v.size(-1), None
     if Dv < q.size(-1):  # zero columns change nothing, and let SDPA's fused kernels run
         v = F.pad(v, (0, q.size(-1) - Dv))
     need_lse = vmod is not None or sink_logits is not None
     att = Attend(mask, backend, dropout_p, sink_logits)
-    way = route(q.device.type, backend, mod, need_lse, torch.is_grad_enabled(), q.size(2))
+    way = route(q.device.type, backend, mod, need_lse, torch.is_grad_enabled(), q.size(2), dtype=compute_dtype(q))
     if RouteProbe.active is not None:  # (a Python check: a compiled graph keeps no trace of it)
         p = RouteProbe.active
         p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2)))
         way = 'dense' if way == 'flex' else way
-    if way == 'sdpa':
+    if way == 'qk_lift':  # SDPA's scale stays that of q's own head dim
+        q, k, v, scale = *lift_qk(q, k, v, *mod.factors), 1 / math.sqrt(q.size(-1))
+    if way in ('sdpa', 'qk_lift'):
         if mask.bounded:
-            y = chunk_queries(lambda q, k, v, a: _sdpa(q, k, v, dropout_p, a.mask), q, k, v, att)
+            y = chunk_queries(lambda q, k, v, a: _sdpa(q, k, v, dropout_p, a.mask, scale), q, k, v, att)
         else:
-            y = _sdpa(q, k, v, dropout_p, mask)
+            y = _sdpa(q, k, v, dropout_p, mask, scale)
         return y[..., :Dv]
     # a fresh dropout seed per call from torch's RNG: on the device, no host sync, restored on resume
     seed = torch.randint(0, 2**31 - 1, (), device=q.device) if dropout_p else None

@@ -1015,6 +1015,8 @@ class ALiBi(PositionalEncoding):
 
         def mod(score, b, h, i, j):
             return score + slopes[h] * (k_pos[j] - q_pos[i])
+        # the same bias as m_h * k_pos[j] plus a term of the query alone: attention's qk_lift route
+        mod.factors = (slopes.float().view(1, -1, 1, 1), k_pos.float().view(1, 1, -1, 1))
         return mod
 
 
@@ -1453,7 +1455,26 @@ class GrapeA(_GrapeABase):
         else:
             def mod(score, b, h, i, j):
                 return score - rate[h] * ctx.dist(i, j) * (gq[b, h, i] + gk[b, h, j])
+        mod.factors = self.factors(rate, ctx.q_pos.float(), ctx.k_pos.float(), gq, gk)
         return mod
+
+    @staticmethod
+    def factors(rate, qp, kp, gq, gk):
+        """The bias as sum_r fq_ir fk_jr plus a term of the query alone (attention's qk_lift route), from
+        -rate (qp_i - kp_j)(gq_i + gk_j), gq or gk absent in the one-sided forms:
+            key gate:    -rate qp_i gk_j + rate kp_j gk_j
+            query gate:  rate gq_i kp_j                      (and -rate qp_i gq_i, the query's alone)
+        the query_key form their sum. -> (fq [B|1, H, Tq, r], fk [B|1, H, Tk, r]), float32."""
+        rate = rate.view(1, -1, 1)
+        fq, fk = [], []
+        if gk is not None:
+            fq += [-rate * qp.view(1, 1, -1), rate.expand(1, -1, qp.numel())]
+            fk += [gk, kp.view(1, 1, -1) * gk]
+        if gq is not None:
+            fq.append(rate * gq)
+            fk.append(kp.view(1, 1, -1).expand(1, rate.size(1), -1))
+        B = max(t.size(0) for t in fq + fk)  # (the gates' batch; positions and rates are one row)
+        return tuple(torch.stack([t.expand(B, *t.shape[1:]) for t in f], -1) for f in (fq, fk))
 
 
 class _GrapeAPLayer(nn.Module):

@@ -303,3 +303,109 @@ def test_each_layer_reports_the_route_its_forward_takes(monkeypatch):
         monkeypatch.setattr(A, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     m(torch.zeros(1, 8, dtype=torch.long))
     assert sorted(calls) == ['_dense', '_dense', '_sdpa']
+
+
+LIFTED = [('alibi', {}), ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('grape_a', {'variant': 'query'})]
+
+
+@pytest.mark.parametrize('name, opts', LIFTED)
+def test_qk_lift_equals_the_bias_path(name, opts):
+    """The qk_lift route (the mod's factors as extra columns of q and k, SDPA with q's own scale) against the dense
+    path with the mod, in float64 with weights moved off their init: the output and the gradients of q, k, v and
+    every scheme parameter. The mods compute their biases in float32, so both sides carry float32's rounding of
+    the bias (about 1e-7 of it); a factor of the wrong sign or a forgotten key term misses by far more."""
+    torch.manual_seed(0)
+    pe = P.REGISTRY[name](tiny_config(name), **opts)
+    layer = pe.new_layer()
+    if layer is not None:
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn_like(p))
+        layer.double()
+    B, H, T, d = 2, 4, 12, 8
+    q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    pos = torch.arange(T)
+    w = torch.randn(B, H, T, d, dtype=torch.float64)
+    leaves = [q, k, v, *(layer.parameters() if layer is not None else [])]
+    outs = []
+    for lifted in (False, True):
+        mod = pe.score_mod(q, k, pe.context(pos, pos), layer)
+        if lifted:
+            q2, k2, v2 = A.lift_qk(q, k, v, *mod.factors)
+            y = A._sdpa(q2, k2, v2, 0.0, A.CAUSAL, d ** -0.5)[..., :d]
+        else:
+            y = A._dense(q, k, v, mod, 0.0, None, False, A.Attend())[0]
+        outs.append((y, torch.autograd.grad((y * w).sum(), leaves)))
+    (y0, g0), (y1, g1) = outs
+    assert (y1 - y0).abs().max() < 1e-5 * y0.abs().max()
+    for a, b in zip(g1, g0):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max(), (a - b).abs().max()
+    with torch.no_grad():  # the key term matters: without it the output moves
+        fq, fk = mod.factors
+        y_far = A._sdpa(*A.lift_qk(q, k, v, fq, -fk), 0.0, A.CAUSAL, d ** -0.5)[..., :d]
+    assert (y_far - y0).abs().max() > 1e-3 * y0.abs().max()
+
+
+def test_qk_lift_keeps_float32s_bias_in_bfloat16():
+    """In bfloat16 each factor rides as three bfloat16-exact parts, so the columns' products, summed in float32 as
+    the kernels do, give the bias to float32's precision; one bfloat16 column per factor would be off by ~1 at
+    ALiBi's m * j with j in the thousands. And SDPA's scale stays q's own head dim's."""
+    g = torch.Generator().manual_seed(0)
+    B, H, T, d = 1, 2, 4000, 16
+    q, k, v = (torch.zeros(B, H, T, d, dtype=torch.bfloat16) for _ in range(3))
+    fq = torch.rand(1, H, 1, 2, generator=g)  # a slope-like factor and another
+    fk = torch.arange(T, dtype=torch.float32).view(1, 1, T, 1) * torch.tensor([1.0, 0.37])
+    want = (fq.double() * fk.double()).sum(-1)  # [1, H, T]: q_0 . k_j's lifted part, float64
+    q2, k2, v2 = A.lift_qk(q, k, v, fq, fk)
+    assert q2.dtype == k2.dtype == v2.dtype == torch.bfloat16 and q2.size(-1) % 8 == 0 and v2.size(-1) == q2.size(-1)
+    got = (q2[:, :, :1].float() * k2.float()).sum(-1).double() * d ** -0.5  # exact products, float32-like sums
+    assert (got - want).abs().max() <= 2 ** -22 * want.abs().max()
+    whole = (fq.bfloat16().float().double() * d ** 0.5 * fk.bfloat16().double()).sum(-1) * d ** -0.5
+    assert (whole - want).abs().max() > 0.5  # one bfloat16 column per factor
+
+
+def test_qk_lift_is_the_cuda_route_of_a_factored_bias_and_trains_a_model(monkeypatch):
+    """route: 'qk_lift' for a mod with factors on CUDA under 'auto' (alibi, grape_a), not with the logsumexp (sink
+    logits, a value term), in float16, for one query, under 'flex' or 'dense', or on the CPU; a mod without factors
+    (t5) stays on FlexAttention. A model whose layers take it (forced on the CPU) trains as on the dense path."""
+    alibi = positional.REGISTRY['alibi'](tiny_config('alibi'))
+    mod = alibi.score_mod(None, None, alibi.context(torch.arange(8), torch.arange(8)), None)
+    t5 = positional.REGISTRY['t5'](tiny_config('t5'))
+    t5_mod = t5.score_mod(None, None, t5.context(torch.arange(8), torch.arange(8)), None)
+    assert A.route('cuda', 'auto', mod) == 'qk_lift' and A.route('cuda', 'auto', t5_mod) == 'flex'
+    assert A.route('cuda', 'auto', mod, need_lse=True) == 'flex' and A.route('cuda', 'auto', mod, Tq=1) == 'dense'
+    assert A.route('cuda', 'auto', mod, dtype=torch.float16) == 'flex' and A.route('cpu', 'auto', mod) == 'dense'
+    assert A.route('cuda', 'flex', mod) == 'flex' and A.route('cuda', 'dense', mod) == 'dense'
+    assert tiny_model('grape_a', attn_backend='auto').attention_backends('cuda') == ['qk_lift', 'qk_lift']
+    assert tiny_model('alibi', attn_backend='auto', sink_logits=True).attention_backends('cuda') == ['flex', 'flex']
+    x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
+    real = A.route
+    losses = {}
+    for forced in (False, True):
+        m = tiny_model('grape_a', attn_backend='auto')
+        if forced:
+            monkeypatch.setattr(A, 'route', lambda dev, *a, **kw: real('cuda', *a, **kw) if dev == 'cpu' else
+                                real(dev, *a, **kw))
+        loss = m(x[:, :-1], x[:, 1:])[1]
+        loss.backward()
+        losses[forced] = loss.item(), {n: p.grad for n, p in m.named_parameters()}
+    assert losses[True][0] == pytest.approx(losses[False][0], rel=1e-6)
+    for n, g in losses[False][1].items():
+        assert (losses[True][1][n] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-9, n
+
+
+def test_bfloat16_parts_survive_torch_compile():
+    """round_bf16 is torch's own rounding to bfloat16 (ties to even, negative values too), and under torch.compile
+    the parts of split_bf16 stay bfloat16-exact and sum to x, with x's gradient whole: Inductor folds
+    x.to(torch.bfloat16).float() into x, which would leave the first part unrounded and the others zero."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat(((torch.rand(4096, generator=g) - 0.5) * 3000, torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -2.5])))
+    assert torch.equal(A.round_bf16(x), x.bfloat16().float())
+    x.requires_grad_()
+    torch._dynamo.reset()
+    parts = torch.compile(A.split_bf16)(x)
+    torch._dynamo.reset()
+    assert all(torch.equal(p, p.bfloat16().float()) for p in parts) and parts[1].abs().max() > 0
+    assert torch.equal(parts[0] + parts[1] + parts[2], x.detach())
+    grad, = torch.autograd.grad(sum(3 * p for p in parts).sum(), x)
+    assert torch.equal(grad, torch.full_like(x, 3.0))
