@@ -9,6 +9,9 @@ number is measured: docs/speed.md.
   python bench.py --parts=smoke                    # a 4-iteration train.py run of every scheme, wall time each
   python bench.py --threads=1 --schemes=rope --presets=all --eval_mult=16   # the attention stacks of config/
   python bench.py --threads=1 --schemes=rope --windowed=32 --parts=eval --eval_mult=64   # rope in a 32-key window
+  python bench.py --parts=pairs,attn_time,long     # on a GPU: every scheme and preset against rope, one at a time
+  python bench.py --parts=pairs --schemes=alibi,t5 --presets= --budget=120 --json=pairs.json   # again: goes on
+  python bench.py --table=results/gpu/2026-11-28-9bb9952/pairs_missing.json,results/gpu/DATE-COMMIT/bench.json
 
 Parts, round-robin over the schemes and `nanogpt` (a plain nanoGPT model, below): train (ms/iter,
 tokens/s, MFU), memory (peak of a training step, and of a no-grad forward at 8L), eval (tokens/s of
@@ -16,11 +19,31 @@ that forward), sample (KV cache against recomputing the context), decode (one to
 prompt in the KV cache: per-token cost, and how it grows). smoke: train.py run as a user runs
 it, each run's time as it reports it. The model is config/bench_<preset>.py. --clock=cpu (the default
 on CPU) is process CPU time, blind to other processes on a shared machine: use it with --threads=1
-(more threads also count OpenMP spin-waiting). The GPU check is gpu_check.py.
+(more threads also count OpenMP spin-waiting). The GPU's correctness check is gpu_check.py.
 --presets: the layer plans of config/<preset>.py (presets.PRESETS) on the bench model, each beside its twin
 without windows or chunks (NAME-full); the '× full' columns are a preset's eval tok/s and forward peak
 over its twin's, measured in the same run. --windowed=W adds rope-windowW: rope with a W-key sliding window on
 every layer.
+
+Parts that build, measure and free one model at a time (MODEL_PARTS; the GPU's timing, docs/gpu.md), each model a
+registered scheme or a preset at its own depth, into one JSON, written after every model:
+  pairs      training steps against rope of the model's depth, compiled, in alternate blocks: rope, the model,
+             rope, ... rope (--blocks of the model's), each block --block_steps timed steps after an untimed one,
+             the device synchronized and its cached memory handed back between blocks, so that the model before
+             leaves nothing in the steps timed (time_blocks). vs_rope: the median over the model's blocks of
+             rope's median step in the two blocks beside each over the model's (pair_stats). Per model: its
+             steps (median, min, max, quartiles, every one), compile time, peak memory, each layer's backend and
+             route (routes), its goal class and goal (GOALS); per rope: its blocks alone, its MFU at this batch,
+             and its median step beside each partner (by_partner, partner_spread: whether a partner moves it);
+  attn_time  a bias scheme's first layer, forward and backward, as built, frozen, as one table, without bias;
+  long       no-grad forwards at 8L and 16L: tokens/s and peak memory.
+--json (default results/gpu/<today>-<commit>/bench.json) is resumed where it exists: a model whose entry holds a
+part's result or error is not measured again, and a JSON of another setup (device, size, batch, blocks ...) is
+refused; --retry=True measures again the models whose entry holds an error. No model starts after --budget
+seconds (the rest are listed as `skipped`); --scheme_limit stops one model after that many seconds and goes on;
+--classes keeps the models of those GOALS classes; --auto_only runs wall on 'auto' rather than its fla kernel. On
+CUDA these parts default to --preset=gpt2 and --compile=True, and anywhere to --presets=all. --table=A.json,B.json
+prints their markdown table (a later file's entry over an earlier one's).
 """
 import dataclasses
 import itertools
@@ -430,6 +453,11 @@ def error_text(e):
     return f"{type(e).__name__}: {str(e)[:500]}"
 
 
+class ReferenceFailed(Exception):
+    """The rope a model is paired with could not be built or timed: the model is left unmeasured, not failed, so
+    that a later run measures it."""
+
+
 class Models:
     """The parts that measure one model at a time (MODEL_PARTS), each model built from the same init seed at the
     bench size (a preset keeps its own n_layer), measured, and freed before the next; their entries go into
@@ -506,7 +534,7 @@ class Models:
                 self.refs[ref] = e
             self.save()
         if isinstance(self.refs[ref], Exception):
-            raise RuntimeError(f"its reference {ref} failed: {self.res[ref]['error'][:200]}")
+            raise ReferenceFailed(f"its reference {ref} failed: {self.res[ref]['error'][:200]}")
         return self.refs[ref]
 
     def summarize(self):
@@ -553,17 +581,21 @@ class Models:
             'long': ('long', 'long_error')}  # a part's result and its error: either ends a model's part
 
     def run(self, part, names, over_budget):
-        """`part` of each of `names` in turn that its entry lacks; none started once over_budget() -> the names that
-        failed."""
+        """`part` of each of `names` in turn that its entry lacks (or, with --retry, holds as an error); none started
+        once over_budget() -> the names that failed."""
         failed, result_key, error_key = [], *self.DONE[part]
         for name in names:
-            if any(k in self.res.get(name, {}) for k in (result_key, error_key)):
+            r = self.res.get(name, {})
+            if result_key in r or (error_key in r and not self.a.retry):
                 continue
             if over_budget():
                 self.out.setdefault('skipped', {}).setdefault(part, []).append(name)
                 continue
+            r.pop(error_key, None)
             try:
                 getattr(self, part)(name)
+            except ReferenceFailed:
+                failed.append(name)
             except (Exception, runtime.SchemeTimeout) as e:  # noqa: BLE001 - a model that fails to build, compile,
                 self.res.setdefault(name, {})[error_key] = error_text(e)  # fit or finish: the next one goes on
                 failed.append(name)
@@ -959,6 +991,7 @@ def main(argv):
         blocks=5, block_steps=5,           # MODEL_PARTS: a model's blocks in its pairs, timed steps a block
         budget=540.0, scheme_limit=0.0,    # no model started after budget s; one model stopped after scheme_limit s
         classes='all', auto_only=False,    # the models of these GOALS classes; wall on 'auto', not fla
+        retry=False,                       # measure again the models whose entry holds an error
         table='',                          # comma list of MODEL_PARTS JSON files: print their markdown table, exit
     ), argv, rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0', windowed='>=0',
                         new_tokens='>0', sample_stride='>0', threads='>=0', smoke_timeout='>0', blocks='>0',

@@ -168,6 +168,21 @@ def test_a_run_cut_short_goes_on_where_it_stopped(tmp_path, monkeypatch):
         pairs(path, *argv[:-1], '--block_steps=2')
 
 
+def test_a_failed_model_is_measured_again_only_with_retry(tmp_path, builds):
+    """A model stopped by --scheme_limit fails alone (rope, outside the limit, is timed); run again, its error is its
+    result, unless --retry=True, which measures it again."""
+    path = str(tmp_path / 'pairs.json')
+    argv = ['--schemes=alibi', '--presets=', '--blocks=1', '--block_steps=1']
+    assert pairs(path, *argv, '--scheme_limit=0.001') == 1
+    res = json.load(open(path))['results']
+    assert res['alibi']['error'].startswith('SchemeTimeout') and 'vs_rope' in res['rope']
+    builds.clear()
+    assert pairs(path, *argv) == 0 and builds == []
+    assert pairs(path, *argv, '--retry=True') == 0 and [n for n, _ in builds] == ['rope', 'alibi']
+    res = json.load(open(path))['results']
+    assert 'error' not in res['alibi'] and res['alibi']['vs_rope'] > 0
+
+
 def test_no_model_starts_after_the_budget(tmp_path, monkeypatch):
     """Past --budget no model starts: the one running finishes, the rest are listed as skipped and never built."""
     import time
