@@ -1040,12 +1040,16 @@ def main(argv):
     if one_model:
         plans = preset_plans(a.presets, twins=False)
         keep = a.classes.split(',') if a.classes != 'all' else list(GOALS)
-        shape = {k: v for k, v in size.items() if k != 'batch_size'}
-        hooks = {n: layer_hooks(model_config(n, shape, plans, a.auto_only)) for n in asked + list(plans)}
+        shape, hooks = {k: v for k, v in size.items() if k != 'batch_size'}, {}
+        for n in asked + list(plans):
+            try:
+                hooks[n] = layer_hooks(model_config(n, shape, plans, a.auto_only))
+            except Exception:  # noqa: BLE001 - a plan that does not fit this size: its entry will say why
+                hooks[n] = None
         models = [n for n in dict.fromkeys(['rope'] * ('rope' in asked) + asked + list(plans))  # rope first
-                  if goal_class(hooks[n]) in keep]
+                  if hooks[n] is None or goal_class(hooks[n]) in keep]
         per_part = {'pairs': models, 'long': models,
-                    'attn_time': [n for n in models if hooks[n][0][2]]}  # a bias in its first layer
+                    'attn_time': [n for n in models if hooks[n] is None or hooks[n][0][2]]}  # a bias in layer 0
         return model_parts(a, one_model, per_part, plans, size, rt, clock, peak, peak_label)
     if parts & SCHEME_PARTS:
         plans = {**preset_plans(a.presets), **({f'rope-window{a.windowed}': {'sliding_window': a.windowed}}
