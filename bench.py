@@ -836,7 +836,8 @@ def table(paths):
         n_layer = metas[label]['model']['n_layer']
         depth = r.get('n_layer', (preset_config(name).get('n_layer', n_layer) if name in PRESETS else n_layer))
         route = runs_text(r.get('routes') or r.get('attention_backends') or [])
-        ms = f"{f(r.get('ms_median'), '.1f')} [{f(r.get('ms_q1'), '.1f')}, {f(r.get('ms_q3'), '.1f')}]"
+        ms = '—' if 'ms_median' not in r else \
+            f"{r['ms_median']:.1f} [{f(r.get('ms_q1'), '.1f')}, {f(r.get('ms_q3'), '.1f')}]"
         if name in refs:
             spread = r.get('partner_spread_ms')
             vs = '1 (the reference)'
@@ -847,7 +848,7 @@ def table(paths):
             v = r.get('vs_rope')
             met = '' if v is None else 'yes' if v >= r['goal'] else 'no'
             if 'error' in r:
-                vs, met = 'failed: ' + r['error'][:90].replace('|', '/').replace('\n', ' '), ''
+                vs, met = 'failed: ' + r['error'][:60].replace('|', '/').replace('\n', ' '), ''
             elif 'ref' not in r and depth != n_layer:  # a file of before the same-depth reference
                 vs, met = f"not a ratio: {depth} layers against rope's {n_layer}", ''
             else:
@@ -859,7 +860,7 @@ def table(paths):
         if 'mfu' in r:
             goal, B, T = MFU_GOAL
             lines.append(f"\n{name}'s MFU: {r['mfu']:.3f} at {r['mfu_at'][0]} × {r['mfu_at'][1]} ({label}; the goal: "
-                         f"{goal} at {B} × {T})")
+                         f"{goal:.2f} at {B} × {T})")
         if 'by_partner' in r:
             lines.append(f"{name}'s median step beside each partner, ms: " + ', '.join(
                 f"{p} {v:.1f}" for p, v in r['by_partner'].items()) + f" (max / min {r['partner_spread']:.3f})")

@@ -308,5 +308,5 @@ def test_table_of_the_committed_json(tmp_path):
     assert rows['t5'].endswith('| 2026-12-01-abcdef1 |')
     assert rows['irope'] == ('| irope | no_bias | 0.9 | 0.950 [0.940, 0.970] | yes | 22.0 [21.5, 22.5] | 20.5 | 5.0 | '
                              '7,100 | sdpa ×3, flex, sdpa ×8 | 2026-12-01-abcdef1 |')
-    assert "rope's MFU: 0.339 at 8 × 1024 (2026-12-01-abcdef1; the goal: 0.4 at 16 × 1024)" in got
+    assert "rope's MFU: 0.339 at 8 × 1024 (2026-12-01-abcdef1; the goal: 0.40 at 16 × 1024)" in got
     assert got[-1] == 'not reached (time budget): sssl (pairs, 2026-12-01-abcdef1)'  # irope: measured later
