@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 import torch
@@ -823,9 +824,16 @@ def table(paths):
         sk = {'pairs': sk} if isinstance(sk, list) else sk  # gpu_check's pairs wrote a list
         skipped.update({n: f"{n} ({p}, {label})" for p, ns in sk.items() for n in ns})
     f = lambda v, fmt: '—' if v is None else format(v, fmt)  # noqa: E731
-    lines = [f"{label}: {m.get('device')}, torch {m.get('torch')}, {m.get('dtype')}, {m.get('preset')} preset "
-             f"({m['model']['n_layer']} × {m['model']['n_embd']}, T = {m['model']['block_size']}), batch "
-             f"{m.get('batch_size')}, compile {m.get('compile')}" for label, m in metas.items()]
+    def setup(m):
+        how = f"blocks of {m['block_steps']} steps, {m['blocks']} a model" if 'blocks' in m else \
+            f"{m['steps']} steps each, alternated (gpu_check.py)" if 'steps' in m else ''
+        size = m['model']
+        model = f"{m.get('preset')} ({size['n_layer']} × {size['n_embd']}, T = {size['block_size']})"
+        return ', '.join(x for x in (m.get('device'), f"torch {m.get('torch')}", m.get('dtype'), model,
+                                     f"batch {m.get('batch_size')}", 'compiled' if m.get('compile') else 'eager', how)
+                         if x)
+    lines = [textwrap.fill(f"{label}: {setup(m)}", 120, initial_indent='- ', subsequent_indent='  ')
+             for label, m in metas.items()]
     lines += ['', '| model | class | goal | vs rope [q1, q3] | met | ms [q1, q3] | rope ms, same pairs | compile s | '
               'peak MiB | route per layer | run |', '|' + ' --- |' * 11]
     refs = [n for n, (r, _) in rows.items() if r.get('ref', 'rope' if n == 'rope' else None) == n]
@@ -855,19 +863,23 @@ def table(paths):
                 vs = f"{v:.3f} [{f(r.get('vs_rope_q1'), '.3f')}, {f(r.get('vs_rope_q3'), '.3f')}]"
         lines.append(f"| {name} | {r.get('goal_class', '—')} | {goal} | {vs} | {met} | {ms} | {same} | "
                      f"{f(r.get('compile_s'), '.1f')} | {f(r.get('peak_MiB'), ',.0f')} | {route} | {label} |")
+    notes = []  # paragraphs after the table, each a bullet
     for name in refs:
         r, label = rows[name]
         if 'mfu' in r:
             goal, B, T = MFU_GOAL
-            lines.append(f"\n{name}'s MFU: {r['mfu']:.3f} at {r['mfu_at'][0]} × {r['mfu_at'][1]} ({label}; the goal: "
+            notes.append(f"{name}'s MFU: {r['mfu']:.3f} at {r['mfu_at'][0]} × {r['mfu_at'][1]} ({label}; the goal: "
                          f"{goal:.2f} at {B} × {T})")
         if 'by_partner' in r:
-            lines.append(f"{name}'s median step beside each partner, ms: " + ', '.join(
+            notes.append(f"{name}'s median step beside each partner, ms: " + ', '.join(
                 f"{p} {v:.1f}" for p, v in r['by_partner'].items()) + f" (max / min {r['partner_spread']:.3f})")
     done = [n for n, (r, _) in rows.items() if 'vs_rope' in r or 'error' in r]
     skipped = [text for n, text in skipped.items() if n not in done]
     if skipped:
-        lines.append(f"\nnot reached (time budget): {', '.join(skipped)}")
+        notes.append(f"not reached (time budget): {', '.join(skipped)}")
+    if notes:
+        lines.append('')
+        lines += [textwrap.fill(note, 120, initial_indent='- ', subsequent_indent='  ') for note in notes]
     timed = [(n, r['attn_time'], label) for n, (r, label) in rows.items() if r.get('attn_time')]
     if timed:
         lines += ['', "| model | layer 0 as built, ms | frozen | as one table | without bias | table's error | run |",

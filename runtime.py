@@ -1,10 +1,10 @@
 """
 Device, precision and speed: the one place every script (train, eval, sample, passkey, bench, gpu_check,
 extend_table) gets them from, so a GPU run of each uses the same bf16 autocast and TF32 settings and the tables
-they write are comparable. Also: peak FLOP/s, FLOPs per token and MFU (one formula for train.py, bench.py and
-gpu_check.py), the one step timer (Clock), peak memory and relative error of bench.py and gpu_check.py, a time limit
-on a block of work (time_limit), the global batch split, signals and the DDP stop agreement, child runs (spawn) and
-wandb.
+they write are comparable. Also: peak FLOP/s, FLOPs per token and MFU (one formula for train.py and bench.py),
+steps timed in rotating order (bench.py), the one step timer (Clock), peak memory and relative error of bench.py
+and gpu_check.py, a time limit on a block of work (time_limit), the global batch split, signals and the DDP stop
+agreement, child runs (spawn) and wandb.
 
   rt = runtime.setup('auto', 'auto')   # CUDA + bf16 autocast where available, else CPU float32
   with rt.autocast: logits, loss = model(x, y)

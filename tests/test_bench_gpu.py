@@ -297,8 +297,9 @@ def test_table_of_the_committed_json(tmp_path):
                        peak_MiB=7100.0, routes=['sdpa'] * 3 + ['flex'] + ['sdpa'] * 8))))
     got = bench.table([old, new]).splitlines()
     rows = {line.split(' | ')[0][2:]: line for line in got if line.startswith('| ') and '---' not in line}
-    assert got[0].startswith('2026-11-28-9bb9952: NVIDIA H200, torch 2.11.0+cu130, bfloat16, gpt2 preset (12 × 768')
-    assert got[1].startswith('2026-12-01-abcdef1: NVIDIA H200')
+    assert got[:2] == ['- 2026-11-28-9bb9952: NVIDIA H200, torch 2.11.0+cu130, bfloat16, gpt2 (12 × 768, T = 1024), '
+                       'batch 8, compiled', '- 2026-12-01-abcdef1: NVIDIA H200, torch 2.11.0+cu130, bfloat16, gpt2 '
+                       '(12 × 768, T = 1024), batch 8, compiled']
     assert list(rows) == ['model', 'rope', 'gemma3', 't5', 'irope']
     assert rows['rope'] == ('| rope | no_bias | — | 1 (the reference) |  | 20.9 [20.7, 21.2] | 20.5–21.0 over 2 | '
                             '31.1 | 7,001 | sdpa ×12 | 2026-12-01-abcdef1 |')
@@ -308,5 +309,6 @@ def test_table_of_the_committed_json(tmp_path):
     assert rows['t5'].endswith('| 2026-12-01-abcdef1 |')
     assert rows['irope'] == ('| irope | no_bias | 0.9 | 0.950 [0.940, 0.970] | yes | 22.0 [21.5, 22.5] | 20.5 | 5.0 | '
                              '7,100 | sdpa ×3, flex, sdpa ×8 | 2026-12-01-abcdef1 |')
-    assert "rope's MFU: 0.339 at 8 × 1024 (2026-12-01-abcdef1; the goal: 0.40 at 16 × 1024)" in got
-    assert got[-1] == 'not reached (time budget): sssl (pairs, 2026-12-01-abcdef1)'  # irope: measured later
+    assert "- rope's MFU: 0.339 at 8 × 1024 (2026-12-01-abcdef1; the goal: 0.40 at 16 × 1024)" in got
+    assert "- rope's median step beside each partner, ms: t5 21.0, irope 20.5 (max / min 1.024)" in got
+    assert got[-1] == '- not reached (time budget): sssl (pairs, 2026-12-01-abcdef1)'  # irope: measured later
