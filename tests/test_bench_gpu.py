@@ -312,3 +312,15 @@ def test_table_of_the_committed_json(tmp_path):
     assert "- rope's MFU: 0.339 at 8 × 1024 (2026-12-01-abcdef1; the goal: 0.40 at 16 × 1024)" in got
     assert "- rope's median step beside each partner, ms: t5 21.0, irope 20.5 (max / min 1.024)" in got
     assert got[-1] == '- not reached (time budget): sssl (pairs, 2026-12-01-abcdef1)'  # irope: measured later
+
+
+def test_the_default_json_is_dated_under_results_gpu():
+    """Without --json the model parts write results/gpu/<today>-<this commit>/bench.json, where a lease's raw JSON
+    is committed."""
+    import os
+    import subprocess
+    import time
+    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=bench.HERE, capture_output=True, text=True)
+    commit = head.stdout.strip() if head.returncode == 0 else 'nogit'
+    assert bench.default_json() == os.path.join(bench.HERE, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{commit}",
+                                                'bench.json')
