@@ -17,9 +17,9 @@ In the device's dtype (bf16 autocast on CUDA), at config/bench_gpt2.py on CUDA (
   attn_grads  each kind of layer's attention alone: dq, dk and dv on the model's own backend against the dense
               path in float64 (check_attn_grads);
   train       --steps compiled training steps on one repeated batch at CHECK_LR (--compile=False: eager): the
-              loss of the first and the last, which falls as the batch is learned.
+              loss of the first and the last, which must fall as the batch is learned (`learns`).
 Writes --json after each check and starts no scheme after --budget seconds; --scheme_limit stops one scheme
-after that many seconds and goes on. Exit status 1 if any failed a check or to train.
+after that many seconds and goes on. Exit status 1 if any failed a check, to train or to learn.
 """
 import copy
 import json
@@ -186,15 +186,16 @@ def trainer(model, xy, a, rt):
 
 
 def check_train(model, size, B, L, a, rt, r):
-    """--steps training steps on one repeated batch: the loss of the first and of the last (it falls as the batch is
-    learned). --compile=False runs the model eagerly (FlexAttention stays compiled), which tells a fault of the
-    whole-model graph from one of the kernel; --backend=dense trains without FlexAttention, which tells a fault of
-    the kernel from one of the optimisation."""
+    """--steps training steps on one repeated batch: the loss of the first and of the last, and whether it fell (the
+    batch is learned: `learns`). --compile=False runs the model eagerly (FlexAttention stays compiled), which tells
+    a fault of the whole-model graph from one of the kernel; --backend=dense trains without FlexAttention, which
+    tells a fault of the kernel from one of the optimisation."""
     train_step = trainer(model, torch.randint(size['vocab_size'], (B, L + 1), device=rt.device), a, rt)
     r['loss_first'] = train_step().item()
     for _ in range(a.steps - 1):
         loss = train_step()
-    r['loss'] = loss.item() if a.steps > 1 else r['loss_first']
+    r['loss'] = loss.item()
+    r['learns'] = r['loss'] < r['loss_first']
 
 
 def check_scheme(name, a, parts, size, plans, B, rt, tol, r, save):
@@ -237,7 +238,8 @@ def main(argv):
                      device='auto', dtype='auto', steps=7, json='gpu_check.json', seed=0, budget=540.0,
                      presets='all', compile=True, backend='auto', parts=','.join(PARTS), scheme_limit=0.0,
                      auto_only=False),
-                argv, rules=dict(steps='>0', budget='>0', scheme_limit='>=0',
+                argv, rules=dict(steps=(lambda v: v > 1, 'at least 2: a first loss and a later one'), budget='>0',
+                                 scheme_limit='>=0',
                                  backend=(lambda b: b in ('auto', 'flex', 'dense'), "one of 'auto', 'flex', 'dense'"),
                                  parts=(lambda v: set(v.split(',')) <= set(PARTS), f"a comma list of {PARTS}")))
     parts = set(a.parts.split(','))
@@ -270,7 +272,8 @@ def main(argv):
         torch.cuda.empty_cache()  # (a no-op off CUDA)
         print(line(name, r), flush=True)
         save()
-    bad = [n for n, r in out['results'].items() if r.get('correct') is False or 'train_error' in r or 'error' in r]
+    bad = [n for n, r in out['results'].items() if r.get('correct') is False or r.get('learns') is False
+           or 'train_error' in r or 'error' in r]
     print(f"gpu check: {len(out['results'])} schemes in {time.perf_counter() - t_start:.0f}s -> {path}; "
           + (f"FAILED: {', '.join(bad)}" if bad else 'none failed')
           + (f"; skipped (time budget): {', '.join(out['skipped'])}" if out.get('skipped') else ''))

@@ -104,7 +104,7 @@ def test_gpu_check_trains_each_model_and_can_leave_it_uncompiled(tmp_path, monke
     assert rc == 0 and sorted(got) == ['gpt_oss', 'rope'], got
     for name, r in got.items():
         assert r['correct'] and 'train_error' not in r, (name, r)
-        assert r['loss'] < r['loss_first'] - 0.01, (name, r['loss_first'], r['loss'])
+        assert r['loss'] < r['loss_first'] - 0.01 and r['learns'], (name, r['loss_first'], r['loss'])
 
 
 GPU_CHECK_TINY = ['--n_layer=2', '--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=4']
