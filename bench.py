@@ -806,11 +806,25 @@ def runs_text(xs):
     return ', '.join(out)
 
 
+PART_KEYS = {'pairs': ('vs_rope', 'error', 'ms_median'), 'attn_time': ('attn_time', 'attn_time_error'),
+             'long': ('long', 'long_error')}  # an entry holds a part's row where it holds one of these
+
+
+def run_setup(m):
+    """A JSON's meta as a line: the device, torch, the model, the batch and how the pairs were timed."""
+    how = f"blocks of {m['block_steps']} steps, {m['blocks']} a model" if 'blocks' in m else \
+        f"{m['steps']} steps each, alternated (gpu_check.py)" if 'steps' in m else ''
+    size = m['model']
+    model = f"{m.get('preset')} ({size['n_layer']} × {size['n_embd']}, T = {size['block_size']})"
+    return ', '.join(x for x in (m.get('device'), f"torch {m.get('torch')}", m.get('dtype'), model,
+                                 f"batch {m.get('batch_size')}", 'compiled' if m.get('compile') else 'eager', how) if x)
+
+
 def table(paths):
-    """Markdown of the model parts' JSON files `paths`: one row a model, a later file's entry over an earlier
-    one's, each beside its goal and with the run it comes from; then rope's MFU and spread over its partners,
-    and the attention times and long forwards where the files hold them."""
-    rows, metas, skipped = {}, {}, {}
+    """Markdown of the model parts' JSON files `paths`: per part, one row a model, a later file's entry over an
+    earlier one's, each with the run it comes from. The pairs: each figure beside its goal, then rope's MFU and its
+    step beside each partner; then the attention times and the long forwards, where the files hold them."""
+    rows, metas, skipped = {p: {} for p in PART_KEYS}, {}, {}
     for path in paths:
         out, why = read_json(path)
         if out is None:
@@ -818,29 +832,24 @@ def table(paths):
         label = run_label(path, out['meta'])
         metas[label] = out['meta']
         for name, r in out['results'].items():
-            rows.pop(name, None)  # a later file's entry goes where it ran, after the earlier ones
-            rows[name] = (r, label)
+            for part, keys in PART_KEYS.items():
+                if any(k in r for k in keys):
+                    rows[part].pop(name, None)  # a later file's entry goes where it ran, after the earlier ones
+                    rows[part][name] = (r, label)
         sk = out.get('skipped') or {}
         sk = {'pairs': sk} if isinstance(sk, list) else sk  # gpu_check's pairs wrote a list
-        skipped.update({n: f"{n} ({p}, {label})" for p, ns in sk.items() for n in ns})
+        skipped.update({(p, n): f"{n} ({p}, {label})" for p, ns in sk.items() for n in ns})
     f = lambda v, fmt: '—' if v is None else format(v, fmt)  # noqa: E731
-    def setup(m):
-        how = f"blocks of {m['block_steps']} steps, {m['blocks']} a model" if 'blocks' in m else \
-            f"{m['steps']} steps each, alternated (gpu_check.py)" if 'steps' in m else ''
-        size = m['model']
-        model = f"{m.get('preset')} ({size['n_layer']} × {size['n_embd']}, T = {size['block_size']})"
-        return ', '.join(x for x in (m.get('device'), f"torch {m.get('torch')}", m.get('dtype'), model,
-                                     f"batch {m.get('batch_size')}", 'compiled' if m.get('compile') else 'eager', how)
-                         if x)
-    lines = [textwrap.fill(f"{label}: {setup(m)}", 120, initial_indent='- ', subsequent_indent='  ')
+    short = lambda e: 'failed: ' + e[:60].replace('|', '/').replace('\n', ' ')  # noqa: E731
+    lines = [textwrap.fill(f"{label}: {run_setup(m)}", 120, initial_indent='- ', subsequent_indent='  ')
              for label, m in metas.items()]
-    lines += ['', '| model | class | goal | vs rope [q1, q3] | met | ms [q1, q3] | rope ms, same pairs | compile s | '
-              'peak MiB | route per layer | run |', '|' + ' --- |' * 11]
-    refs = [n for n, (r, _) in rows.items() if r.get('ref', 'rope' if n == 'rope' else None) == n]
-    for name in refs + [n for n in rows if n not in refs]:
-        r, label = rows[name]
-        if not any(k in r for k in ('vs_rope', 'error', 'ms_median')):
-            continue  # an entry of the other parts only
+    pairs, notes = rows['pairs'], []  # notes: paragraphs after the table, each a bullet
+    refs = [n for n, (r, _) in pairs.items() if r.get('ref', 'rope' if n == 'rope' else None) == n]
+    if pairs:
+        lines += ['', '| model | class | goal | vs rope [q1, q3] | met | ms [q1, q3] | rope ms, same pairs | compile s '
+                  '| peak MiB | route per layer | run |', '|' + ' --- |' * 11]
+    for name in refs + [n for n in pairs if n not in refs]:
+        r, label = pairs[name]
         n_layer = metas[label]['model']['n_layer']
         depth = r.get('n_layer', (preset_config(name).get('n_layer', n_layer) if name in PRESETS else n_layer))
         route = runs_text(r.get('routes') or r.get('attention_backends') or [])
@@ -848,7 +857,7 @@ def table(paths):
             f"{r['ms_median']:.1f} [{f(r.get('ms_q1'), '.1f')}, {f(r.get('ms_q3'), '.1f')}]"
         if name in refs:
             spread = r.get('partner_spread_ms')
-            vs = '1 (the reference)'
+            vs = short(r['error']) if 'error' in r else '1 (the reference)'
             same = f"{spread[0]:.1f}–{spread[1]:.1f} over {len(r['by_partner'])}" if spread else '—'
             goal, met = '—', ''
         else:
@@ -856,16 +865,15 @@ def table(paths):
             v = r.get('vs_rope')
             met = '' if v is None else 'yes' if v >= r['goal'] else 'no'
             if 'error' in r:
-                vs, met = 'failed: ' + r['error'][:60].replace('|', '/').replace('\n', ' '), ''
+                vs, met = short(r['error']), ''
             elif 'ref' not in r and depth != n_layer:  # a file of before the same-depth reference
                 vs, met = f"not a ratio: {depth} layers against rope's {n_layer}", ''
             else:
                 vs = f"{v:.3f} [{f(r.get('vs_rope_q1'), '.3f')}, {f(r.get('vs_rope_q3'), '.3f')}]"
         lines.append(f"| {name} | {r.get('goal_class', '—')} | {goal} | {vs} | {met} | {ms} | {same} | "
                      f"{f(r.get('compile_s'), '.1f')} | {f(r.get('peak_MiB'), ',.0f')} | {route} | {label} |")
-    notes = []  # paragraphs after the table, each a bullet
     for name in refs:
-        r, label = rows[name]
+        r, label = pairs[name]
         if 'mfu' in r:
             goal, B, T = MFU_GOAL
             notes.append(f"{name}'s MFU: {r['mfu']:.3f} at {r['mfu_at'][0]} × {r['mfu_at'][1]} ({label}; the goal: "
@@ -873,26 +881,28 @@ def table(paths):
         if 'by_partner' in r:
             notes.append(f"{name}'s median step beside each partner, ms: " + ', '.join(
                 f"{p} {v:.1f}" for p, v in r['by_partner'].items()) + f" (max / min {r['partner_spread']:.3f})")
-    done = [n for n, (r, _) in rows.items() if 'vs_rope' in r or 'error' in r]
-    skipped = [text for n, text in skipped.items() if n not in done]
-    if skipped:
-        notes.append(f"not reached (time budget): {', '.join(skipped)}")
+    missed = [text for (p, n), text in skipped.items() if n not in rows[p]]
+    if missed:
+        notes.append(f"not reached (time budget): {', '.join(missed)}")
     if notes:
         lines.append('')
         lines += [textwrap.fill(note, 120, initial_indent='- ', subsequent_indent='  ') for note in notes]
-    timed = [(n, r['attn_time'], label) for n, (r, label) in rows.items() if r.get('attn_time')]
-    if timed:
+    if rows['attn_time']:
         lines += ['', "| model | layer 0 as built, ms | frozen | as one table | without bias | table's error | run |",
                   '|' + ' --- |' * 7]
-        lines += [f"| {n} | {f(t['built'], '.2f')} | {f(t['frozen'], '.2f')} | {f(t['table'], '.2f')} | "
-                  f"{f(t['no_bias'], '.2f')} | {f(t.get('table_err'), '.1e')} | {label} |" for n, t, label in timed]
-    long = [(n, r['long'], label) for n, (r, label) in rows.items() if r.get('long')]
-    if long:
+    for n, (r, label) in rows['attn_time'].items():
+        t = r.get('attn_time')
+        cells = [short(r['attn_time_error'])] + [''] * 4 if not t else [
+            f(t[k], '.2f') for k in ('built', 'frozen', 'table', 'no_bias')] + [f(t.get('table_err'), '.1e')]
+        lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
+    if rows['long']:
         lines += ['', '| model | 8L tokens/s | 8L peak MiB | 16L tokens/s | 16L peak MiB | run |', '|' + ' --- |' * 6]
-        cell = lambda e, k, fmt: e['error'][:60].replace('|', '/') if 'error' in e else f(e[k], fmt)  # noqa: E731
-        lines += [f"| {n} | " + ' | '.join(cell(d[m], k, fmt) for m in ('8L', '16L')
-                                          for k, fmt in (('tok_s', ',.0f'), ('peak_MiB', ',.0f'))) + f" | {label} |"
-                  for n, d, label in long]
+    for n, (r, label) in rows['long'].items():
+        d = r.get('long')
+        cells = [short(r['long_error'])] + [''] * 3 if not d else [
+            short(d[m]['error']) if 'error' in d[m] else f(d[m][k], ',.0f') for m in ('8L', '16L')
+            for k in ('tok_s', 'peak_MiB')]
+        lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
     return '\n'.join(lines)
 
 

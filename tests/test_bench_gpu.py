@@ -295,7 +295,19 @@ def test_table_of_the_committed_json(tmp_path):
             irope=dict(ref='rope', n_layer=12, goal_class='no_bias', goal=0.9, vs_rope=0.95, vs_rope_q1=0.94,
                        vs_rope_q3=0.97, ms_median=22.0, ms_q1=21.5, ms_q3=22.5, rope_ms_median=20.5, compile_s=5.0,
                        peak_MiB=7100.0, routes=['sdpa'] * 3 + ['flex'] + ['sdpa'] * 8))))
+    other = write(tmp_path / '2026-12-02-1234567' / 'long.json', dict(meta=META, results=dict(
+        t5=dict(goal_class='score_mod', goal=0.7, attn_time=dict(built=2.0, frozen=1.0, table=1.5, no_bias=0.5,
+                                                                 table_err=1e-3)),
+        learned=dict(goal_class='no_bias', goal=0.9,
+                     long={m: dict(error='no positions past 1024') for m in ('8L', '16L')}),
+        fire=dict(goal_class='score_mod', goal=0.7, long_error='SchemeTimeout: stopped after --scheme_limit=40 s'))))
+    parts = bench.table([old, new, other]).split('\n\n')  # a file of other parts leaves the pairs' rows as they were
+    assert parts[-2].splitlines()[2:] == ["| t5 | 2.00 | 1.00 | 1.50 | 0.50 | 1.0e-03 | 2026-12-02-1234567 |"]
+    assert parts[-1].splitlines()[2:] == [
+        '| learned | ' + ' | '.join(['failed: no positions past 1024'] * 4) + ' | 2026-12-02-1234567 |',
+        '| fire | failed: SchemeTimeout: stopped after --scheme_limit=40 s |  |  |  | 2026-12-02-1234567 |']
     got = bench.table([old, new]).splitlines()
+    assert bench.table([old, new, other]).count('| t5 | score_mod | 0.7 | failed: InductorError') == 1
     rows = {line.split(' | ')[0][2:]: line for line in got if line.startswith('| ') and '---' not in line}
     assert got[:2] == ['- 2026-11-28-9bb9952: NVIDIA H200, torch 2.11.0+cu130, bfloat16, gpt2 (12 × 768, T = 1024), '
                        'batch 8, compiled', '- 2026-12-01-abcdef1: NVIDIA H200, torch 2.11.0+cu130, bfloat16, gpt2 '
@@ -324,3 +336,16 @@ def test_the_default_json_is_dated_under_results_gpu():
     commit = head.stdout.strip() if head.returncode == 0 else 'nogit'
     assert bench.default_json() == os.path.join(bench.HERE, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{commit}",
                                                 'bench.json')
+
+
+def test_docs_gpu_table_is_what_bench_prints_from_the_committed_json(monkeypatch):
+    """docs/gpu.md's `python bench.py --table=...` command runs on the committed results/gpu/ files and prints the
+    table the page shows under it, line for line."""
+    import os
+    import re
+    monkeypatch.chdir(bench.HERE)
+    page = open(os.path.join('docs', 'gpu.md'), encoding='utf-8').read()
+    commands = re.findall(r'^python bench\.py --table=(\S+)$', page, re.M)
+    assert commands, 'docs/gpu.md gives no --table command'
+    for paths in commands:
+        assert bench.table(paths.split(',')) in page, paths
