@@ -32,9 +32,10 @@ registered scheme or a preset at its own depth, into one JSON, written after eve
              the device synchronized and its cached memory handed back between blocks, so that the model before
              leaves nothing in the steps timed (time_blocks). vs_rope: the median over the model's blocks of
              rope's median step in the two blocks beside each over the model's (pair_stats). Per model: its
-             steps (median, min, max, quartiles, every one), compile time, peak memory, each layer's backend and
-             route (routes), its goal class and goal (GOALS); per rope: its blocks alone, its MFU at this batch,
-             and its median step beside each partner (by_partner, partner_spread: whether a partner moves it);
+             steps (median, min, max, quartiles, every one), compile time, peak memory, each layer's route
+             (GPT.attention_backends), its goal class and goal (GOALS); per rope: its blocks alone, its MFU at
+             this batch, and its median step beside each partner (by_partner, partner_spread: whether a partner
+             moves it);
   attn_time  a bias scheme's first layer, forward and backward, as built, frozen, as one table, without bias;
   long       no-grad forwards at 8L and 16L: tokens/s and peak memory.
 --json (default results/gpu/<today>-<commit>/bench.json) is resumed where it exists: a model whose entry holds a
@@ -315,10 +316,10 @@ PAIR_LR = 1e-4  # AdamW's rate in the timed steps: gpu_check's CHECK_LR, at whic
 
 
 def layer_hooks(config):
-    """What each layer's attention runs in training, from its scheme's hooks: [(an fla kernel, its own attention,
-    a bias: a score_mod or value term the scheme returns for training, or sink logits)]. The hooks are asked on
-    CPU, of a copy of the model 16 channels a head wide with a 64-token vocabulary (the plan and the schemes as
-    they are): milliseconds."""
+    """What each layer's scheme brings to its attention in training, from its hooks: [(an fla kernel, its own
+    attention, a bias: a score_mod or value term the scheme returns for training, or sink logits)], whatever route
+    the layer takes on a device (GPT.attention_backends says which). The hooks are asked on CPU, of a copy of the
+    model 16 channels a head wide with a 64-token vocabulary (the plan and the schemes as they are): milliseconds."""
     model = GPT(dataclasses.replace(config, n_embd=16 * config.n_head, vocab_size=64)).train()
     T = 8
     pos, x = torch.arange(T), torch.zeros(1, T, model.config.n_embd)
@@ -341,17 +342,6 @@ def goal_class(hooks):
     kinds = ['fla' if fla else 'own_attention' if own else 'score_mod' if biased else 'no_bias'
              for fla, own, biased in hooks]
     return min(kinds, key=lambda c: GOALS[c][1])
-
-
-def routes(hooks, backends, device_type):
-    """The path each layer's attention takes in training: 'fla' (its fla kernel), 'own' (its scheme's attention
-    hook), 'flex' (FlexAttention: a bias under 'auto' on CUDA, or 'flex'), 'dense' (a bias on the dense path:
-    'auto' on CPU, or 'dense'), 'sdpa' (no bias). backends: model.attention_backends(device)."""
-    out = []
-    for (fla, own, biased), b in zip(hooks, backends):
-        flex = b == 'flex' or (b == 'auto' and device_type == 'cuda')
-        out.append('fla' if b == 'fla' else 'own' if own else ('flex' if flex else 'dense') if biased else 'sdpa')
-    return out
 
 
 def stepper(model, xy, rt, compile):
@@ -484,13 +474,12 @@ class Models:
         return 'rope' if cfg.n_layer == self.size['n_layer'] else f'rope-{cfg.n_layer}L'
 
     def describe(self, name, cfg, model):
-        """A model's entry before it is measured: its class and goal, depth, backends and routes."""
+        """A model's entry before it is measured: its class and goal, depth and each layer's route."""
         hooks = layer_hooks(cfg)
         c = goal_class(hooks)
-        backends = model.attention_backends(self.rt.device)
         r = self.res.setdefault(name, {})
-        r.update(goal_class=c, goal=GOALS[c][1], n_layer=cfg.n_layer, attention_backends=backends,
-                 routes=routes(hooks, backends, self.rt.device_type), run=len(self.out['meta']['runs']) - 1)
+        r.update(goal_class=c, goal=GOALS[c][1], n_layer=cfg.n_layer,
+                 attention_backends=model.attention_backends(self.rt.device), run=len(self.out['meta']['runs']) - 1)
         return r
 
     def build(self, name, cfg):
@@ -719,7 +708,7 @@ LOG_KEYS = {'pairs': ('error', 'ref', 'goal_class', 'vs_rope', 'vs_rope_q1', 'vs
 
 def line(name, r, part):
     """One model's part as a line of the log (every step stays in the JSON)."""
-    keys = [k for k in LOG_KEYS[part] if k in r] + ['routes'] * ('routes' in r)
+    keys = [k for k in LOG_KEYS[part] if k in r] + ['attention_backends'] * ('attention_backends' in r)
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else runs_text(v) if isinstance(v, list) else \
         '{' + ', '.join(f"{k}: {fmt(x)}" for k, x in v.items()) + '}' if isinstance(v, dict) else str(v)  # noqa: E731
     return f"{name}: " + ', '.join(f"{k} {fmt(r[k])}" for k in keys)
@@ -852,7 +841,7 @@ def table(paths):
         r, label = pairs[name]
         n_layer = metas[label]['model']['n_layer']
         depth = r.get('n_layer', (preset_config(name).get('n_layer', n_layer) if name in PRESETS else n_layer))
-        route = runs_text(r.get('routes') or r.get('attention_backends') or [])
+        route = runs_text(r.get('attention_backends') or [])
         ms = '—' if 'ms_median' not in r else \
             f"{r['ms_median']:.1f} [{f(r.get('ms_q1'), '.1f')}, {f(r.get('ms_q3'), '.1f')}]"
         if name in refs:

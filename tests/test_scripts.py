@@ -9,9 +9,7 @@ import torch
 
 import configurator
 import evaluation as E
-import runtime
 from conftest import ROOT, fork_run, tiny_model
-from model import GPT, GPTConfig
 
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=8', '--eval_tokens=256',
         '--wandb_log=False', '--compile=False', '--eval_mults=[1]', '--final_eval=False']
