@@ -9,6 +9,9 @@ number is measured: docs/speed.md.
   python bench.py --parts=smoke                    # a 4-iteration train.py run of every scheme, wall time each
   python bench.py --threads=1 --schemes=rope --presets=all --eval_mult=16   # the attention stacks of config/
   python bench.py --threads=1 --schemes=rope --windowed=32 --parts=eval --eval_mult=64   # rope in a 32-key window
+  python bench.py --parts=pairs,attn_time,long     # on a GPU: every scheme and preset against rope, one at a time
+  python bench.py --parts=pairs --schemes=alibi,t5 --presets= --budget=120 --json=pairs.json   # again: goes on
+  python bench.py --table=results/gpu/2026-11-28-9bb9952/pairs_missing.json,results/gpu/DATE-COMMIT/bench.json
 
 Parts, round-robin over the schemes and `nanogpt` (a plain nanoGPT model, below): train (ms/iter,
 tokens/s, MFU), memory (peak of a training step, and of a no-grad forward at 8L), eval (tokens/s of
@@ -16,34 +19,60 @@ that forward), sample (KV cache against recomputing the context), decode (one to
 prompt in the KV cache: per-token cost, and how it grows). smoke: train.py run as a user runs
 it, each run's time as it reports it. The model is config/bench_<preset>.py. --clock=cpu (the default
 on CPU) is process CPU time, blind to other processes on a shared machine: use it with --threads=1
-(more threads also count OpenMP spin-waiting). The GPU check is gpu_check.py.
+(more threads also count OpenMP spin-waiting). The GPU's correctness check is gpu_check.py.
 --presets: the layer plans of config/<preset>.py (presets.PRESETS) on the bench model, each beside its twin
 without windows or chunks (NAME-full); the '× full' columns are a preset's eval tok/s and forward peak
 over its twin's, measured in the same run. --windowed=W adds rope-windowW: rope with a W-key sliding window on
 every layer.
+
+Parts that build, measure and free one model at a time (MODEL_PARTS; the GPU's timing, docs/gpu.md), each model a
+registered scheme or a preset at its own depth, into one JSON, written after every model:
+  pairs      training steps against rope of the model's depth, compiled, in alternate blocks: rope, the model,
+             rope, ... rope (--blocks of the model's), each block --block_steps timed steps after an untimed one,
+             the device synchronized and its cached memory handed back between blocks, so that the model before
+             leaves nothing in the steps timed (time_blocks). vs_rope: the median over the model's blocks of
+             rope's median step in the two blocks beside each over the model's (pair_stats). Per model: its
+             steps (median, min, max, quartiles, every one), compile time, peak memory, each layer's route
+             (GPT.attention_backends), its goal class and goal (GOALS); per rope: its blocks alone, its MFU at
+             this batch, and its median step beside each partner (by_partner, partner_spread: whether a partner
+             moves it);
+  attn_time  a bias scheme's first layer, forward and backward, as built, frozen, as one table, without bias;
+  long       no-grad forwards at 8L and 16L: tokens/s and peak memory.
+--json (default results/gpu/<today>-<commit>/bench.json) is resumed where it exists: a model whose entry holds a
+part's result or error is not measured again, and a JSON of another setup (device, size, batch, blocks ...) is
+refused; --retry=True measures again the models whose entry holds an error. No model starts after --budget
+seconds (the rest are listed as `skipped`); --scheme_limit stops one model after that many seconds and goes on;
+--classes keeps the models of those GOALS classes; --auto_only runs wall on 'auto' rather than its fla kernel. On
+CUDA these parts default to --preset=gpt2 and --compile=True, and anywhere to --presets=all. --table=A.json,B.json
+prints their markdown table (a later file's entry over an earlier one's).
 """
+import dataclasses
+import itertools
 import json
 import math
 import os
+import re
 import resource
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+import attention
 import positional
 import runtime
 from configurator import options
 from console import exit_on_ctrl_c, progress
 from files import atomic_write, read_json
-from model import GPT, GPTConfig
-from presets import model_size, preset_plans, scheme_names
+from model import GPT, GPTConfig, is_positional
+from presets import PRESETS, model_config, model_size, preset_config, preset_plans, scheme_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASELINE = 'nanogpt'
@@ -273,6 +302,599 @@ def report(res, order, a, B, L, T8, clock, dev_name, dtype):
         print(f"KV-cache sampling speedup at {a.new_tokens} new tokens, rope: {r0['kv_speedup']:.1f}x (target >= 5x)")
 
 
+# --- one model at a time against rope (parts pairs, attn_time, long): the GPU's timing -------------
+
+MODEL_PARTS = ('pairs', 'attn_time', 'long')  # each model built, measured and freed in turn; a JSON to resume from
+# Goals for training throughput relative to rope of the same depth, by how a model's attention runs (goal_class):
+# key -> (what the class is, the goal). A model with layers of several classes takes the lowest goal among them.
+GOALS = {'no_bias': ('no logit bias: rotary, embedded or no positions (SDPA)', 0.9),
+         'score_mod': ('a score_mod bias, a value term or sink logits (FlexAttention on CUDA)', 0.7),
+         'fla': ("a scheme with an fla kernel (attn_backend 'fla' where 'auto' does not take it)", 0.6),
+         'own_attention': ('its own attention, with no fla kernel', 0.4)}
+MFU_GOAL = (0.40, 16, 1024)  # rope's MFU at gpt2_124m's micro-batch, 16 x 1024, against the device's bf16 peak
+PAIR_LR = 1e-4  # AdamW's rate in the timed steps: gpu_check's CHECK_LR, at which every model tried stays finite
+
+
+def layer_hooks(config):
+    """What each layer's scheme brings to its attention in training, from its hooks: [(an fla kernel, its own
+    attention, a bias: a score_mod or value term the scheme returns for training, or sink logits)], whatever route
+    the layer takes on a device (GPT.attention_backends says which). The hooks are asked on CPU, of a copy of the
+    model 16 channels a head wide with a 64-token vocabulary (the plan and the schemes as they are): milliseconds."""
+    model = GPT(dataclasses.replace(config, n_embd=16 * config.n_head, vocab_size=64)).train()
+    T = 8
+    pos, x = torch.arange(T), torch.zeros(1, T, model.config.n_embd)
+    hooks = []
+    with torch.no_grad():
+        for i, block in enumerate(model.transformer.h):
+            s, attn = model.pe.at(i), block.attn
+            ctx = s.layer_context(x, s.context(pos, pos, T), attn.pe_layer, None)
+            q, k = torch.zeros(1, attn.q_heads, T, attn.hd), torch.zeros(1, attn.kv_heads, T, attn.hd)
+            biased = not s.owns_attention and (s.score_mod(q, k, ctx, attn.pe_layer) is not None or
+                                               attn.sink_logits is not None or
+                                               type(s).value_mod is not positional.PositionalEncoding.value_mod)
+            hooks.append((s.fla_kernel is not None, s.owns_attention, biased))
+    return hooks
+
+
+def goal_class(hooks):
+    """The key of GOALS for a model's attention (layer_hooks): an fla kernel; else its own attention; else a bias
+    in training (xPos's score_mod only evaluates blockwise: not one); else none. The lowest goal of its layers."""
+    kinds = ['fla' if fla else 'own_attention' if own else 'score_mod' if biased else 'no_bias'
+             for fla, own, biased in hooks]
+    return min(kinds, key=lambda c: GOALS[c][1])
+
+
+def stepper(model, xy, rt, compile):
+    """(a function that takes one training step of `model` on the batch xy [B, L + 1] and returns its loss, the
+    optimizer): AdamW at PAIR_LR, gradients clipped at 1 (train.py's grad_clip), the model compiled if asked."""
+    model.train()
+    opt = model.configure_optimizers(0.1, PAIR_LR, (0.9, 0.95), rt.device_type)
+    run = torch.compile(model) if compile else model
+
+    def step():
+        with rt.autocast:
+            _, loss = run(xy[:, :-1], xy[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step, opt
+
+
+def time_blocks(order, steps, block_steps, clock, between=lambda: None):
+    """Blocks of consecutive steps, one model a block, in `order` (names of `steps`, functions): before each block
+    between() (on CUDA: wait for the device, hand the cached memory back), then one untimed step, which takes what
+    the model before left behind (the allocator's blocks, caches, a queue), then `block_steps` steps, each on
+    `clock`. -> [(name, [seconds of each timed step])], one per block, in order."""
+    out = []
+    for name in order:
+        between()
+        steps[name]()
+        ts = []
+        for _ in range(block_steps):
+            t0 = clock.now()
+            steps[name]()
+            ts.append(clock.now() - t0)
+        out.append((name, ts))
+    return out
+
+
+def pair_order(ref, name, blocks):
+    """The reference and the model in alternate blocks, the reference first and last: each of the model's blocks
+    lies between two of the reference's."""
+    return [ref, name] * blocks + [ref]
+
+
+def quartiles(xs):
+    """(first quartile, median, third quartile) of xs, the quartiles within the range of xs."""
+    return tuple(statistics.quantiles(xs, n=4, method='inclusive')) if len(xs) > 1 else tuple(xs) * 3
+
+
+def step_stats(blocks, prefix=''):
+    """Blocks of step times (s) -> the median, min, max and quartiles of all their steps in ms, and the steps of
+    each block (ms_blocks)."""
+    ms = [t * 1e3 for ts in blocks for t in ts]
+    q1, median, q3 = quartiles(ms)
+    return {f'{prefix}ms_median': median, f'{prefix}ms_min': min(ms), f'{prefix}ms_max': max(ms),
+            f'{prefix}ms_q1': q1, f'{prefix}ms_q3': q3, f'{prefix}ms_blocks': [[t * 1e3 for t in ts] for ts in blocks]}
+
+
+def pair_stats(timed, ref, name):
+    """time_blocks over pair_order -> the model's entry: its steps (step_stats), the reference's steps in the same
+    pairs (rope_ms_...), and vs_rope, the median over the model's blocks of the reference's median step in the
+    two blocks beside it over the model's median step in it, with the quartiles of those quotients (vs_rope_q1,
+    vs_rope_q3, all of them in vs_rope_blocks): each quotient is of steps a block apart, so that drift in the
+    device (its clocks, its load) cancels."""
+    mine = [ts for n, ts in timed if n == name]
+    refs = [ts for n, ts in timed if n == ref]
+    med = [statistics.median(ts) for ts in refs]
+    ratios = [(med[i] + med[i + 1]) / 2 / statistics.median(ts) for i, ts in enumerate(mine)]
+    q1, vs, q3 = quartiles(ratios)
+    return {**step_stats(mine), **step_stats(refs, 'rope_'), 'vs_rope': vs, 'vs_rope_q1': q1, 'vs_rope_q3': q3,
+            'vs_rope_blocks': ratios}
+
+
+def ref_summary(results, ref):
+    """Whether the reference's step depends on its partner: its median step in each partner's pairs (by_partner),
+    their range (partner_spread_ms) and its max over min (partner_spread), from the partners' entries."""
+    by = {n: r['rope_ms_median'] for n, r in results.items() if r.get('ref') == ref and 'rope_ms_median' in r}
+    if not by:
+        return {}
+    lo, hi = min(by.values()), max(by.values())
+    return dict(by_partner=by, partner_spread_ms=[lo, hi], partner_spread=hi / lo)
+
+
+def goal_rows(results):
+    """The goals as rows (figure, goal, measured or None, met or None): the JSON's and docs/gpu.md's table."""
+    rows = []
+    for name, r in results.items():
+        if 'goal' in r and r.get('ref', name) != name:
+            v = r.get('vs_rope')
+            rows.append(dict(figure=f"{name}: training throughput / {r['ref']}'s ({r['goal_class']})",
+                             goal=r['goal'], measured=v, met=None if v is None else v >= r['goal']))
+    goal, B, T = MFU_GOAL
+    rope = results.get('rope', {})
+    v = rope.get('mfu') if rope.get('mfu_at') == [B, T] else None  # measured at that batch, or not at all
+    rows.append(dict(figure=f"rope's MFU at {B} x {T}", goal=goal, measured=v, met=None if v is None else v >= goal))
+    return rows
+
+
+def error_text(e):
+    return f"{type(e).__name__}: {str(e)[:500]}"
+
+
+class ReferenceFailed(Exception):
+    """The rope a model is paired with could not be built or timed: the model is left unmeasured, not failed, so
+    that a later run measures it."""
+
+
+class Models:
+    """The parts that measure one model at a time (MODEL_PARTS), each model built from the same init seed at the
+    bench size (a preset keeps its own n_layer), measured, and freed before the next; their entries go into
+    out['results'] and the JSON is written after every model. A model whose entry already holds a part's
+    result, or its error, is not measured again: a run cut short goes on where it stopped."""
+
+    def __init__(self, a, size, plans, rt, clock, peak, out, save):
+        self.a, self.plans, self.rt, self.clock, self.peak, self.out, self.save = a, plans, rt, clock, peak, out, save
+        self.size = dict(size)
+        self.B, self.L = self.size.pop('batch_size'), size['block_size']
+        self.res = out['results']
+        self.refs = {}  # reference name -> its step function, or the exception that stopped its build
+        g = torch.Generator().manual_seed(a.seed)
+        self.xy = torch.randint(size['vocab_size'], (self.B, self.L + 1), generator=g).to(rt.device)
+        # every model compiles its own graphs; past dynamo's default of 8 per function a model would run eagerly
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+
+    def config(self, name):
+        return model_config(name, self.size, self.plans, self.a.auto_only)
+
+    def ref_name(self, cfg):
+        """rope at the model's depth: 'rope' at the bench size's, 'rope-6L' beside a 6-layer preset."""
+        return 'rope' if cfg.n_layer == self.size['n_layer'] else f'rope-{cfg.n_layer}L'
+
+    def describe(self, name, cfg, model):
+        """A model's entry before it is measured: its class and goal, depth and each layer's route."""
+        hooks = layer_hooks(cfg)
+        c = goal_class(hooks)
+        r = self.res.setdefault(name, {})
+        r.update(goal_class=c, goal=GOALS[c][1], n_layer=cfg.n_layer,
+                 attention_backends=model.attention_backends(self.rt.device), run=len(self.out['meta']['runs']) - 1)
+        return r
+
+    def build(self, name, cfg):
+        """Build, compile and warm up a model for training; its entry gets compile_s (the first step), loss_first
+        and peak_MiB -> (its step function, the model)."""
+        torch.manual_seed(self.a.seed)
+        model = GPT(cfg).to(self.rt.device)
+        r = self.describe(name, cfg, model)
+        step, opt = stepper(model, self.xy, self.rt, self.a.compile)
+        t0 = self.clock.now()
+        r['loss_first'] = step().item()
+        r['compile_s'] = self.clock.now() - t0
+        for _ in range(self.a.warmup - 1):
+            step()
+        r['peak_MiB'] = runtime.peak_MiB(step, self.rt.device_type, model, opt)
+        self.save()
+        return step, model
+
+    def between(self):
+        if self.rt.device_type == 'cuda':
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    def reference(self, ref, n_layer):
+        """The step function of rope at n_layer, built once: its entry gets its own blocks of steps alone (the
+        protocol of the pairs, no partner) and its MFU at this batch."""
+        if ref not in self.refs:
+            try:
+                cfg = dataclasses.replace(self.config('rope'), n_layer=n_layer)
+                step, model = self.build(ref, cfg)
+                timed = time_blocks([ref] * (self.a.blocks + 1), {ref: step}, self.a.block_steps, self.clock,
+                                    self.between)
+                r = self.res[ref]
+                r.update(step_stats([ts for _, ts in timed]), ref=ref, vs_rope=1.0)
+                r.pop('error', None)
+                if self.peak:
+                    r['mfu'] = runtime.mfu(model, self.L, self.B, r['ms_median'] / 1e3, self.peak)
+                    r['mfu_at'] = [self.B, self.L]
+                self.refs[ref] = step
+            except Exception as e:  # noqa: BLE001 - without it no model of this depth can be timed
+                self.res.setdefault(ref, {})['error'] = error_text(e)
+                self.refs[ref] = e
+            self.save()
+        if isinstance(self.refs[ref], Exception):
+            raise ReferenceFailed(f"its reference {ref} failed: {self.res[ref]['error'][:200]}")
+        return self.refs[ref]
+
+    def summarize(self):
+        """The references' spreads over their partners, and the goals' rows, into the JSON."""
+        for ref in [n for n, r in self.res.items() if r.get('ref') == n]:
+            self.res[ref].update(ref_summary(self.res, ref))
+        self.out['goals'] = goal_rows(self.res)
+
+    def pairs(self, name):
+        """Part pairs: the model against rope of its depth in alternate blocks (pair_order, time_blocks), after its
+        compile and --warmup steps."""
+        cfg = self.config(name)
+        ref = self.ref_name(cfg)
+        r = self.res.setdefault(name, {})
+        r['ref'] = ref
+        steps = {ref: self.reference(ref, cfg.n_layer)}
+        if name == ref:  # rope asked for itself: its blocks alone are its entry
+            return
+        with runtime.time_limit(self.a.scheme_limit):
+            steps[name], _ = self.build(name, cfg)
+            timed = time_blocks(pair_order(ref, name, self.a.blocks), steps, self.a.block_steps, self.clock,
+                                self.between)
+        r.update(pair_stats(timed, ref, name))
+
+    def attn_time(self, name):
+        """Part attn_time: the model's first layer four ways (check_attn_time)."""
+        cfg = self.config(name)
+        torch.manual_seed(self.a.seed)
+        model = GPT(cfg).to(self.rt.device)
+        r = self.describe(name, cfg, model)
+        with runtime.time_limit(self.a.scheme_limit):
+            check_attn_time(model, self.B, self.L, self.rt, self.clock, r)
+
+    def long(self, name):
+        """Part long: no-grad forwards at 8L and 16L (check_long)."""
+        cfg = self.config(name)
+        torch.manual_seed(self.a.seed)
+        model = GPT(cfg).to(self.rt.device)
+        r = self.describe(name, cfg, model)
+        with runtime.time_limit(self.a.scheme_limit):
+            check_long(model, self.L, self.a, self.rt, self.clock, r)
+
+    DONE = {'pairs': ('vs_rope', 'error'), 'attn_time': ('attn_time', 'attn_time_error'),
+            'long': ('long', 'long_error')}  # a part's result and its error: either ends a model's part
+
+    def run(self, part, names, over_budget):
+        """`part` of each of `names` in turn that its entry lacks (or, with --retry, holds as an error); none started
+        once over_budget() -> the names that failed."""
+        failed, result_key, error_key = [], *self.DONE[part]
+        for name in names:
+            r = self.res.get(name, {})
+            if result_key in r or (error_key in r and not self.a.retry):
+                continue
+            if over_budget():
+                self.out.setdefault('skipped', {}).setdefault(part, []).append(name)
+                continue
+            r.pop(error_key, None)
+            try:
+                getattr(self, part)(name)
+            except ReferenceFailed:
+                failed.append(name)
+            except (Exception, runtime.SchemeTimeout) as e:  # noqa: BLE001 - a model that fails to build, compile,
+                self.res.setdefault(name, {})[error_key] = error_text(e)  # fit or finish: the next one goes on
+                failed.append(name)
+            finally:
+                if self.rt.device_type == 'cuda':
+                    torch.cuda.empty_cache()
+            self.summarize()
+            self.save()
+            print(line(name, self.res[name], part), flush=True)
+        self.save()  # the skipped
+        return failed
+
+
+def check_attn_time(model, B, T, rt, clock, r, reps=10):
+    """Where a bias layer's time goes: the model's first layer, its attention alone (projections included), forward
+    and backward at B x T, median of `reps` calls after two, in r['attn_time'] (ms), four ways:
+      built    as the model has it (FlexAttention on CUDA);
+      frozen   the scheme's parameters not trained: no captured tensor made from them needs a gradient, so
+               FlexAttention's backward scatters none into them (a per-head scalar, a per-distance table);
+      table    the bias handed over as one float32 [B, H, T, T] tensor: its gradient leaves the kernel one logit a
+               cell, and autograd carries it to the parameters (not for a value term or attention scaling);
+      no_bias  the same layer with no score_mod or value term (SDPA): what attention without the bias costs.
+    `table_err`: the table's output against built's (runtime.rel_err: the same bias, rounding only)."""
+    attn, scheme = model.transformer.h[0].attn, model.pe.at(0)
+    model.train()
+    gen = torch.Generator(device=rt.device).manual_seed(2)
+    x = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen, requires_grad=True)
+    g = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen)
+    pos = torch.arange(T, device=rt.device)
+    built = scheme.score_mod
+
+    def tabled(q, k, ctx, params):
+        mod = built(q, k, ctx, params)
+        if mod is None:
+            return None
+        with torch.autocast(q.device.type, enabled=False):
+            bias = attention.dense_bias(mod, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
+        return bias.expand(q.size(0), -1, -1, -1).contiguous()  # one batch row each: FlexAttention indexes b
+
+    def run():
+        with rt.autocast:
+            y = attn(x, scheme, scheme.context(pos, pos, T))
+        y.backward(g)
+        return y.detach().float()
+
+    def timed():
+        out = run()
+        run()
+        ts = []
+        for _ in range(reps):
+            t0 = clock.now()
+            run()
+            ts.append(clock.now() - t0)
+        attn.zero_grad(set_to_none=True)
+        return statistics.median(ts) * 1e3, out
+    out = r['attn_time'] = {}
+    out['built'], y = timed()
+    frozen = [p for n, p in model.named_parameters() if is_positional(n) and p.requires_grad]
+    try:
+        for p in frozen:
+            p.requires_grad_(False)
+        out['frozen'], _ = timed()
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    plain = type(scheme).value_mod is positional.PositionalEncoding.value_mod and attn.scaling is None
+    none = (lambda *args: None)
+    for way, hooks in (('table', dict(score_mod=tabled) if plain else None),
+                       ('no_bias', dict(score_mod=none, value_mod=none))):
+        if hooks is None:
+            out[way] = None
+            continue
+        vars(scheme).update(hooks)  # this instance only, until the finally below
+        try:
+            out[way], got = timed()
+        finally:
+            for hook in hooks:
+                del vars(scheme)[hook]
+        if way == 'table':
+            out['table_err'] = runtime.rel_err(got, y)
+
+
+@torch.no_grad()
+def check_long(model, L, a, rt, clock, r, reps=3):
+    """No-grad forwards at 8L and 16L (the last position's logits, as a long prompt's): the first call (it compiles),
+    then the peak memory of one (runtime.peak_MiB: O(T) where nothing T x T is held), then the median of `reps`,
+    as tokens/s, in r['long'][f'{m}L']. A length the model does not address, or whose forward fails, says so."""
+    model.eval()
+    out = r['long'] = {}
+    for m in (8, 16):
+        T = m * L
+        if not model.pe.addresses(T):
+            out[f'{m}L'] = dict(error=f'no positions past {model.pe.max_len}')
+            continue
+        xe = torch.randint(model.config.vocab_size, (max(1, a.eval_batch_tokens // T), T), device=rt.device)
+
+        def fwd():
+            with rt.autocast:
+                model(xe, last=1)
+        try:
+            t0 = clock.now()
+            fwd()
+            first = clock.now() - t0
+            peak = runtime.peak_MiB(fwd, rt.device_type, model)
+            ts = []
+            for _ in range(reps):
+                t0 = clock.now()
+                fwd()
+                ts.append(clock.now() - t0)
+            out[f'{m}L'] = dict(T=T, rows=xe.size(0), first_s=first, tok_s=xe.numel() / statistics.median(ts),
+                                peak_MiB=peak)
+        except Exception as e:  # noqa: BLE001 - report the failure, go on with the next length
+            out[f'{m}L'] = dict(error=error_text(e))
+
+
+LOG_KEYS = {'pairs': ('error', 'ref', 'goal_class', 'vs_rope', 'vs_rope_q1', 'vs_rope_q3', 'ms_median',
+                     'rope_ms_median', 'compile_s', 'peak_MiB', 'partner_spread', 'mfu'),
+            'attn_time': ('attn_time_error', 'attn_time'), 'long': ('long_error', 'long')}
+
+
+def line(name, r, part):
+    """One model's part as a line of the log (every step stays in the JSON)."""
+    keys = [k for k in LOG_KEYS[part] if k in r] + ['attention_backends'] * ('attention_backends' in r)
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else runs_text(v) if isinstance(v, list) else \
+        '{' + ', '.join(f"{k}: {fmt(x)}" for k, x in v.items()) + '}' if isinstance(v, dict) else str(v)  # noqa: E731
+    return f"{name}: " + ', '.join(f"{k} {fmt(r[k])}" for k in keys)
+
+
+def git_commit():
+    """This tree's commit, short, '+' where it has uncommitted changes; '' outside git."""
+    def git(*args):
+        return subprocess.run(['git', *args], cwd=HERE, capture_output=True, text=True)
+    head = git('rev-parse', '--short', 'HEAD')
+    if head.returncode != 0:
+        return ''
+    return head.stdout.strip() + ('+' if git('diff', '--quiet', 'HEAD').returncode else '')
+
+
+def default_json():
+    """results/gpu/<today>-<commit>/bench.json, where a run's raw JSON is committed."""
+    return os.path.join(HERE, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{git_commit().rstrip('+') or 'nogit'}",
+                        'bench.json')
+
+
+# the meta a resumed JSON must share with this run: its numbers are only comparable within one setup
+SAME_SETUP = ('device', 'torch', 'dtype', 'preset', 'model', 'batch_size', 'compile', 'clock', 'blocks', 'block_steps',
+              'warmup', 'auto_only')
+
+
+def model_parts(a, parts, names, plans, size, rt, clock, peak, peak_label):
+    """The parts of MODEL_PARTS asked, in order, each over the models it applies to, into --json (resumed if it
+    exists) -> exit status: 1 if a model failed."""
+    path = a.json or default_json()
+    meta = dict(device=runtime.device_name(rt), torch=torch.__version__, dtype=rt.dtype, preset=a.preset,
+                model={k: v for k, v in size.items() if k != 'batch_size'}, batch_size=size['batch_size'],
+                compile=a.compile, clock=clock.kind, blocks=a.blocks, block_steps=a.block_steps, warmup=a.warmup,
+                auto_only=a.auto_only, peak=peak_label,
+                goals={k: dict(what=w, goal=g) for k, (w, g) in GOALS.items()}, runs=[])
+    out, why = read_json(path)
+    if why:
+        sys.exit(f"--json={path}: {why}; move it away or name another file")
+    if out is None:
+        out = {'meta': meta, 'results': {}}
+    else:
+        diff = [k for k in SAME_SETUP if out['meta'].get(k) != meta[k]]
+        if diff:
+            there = out['meta']
+            sys.exit(f"--json={path} holds a run of another setup ("
+                     + ', '.join(f'{k} {there.get(k)!r} there, {meta[k]!r} here' for k in diff)
+                     + "); name another --json")
+        print(f"resuming {path}: {len(out['results'])} models in it")
+    out.pop('skipped', None)  # the skipped of this run
+    out['meta']['runs'].append(dict(time=time.strftime('%Y-%m-%d %H:%M:%S'), commit=git_commit(), argv=sys.argv,
+                                    parts=parts))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def save():
+        atomic_write(path, lambda f: json.dump(out, f, indent=1), binary=False)
+    save()
+    m, t0, failed = Models(a, size, plans, rt, clock, peak, out, save), time.perf_counter(), []
+    for part in parts:
+        print(f"part {part}: {len(names[part])} models", flush=True)
+        failed += m.run(part, names[part], lambda: time.perf_counter() - t0 > a.budget)
+    print(f"bench, {', '.join(parts)}: {time.perf_counter() - t0:.0f}s -> {path}"
+          + (f"; FAILED: {', '.join(failed)}" if failed else '')
+          + ''.join(f"; {p} skipped (time budget): {', '.join(s)}" for p, s in out.get('skipped', {}).items()))
+    return 1 if failed else 0
+
+
+# --- the table of docs/gpu.md, from the raw JSON of model parts (--table) ---------------------------
+
+def run_label(path, meta):
+    """Which run a JSON holds, as `date-commit`: its folder's name under results/gpu/, else its last run's."""
+    folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    if re.fullmatch(r'\d{4}-\d{2}-\d{2}-[0-9a-f]{7,40}', folder):
+        return folder
+    last = (meta.get('runs') or [{}])[-1]
+    return f"{last.get('time', '?')[:10]}-{last.get('commit') or '?'}"
+
+
+def runs_text(xs):
+    """['sdpa', 'sdpa', 'flex'] -> 'sdpa ×2, flex': a layer's route in runs of equal layers."""
+    out = []
+    for x, group in itertools.groupby(xs):
+        n = len(list(group))
+        out.append(f"{x} ×{n}" if n > 1 else x)
+    return ', '.join(out)
+
+
+PART_KEYS = {'pairs': ('vs_rope', 'error', 'ms_median'), 'attn_time': ('attn_time', 'attn_time_error'),
+             'long': ('long', 'long_error')}  # an entry holds a part's row where it holds one of these
+
+
+def run_setup(m):
+    """A JSON's meta as a line: the device, torch, the model, the batch and how the pairs were timed."""
+    how = f"blocks of {m['block_steps']} steps, {m['blocks']} a model" if 'blocks' in m else \
+        f"{m['steps']} steps each, alternated (gpu_check.py)" if 'steps' in m else ''
+    size = m['model']
+    model = f"{m.get('preset')} ({size['n_layer']} × {size['n_embd']}, T = {size['block_size']})"
+    return ', '.join(x for x in (m.get('device'), f"torch {m.get('torch')}", m.get('dtype'), model,
+                                 f"batch {m.get('batch_size')}", 'compiled' if m.get('compile') else 'eager', how) if x)
+
+
+def table(paths):
+    """Markdown of the model parts' JSON files `paths`: per part, one row a model, a later file's entry over an
+    earlier one's, each with the run it comes from. The pairs: each figure beside its goal, then rope's MFU and its
+    step beside each partner; then the attention times and the long forwards, where the files hold them."""
+    rows, metas, skipped = {p: {} for p in PART_KEYS}, {}, {}
+    for path in paths:
+        out, why = read_json(path)
+        if out is None:
+            sys.exit(f"--table: {path}: {why or 'no such file'}")
+        label = run_label(path, out['meta'])
+        metas[label] = out['meta']
+        for name, r in out['results'].items():
+            for part, keys in PART_KEYS.items():
+                if any(k in r for k in keys):
+                    rows[part].pop(name, None)  # a later file's entry goes where it ran, after the earlier ones
+                    rows[part][name] = (r, label)
+        sk = out.get('skipped') or {}
+        sk = {'pairs': sk} if isinstance(sk, list) else sk  # gpu_check's pairs wrote a list
+        skipped.update({(p, n): f"{n} ({p}, {label})" for p, ns in sk.items() for n in ns})
+    f = lambda v, fmt: '—' if v is None else format(v, fmt)  # noqa: E731
+    short = lambda e: 'failed: ' + e[:60].replace('|', '/').replace('\n', ' ')  # noqa: E731
+    lines = [textwrap.fill(f"{label}: {run_setup(m)}", 120, initial_indent='- ', subsequent_indent='  ')
+             for label, m in metas.items()]
+    pairs, notes = rows['pairs'], []  # notes: paragraphs after the table, each a bullet
+    refs = [n for n, (r, _) in pairs.items() if r.get('ref', 'rope' if n == 'rope' else None) == n]
+    if pairs:
+        lines += ['', '| model | class | goal | vs rope [q1, q3] | met | ms [q1, q3] | rope ms, same pairs | compile s '
+                  '| peak MiB | route per layer | run |', '|' + ' --- |' * 11]
+    for name in refs + [n for n in pairs if n not in refs]:
+        r, label = pairs[name]
+        n_layer = metas[label]['model']['n_layer']
+        depth = r.get('n_layer', (preset_config(name).get('n_layer', n_layer) if name in PRESETS else n_layer))
+        route = runs_text(r.get('attention_backends') or [])
+        ms = '—' if 'ms_median' not in r else \
+            f"{r['ms_median']:.1f} [{f(r.get('ms_q1'), '.1f')}, {f(r.get('ms_q3'), '.1f')}]"
+        if name in refs:
+            spread = r.get('partner_spread_ms')
+            vs = short(r['error']) if 'error' in r else '1 (the reference)'
+            same = f"{spread[0]:.1f}–{spread[1]:.1f} over {len(r['by_partner'])}" if spread else '—'
+            goal, met = '—', ''
+        else:
+            goal, same = f(r.get('goal'), 'g'), f(r.get('rope_ms_median'), '.1f')
+            v = r.get('vs_rope')
+            met = '' if v is None else 'yes' if v >= r['goal'] else 'no'
+            if 'error' in r:
+                vs, met = short(r['error']), ''
+            elif 'ref' not in r and depth != n_layer:  # a file of before the same-depth reference
+                vs, met = f"not a ratio: {depth} layers against rope's {n_layer}", ''
+            else:
+                vs = f"{v:.3f} [{f(r.get('vs_rope_q1'), '.3f')}, {f(r.get('vs_rope_q3'), '.3f')}]"
+        lines.append(f"| {name} | {r.get('goal_class', '—')} | {goal} | {vs} | {met} | {ms} | {same} | "
+                     f"{f(r.get('compile_s'), '.1f')} | {f(r.get('peak_MiB'), ',.0f')} | {route} | {label} |")
+    for name in refs:
+        r, label = pairs[name]
+        if 'mfu' in r:
+            goal, B, T = MFU_GOAL
+            notes.append(f"{name}'s MFU: {r['mfu']:.3f} at {r['mfu_at'][0]} × {r['mfu_at'][1]} ({label}; the goal: "
+                         f"{goal:.2f} at {B} × {T})")
+        if 'by_partner' in r:
+            notes.append(f"{name}'s median step beside each partner, ms: " + ', '.join(
+                f"{p} {v:.1f}" for p, v in r['by_partner'].items()) + f" (max / min {r['partner_spread']:.3f})")
+    missed = [text for (p, n), text in skipped.items() if n not in rows[p]]
+    if missed:
+        notes.append(f"not reached (time budget): {', '.join(missed)}")
+    if notes:
+        lines.append('')
+        lines += [textwrap.fill(note, 120, initial_indent='- ', subsequent_indent='  ') for note in notes]
+    if rows['attn_time']:
+        lines += ['', "| model | layer 0 as built, ms | frozen | as one table | without bias | table's error | run |",
+                  '|' + ' --- |' * 7]
+    for n, (r, label) in rows['attn_time'].items():
+        t = r.get('attn_time')
+        cells = [short(r['attn_time_error'])] + [''] * 4 if not t else [
+            f(t[k], '.2f') for k in ('built', 'frozen', 'table', 'no_bias')] + [f(t.get('table_err'), '.1e')]
+        lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
+    if rows['long']:
+        lines += ['', '| model | 8L tokens/s | 8L peak MiB | 16L tokens/s | 16L peak MiB | run |', '|' + ' --- |' * 6]
+    for n, (r, label) in rows['long'].items():
+        d = r.get('long')
+        cells = [short(r['long_error'])] + [''] * 3 if not d else [
+            short(d[m]['error']) if 'error' in d[m] else f(d[m][k], ',.0f') for m in ('8L', '16L')
+            for k in ('tok_s', 'peak_MiB')]
+        lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
+    return '\n'.join(lines)
+
+
 # --- smoke runs (part smoke) -------------------------------------------------------
 
 SMOKE_ARGS = ['--max_iters=4', '--wandb_log=False']
@@ -369,8 +991,8 @@ def main(argv):
         schemes='all',                     # comma list of positional.REGISTRY names; rope is always added
         presets='',                        # comma list of presets.PRESETS (config/<preset>.py), or 'all'
         windowed=0,                        # W > 0: also rope with a W-key sliding window on every layer
-        parts='train,memory,eval,sample',  # which measurements to run, or smoke
-        preset='default',                  # the model: config/bench_<preset>.py ('default' | 'gpt2')
+        parts='train,memory,eval,sample',  # which measurements to run, or smoke, or of MODEL_PARTS
+        preset='',                         # the model: config/bench_<preset>.py ('default' | 'gpt2'; '': default)
         n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,  # 0: the preset's
         device='auto', dtype='auto',       # auto: CUDA + bf16 autocast where available, else CPU float32
         compile=False,                     # torch.compile train and eval (not sampling: the KV cache changes shape)
@@ -378,31 +1000,70 @@ def main(argv):
         rounds=5, iters=2, warmup=2,       # round-robin rounds; timed and untimed train iterations per round
         eval_mult=8, eval_batch_tokens=16384, new_tokens=1000, sample_stride=10, json='', seed=0, decode_steps=16,
         smoke_timeout=900, smoke_logs='', smoke_cache='cold', smoke_args='',  # part smoke: see smoke_run
+        blocks=5, block_steps=5,           # MODEL_PARTS: a model's blocks in its pairs, timed steps a block
+        budget=540.0, scheme_limit=0.0,    # no model started after budget s; one model stopped after scheme_limit s
+        classes='all', auto_only=False,    # the models of these GOALS classes; wall on 'auto', not fla
+        retry=False,                       # measure again the models whose entry holds an error
+        table='',                          # comma list of MODEL_PARTS JSON files: print their markdown table, exit
     ), argv, rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0', windowed='>=0',
-                        new_tokens='>0', sample_stride='>0', threads='>=0', smoke_timeout='>0',
+                        new_tokens='>0', sample_stride='>0', threads='>=0', smoke_timeout='>0', blocks='>0',
+                        block_steps='>0', budget='>0', scheme_limit='>=0',
                         clock=(lambda v: v in ('', 'cpu', 'wall'), "'cpu' or 'wall'"),
-                        smoke_cache=(lambda v: v in ('cold', 'user'), "'cold' or 'user'")))
+                        smoke_cache=(lambda v: v in ('cold', 'user'), "'cold' or 'user'"),
+                        classes=(lambda v: v == 'all' or set(v.split(',')) <= set(GOALS),
+                                 f"'all' or a comma list of {tuple(GOALS)}")))
+    if a.table:
+        print(table(a.table.split(',')))
+        return 0
     started = (time.perf_counter(), time.process_time())
     asked = scheme_names(a.schemes)
     names = asked + ['rope'] * ('rope' not in asked)  # rope: the reference every ratio is taken against
-    parts = set(a.parts.split(','))
-    if parts - SCHEME_PARTS - {'smoke'}:
-        sys.exit(f"--parts takes a comma list of train, memory, eval, sample, decode, smoke; got {a.parts!r}")
+    parts = a.parts.split(',')
+    if set(parts) - SCHEME_PARTS - {'smoke'} - set(MODEL_PARTS):
+        sys.exit(f"--parts takes a comma list of train, memory, eval, sample, decode, smoke, or of "
+                 f"{', '.join(MODEL_PARTS)}; got {a.parts!r}")
+    one_model = [p for p in parts if p in MODEL_PARTS]
+    if one_model and len(one_model) < len(parts):
+        sys.exit(f"--parts: {', '.join(MODEL_PARTS)} measure one model at a time into a JSON to resume from; run "
+                 f"them apart from {', '.join(p for p in parts if p not in MODEL_PARTS)}")
+    parts = set(parts)
     if a.threads:
         torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
-    exit_on_ctrl_c('bench.py')
+    exit_on_ctrl_c('bench.py', 'the JSON holds the models measured so far; the same command goes on from there'
+                   if one_model else '')
     rt = runtime.setup(a.device, a.dtype)
     clock = runtime.Clock(a.clock or ('cpu' if rt.device_type == 'cpu' else 'wall'), rt.device_type)
+    if one_model:  # on CUDA, as a GPU trains: GPT-2 124M compiled; every preset
+        gpu = rt.device_type == 'cuda'
+        a.preset = a.preset or ('gpt2' if gpu else 'default')
+        a.compile = a.compile if 'compile' in a.explicit else gpu
+        a.presets = a.presets if 'presets' in a.explicit else 'all'
+    a.preset = a.preset or 'default'
     size = model_size(a, a.preset)
     out, meta, smoked = {}, {}, smoke(a, asked) if 'smoke' in parts else None
-    if parts & SCHEME_PARTS:  # the CPU clock sums every thread's time: its throughput is per core, as its peak
+    if parts & (SCHEME_PARTS | set(MODEL_PARTS)):  # the CPU clock sums every thread's time: per core, as its peak
         peak, peak_label = runtime.peak_flops(rt.device_type, 1 if clock.kind == 'cpu' else threads)
         cpu = f'{runtime.cpu_name()}, {threads} thread(s)'
         dev_name = torch.cuda.get_device_name() if rt.device_type == 'cuda' else cpu
         shape = {k: v for k, v in size.items() if k != 'batch_size'}
         print(f"nanoPE bench: torch {torch.__version__}, {dev_name}, dtype {rt.dtype}, compile {a.compile}, clock "
               f"{clock.kind}\nmodel {shape}, batch {size['batch_size']}; MFU peak: {peak_label}")
+    if one_model:
+        plans = preset_plans(a.presets, twins=False)
+        keep = a.classes.split(',') if a.classes != 'all' else list(GOALS)
+        shape, hooks = {k: v for k, v in size.items() if k != 'batch_size'}, {}
+        for n in asked + list(plans):
+            try:
+                hooks[n] = layer_hooks(model_config(n, shape, plans, a.auto_only))
+            except Exception:  # noqa: BLE001 - a plan that does not fit this size: its entry will say why
+                hooks[n] = None
+        models = [n for n in dict.fromkeys(['rope'] * ('rope' in asked) + asked + list(plans))  # rope first
+                  if hooks[n] is None or goal_class(hooks[n]) in keep]
+        per_part = {'pairs': models, 'long': models,
+                    'attn_time': [n for n in models if hooks[n] is None or hooks[n][0][2]]}  # a bias in layer 0
+        return model_parts(a, one_model, per_part, plans, size, rt, clock, peak, peak_label)
+    if parts & SCHEME_PARTS:
         plans = {**preset_plans(a.presets), **({f'rope-window{a.windowed}': {'sliding_window': a.windowed}}
                                                 if a.windowed else {})}
         b = Bench(names, size, a, rt, clock, plans)

@@ -2,14 +2,17 @@
 The named setups the scripts run, read from config/: the attention stacks of 2025-26 models (PRESETS,
 config/NAME.py), each with its twin NAME-full, the same stack without windows or chunks, as GPTConfig keys
 (preset_plans: bench.py, gpu_check.py) or as train.py arguments (preset_args: sweep.py); bench.py's models
-(model_size: config/bench_NAME.py); and lists of schemes by name (scheme_names).
+(model_size: config/bench_NAME.py), a scheme or preset at such a size (model_config); and lists of schemes by name
+(scheme_names).
 """
 import os
 import sys
 
+import kernels
 import layers
 import positional
 from configurator import read_config_file
+from model import GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the attention stacks of 2025-26 models (config/NAME.py); each also runs as NAME-full, without windows or chunks
@@ -65,6 +68,18 @@ def model_size(a, preset):
     size = read_config_file(path)
     size.update({k: getattr(a, k) for k in size if getattr(a, k)})
     return size
+
+
+def model_config(name, size, plans, auto_only=False):
+    """The GPTConfig of a scheme or preset (a key of `plans`, which keeps its own n_layer) at `size`. A layer whose
+    fla kernel 'auto' does not take (Wall's: exact only in a range, kernels.FLA_KERNELS) gets attn_backend='fla'
+    where fla can run here, so that every scheme with a kernel is measured on it; elsewhere, or with auto_only
+    (the path a default config runs), 'auto'."""
+    cfg = {**size, **plans[name]} if name in plans else dict(size, pos_encoding=name)
+    kernel = positional.REGISTRY[cfg.get('pos_encoding', 'rope')].fla_kernel
+    if kernel and kernels.FLA_KERNELS[kernel].not_auto and kernels.fla_status()[0] and not auto_only:
+        cfg['attn_backend'] = 'fla'
+    return GPTConfig(**cfg)
 
 
 def scheme_names(schemes):

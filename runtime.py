@@ -1,9 +1,10 @@
 """
 Device, precision and speed: the one place every script (train, eval, sample, passkey, bench, gpu_check,
 extend_table) gets them from, so a GPU run of each uses the same bf16 autocast and TF32 settings and the tables
-they write are comparable. Also: peak FLOP/s, FLOPs per token and MFU (one formula for train.py, bench.py and
-gpu_check.py), steps timed in rotating order and their peak memory (bench.py, gpu_check.py), the attention backend
-of a built model, the global batch split, signals and the DDP stop agreement, child runs (spawn) and wandb.
+they write are comparable. Also: peak FLOP/s, FLOPs per token and MFU (one formula for train.py and bench.py),
+steps timed in rotating order (bench.py), the one step timer (Clock), peak memory and relative error of bench.py
+and gpu_check.py, a time limit on a block of work (time_limit), the global batch split, signals and the DDP stop
+agreement, child runs (spawn) and wandb.
 
   rt = runtime.setup('auto', 'auto')   # CUDA + bf16 autocast where available, else CPU float32
   with rt.autocast: logits, loss = model(x, y)
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -101,7 +102,7 @@ def mfu(model, T, rows, seconds, peak):
     return flops_per_token(model, T) * T * rows / seconds / peak
 
 
-# --- timing and memory of steps (bench.py, gpu_check.py)
+# --- timing, memory and errors of steps (bench.py, gpu_check.py)
 
 
 class Clock:
@@ -148,6 +149,45 @@ def peak_extra_bytes(fn, device_type):
                     if e.name() == '[memory]' and e.device_type() == torch.autograd.DeviceType.CPU)
     # running total of allocations in order; frees of blocks allocated before fn() are not reported: no negative drift
     return max([0, *itertools.accumulate(n for _, n in events)])
+
+
+def peak_MiB(fn, device_type, *held):
+    """The peak memory of a step: the tensors `held` keeps (modules, optimizers: static_bytes) and the peak fn()
+    allocates on top of what was live before it, in MiB."""
+    return (static_bytes(*held) + peak_extra_bytes(fn, device_type)) / 2**20
+
+
+def rel_err(got, want):
+    """||got - want|| / ||want||, in float64: the one relative error of the checks (logits, KV cache, gradients)."""
+    want = want.double()
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-300)).item()
+
+
+class SchemeTimeout(BaseException):
+    """time_limit ran out: not an Exception, so that the handlers that let a failed part go on to the next part
+    of the same model let it through."""
+
+
+@contextmanager
+def time_limit(seconds, what='--scheme_limit'):
+    """Raise SchemeTimeout in this (the main) thread after `seconds` (0: no limit): a compile that would take the
+    rest of a lease ends as that model's error, and the next model starts."""
+    if not seconds:
+        yield
+        return
+
+    def expired(signum, frame):
+        raise SchemeTimeout(f'stopped after {what}={seconds:g} s')
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except SchemeTimeout:
+        torch.set_grad_enabled(True)  # the alarm can land inside no_grad's __enter__, whose __exit__ then never runs
+        raise
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 class StepProfile:

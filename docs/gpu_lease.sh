@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# The measurements of docs/gpu.md's "Next lease", in priority order, for one lent GPU (15 minutes of device time,
-# at most 600 s a command): each stage is one gpu_check.py process under its own time limit, and writes its JSON
+# The measurements of one lent GPU (15 minutes of device time, at most 600 s a command), in priority order: timing
+# is bench.py's, correctness gpu_check.py's. Each stage is one process under its own time limit and writes its JSON
 # under $OUT (the device tool's folder; out-lease/ where OUT is unset) after every model, so a stage cut short keeps
 # what it measured. Two calls of the device tool, carrying .whl (fla-core and einops, which the GPU image lacks):
 #
 #   bash docs/gpu_lease.sh wheels    # here, once: download the wheels into .whl/ (git-ignored)
-#   bash docs/gpu_lease.sh first     # call 1, timeout_s=600: correct_fla, pairs_fla, pairs_bias in 540 s
-#   bash docs/gpu_lease.sh second    # call 2, timeout_s=240: pairs_rest, mfu in 170 s
+#   bash docs/gpu_lease.sh first     # call 1, timeout_s=600: profile, mfu16, mfu64, attn_time, pairs in 520 s
+#   RESUME=results/gpu/DATE-COMMIT bash docs/gpu_lease.sh second
+#                                    # call 2, timeout_s=240: correct_fla, long, pairs (on from call 1's) in 220 s
 #   bash docs/gpu_lease.sh STAGE...  # any stages by name, in LEASE_S seconds (default 540)
 #
-# Stages: correct_fla (fla-routed schemes: KV cache vs full forward, each layer's dq, dk, dv against float64 dense),
-# pairs_fla, pairs_bias, pairs_rest (rope/model step pairs by goal class, presets included: gpu_check.py --pairs;
-# pairs_fla with each model on 'auto', its default: wall on nanoPE's wall_scores, the others on fla's kernels),
-# mfu (rope alone at gpt2_124m's micro-batch, 16 x 1024); in neither call: grads_rest (the gradient check of the
-# other classes), long (rope's and fire's no-grad forwards at 8L and 16L: fire's bias as a table per query chunk),
-# attn_time (each bias scheme's first layer timed as built, frozen, as one table and without its bias).
-# GPU_CHECK_ARGS is appended to every gpu_check.py command (a CPU dry run: tiny sizes, fewer steps).
+# Stages, in priority order (call 2 runs the last two before going on with the pairs, which take what time is left:
+# the rope they are timed against compiles again in a new process, and the pairs of every model do not fit a lease):
+#   profile, mfu16, mfu64  train.py on config/gpt2_124m.py: its step's profile at 16 x 1024, its MFU at 16 x 1024
+#                          (the config) and 64 x 1024 (train.jsonl, profile.json);
+#   attn_time              the bias family's first layer timed four ways (bench.py --parts=attn_time);
+#   pairs                  every scheme and preset against rope of its depth (bench.py --parts=pairs), the models no
+#                          lease has timed first; RESUME=DIR starts from DIR/pairs.json (call 1's, copied there from
+#                          the device tool's files), so that call 2 goes on with the models call 1 did not reach;
+#   correct_fla            stick_breaking and wall on their fla kernels: KV cache against the full forward, each
+#                          layer's dq, dk, dv against float64 dense (gpu_check.py), 60 s each at most;
+#   long                   no-grad forwards at 8L and 16L (bench.py --parts=long);
+#   grads_rest             (in neither call) gpu_check.py's gradient check of every scheme and preset.
+# $OUT ends with at most 8 files, one folder deep: env.txt, lease-CALL.log, train.jsonl, profile.json and a JSON a
+# bench or gpu_check stage. BENCH_ARGS, GPU_CHECK_ARGS and TRAIN_ARGS are appended to every bench.py, gpu_check.py
+# and train.py command (a CPU dry run: tiny sizes, fewer steps).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -23,15 +32,16 @@ if [ "${1:-}" = wheels ]; then  # pure-Python wheels; the device has Python 3.12
     exec python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
         fla-core==0.6.0 einops==0.8.2
 fi
-case "${1:-}" in
-    first) STAGES="correct_fla pairs_fla pairs_bias"; LEASE_S=${LEASE_S:-540} ;;
-    second) STAGES="pairs_rest mfu"; LEASE_S=${LEASE_S:-170} ;;
+CALL=${1:-}
+case "$CALL" in
+    first) STAGES="profile mfu16 mfu64 attn_time pairs"; LEASE_S=${LEASE_S:-520} ;;
+    second) STAGES="correct_fla long pairs"; LEASE_S=${LEASE_S:-220} ;;
     '') echo "usage: bash docs/gpu_lease.sh wheels | first | second | STAGE..." >&2; exit 2 ;;
-    *) STAGES="$*"; LEASE_S=${LEASE_S:-540} ;;
+    *) STAGES="$*"; LEASE_S=${LEASE_S:-540}; CALL=stages ;;
 esac
 OUT=${OUT:-out-lease}
 mkdir -p "$OUT"
-exec > >(tee -a "$OUT/lease.log") 2>&1
+exec > >(tee -a "$OUT/lease-$CALL.log") 2>&1
 export PYTHONUNBUFFERED=1
 
 if compgen -G '.whl/*.whl' > /dev/null; then
@@ -44,25 +54,49 @@ fi
     python3 -c 'import torch, kernels; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
 "fla", kernels.fla_status())'
     python3 -c 'import triton; print("triton", triton.__version__)' 2>&1 | tail -1
-    python3 -c 'import torch; b = torch.backends; print("cudnn", b.cudnn.version(), "sdpa flash", b.cuda.flash_sdp_enabled(),
-"cudnn", b.cuda.cudnn_sdp_enabled(), "efficient", b.cuda.mem_efficient_sdp_enabled())'
-    echo "commit $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo ' + uncommitted changes')"
+    python3 -c 'import torch; b = torch.backends; print("cudnn", b.cudnn.version(),
+"sdpa flash", b.cuda.flash_sdp_enabled(), "cudnn", b.cuda.cudnn_sdp_enabled(),
+"efficient", b.cuda.mem_efficient_sdp_enabled())'
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null \
+        || echo ' + uncommitted changes')"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-stage() {  # NAME LIMIT BUDGET ARGS...: gpu_check.py within LIMIT s (capped by the time left), no model started
-           # after BUDGET s, its JSON $OUT/NAME.json
-    local name=$1 limit=$2 budget=$3 left=$((LEASE_S - SECONDS)) t0=$SECONDS
+limits() {  # LIMIT BUDGET: the stage's limit capped by the time left, and its budget 20 s inside it
+    local left=$((LEASE_S - SECONDS))
+    LIMIT=$1 BUDGET=$2
+    [ "$LIMIT" -gt "$left" ] && LIMIT=$left
+    [ "$BUDGET" -gt $((LIMIT - 20)) ] && BUDGET=$((LIMIT - 20))
+}
+
+check() {  # NAME LIMIT BUDGET ARGS...: gpu_check.py within LIMIT s, no model started after BUDGET s, $OUT/NAME.json
+    local name=$1 t0=$SECONDS
+    limits "$2" "$3"
     shift 3
-    [ "$limit" -gt "$left" ] && limit=$left
-    [ "$budget" -gt $((limit - 20)) ] && budget=$((limit - 20))
-    if [ "$budget" -lt 10 ]; then
-        echo "== $name: not run, ${left} s left of ${LEASE_S}"
+    if [ "$BUDGET" -lt 10 ]; then
+        echo "== $name: not run, $((LEASE_S - SECONDS)) s left of ${LEASE_S}"
         return
     fi
-    echo "== $name: up to ${limit} s, from $(date -u +%T)"
-    timeout -s INT -k 10 "$limit" python3 gpu_check.py --json="$OUT/$name.json" --budget="$budget" "$@" \
+    echo "== $name: up to ${LIMIT} s, from $(date -u +%T)"
+    timeout -s INT -k 10 "$LIMIT" python3 gpu_check.py --json="$OUT/$name.json" --budget="$BUDGET" "$@" \
         ${GPU_CHECK_ARGS:-}
+    echo "== $name: exit $? after $((SECONDS - t0)) s"
+}
+
+bench() {  # NAME LIMIT BUDGET ARGS...: bench.py's model parts within LIMIT s, no model started after BUDGET s,
+           # $OUT/NAME.json (resumed: from itself, or from $RESUME/NAME.json)
+    local name=$1 t0=$SECONDS
+    limits "$2" "$3"
+    shift 3
+    if [ "$BUDGET" -lt 10 ]; then
+        echo "== $name: not run, $((LEASE_S - SECONDS)) s left of ${LEASE_S}"
+        return
+    fi
+    if [ -n "${RESUME:-}" ] && [ -f "$RESUME/$name.json" ] && [ ! -f "$OUT/$name.json" ]; then
+        cp "$RESUME/$name.json" "$OUT/$name.json" && echo "== $name: on from $RESUME/$name.json"
+    fi
+    echo "== $name: up to ${LIMIT} s, from $(date -u +%T)"
+    timeout -s INT -k 10 "$LIMIT" python3 bench.py --json="$OUT/$name.json" --budget="$BUDGET" "$@" ${BENCH_ARGS:-}
     echo "== $name: exit $? after $((SECONDS - t0)) s"
 }
 
@@ -86,7 +120,8 @@ train() {  # NAME LIMIT ARGS...: train.py config/gpt2_124m.py on /tmp/synth with
     echo "== $name: up to ${limit} s, from $(date -u +%T)"
     rm -rf "/tmp/run-$name"
     timeout -s INT -k 20 "$limit" python3 train.py config/gpt2_124m.py --data_dir=/tmp/synth \
-        --out_dir="/tmp/run-$name" --wandb_log=False --final_eval=False --eval_tokens=8192 --eval_mults=[1] --compile=True "$@" ${TRAIN_ARGS:-}
+        --out_dir="/tmp/run-$name" --wandb_log=False --final_eval=False --eval_tokens=8192 --eval_mults=[1] \
+        --compile=True "$@" ${TRAIN_ARGS:-}
     echo "== $name: exit $? after $((SECONDS - t0)) s"
     python3 -c "import json, sys
 for line in open('/tmp/run-$name/metrics.jsonl'):
@@ -94,36 +129,25 @@ for line in open('/tmp/run-$name/metrics.jsonl'):
     [ -f "/tmp/run-$name/profile.json" ] && cp "/tmp/run-$name/profile.json" "$OUT/$name.json"
 }
 
-PAIRS="--pairs=True --schemes=all --steps=20 --warmup=2"
-# the schemes no lease has timed against rope yet, the relative-position family first
-MISSING=t5,kerple_power,sandwich,shaw,xl,cope,learned,none,xpos,sinusoidal,fope,mrope,pope,rope2d,ropepp,selective_rope
-MISSING=$MISSING,grape_m
+# the bias family (attn_time), and the order of the pairs: the models no lease has timed against rope in one graph
+# first (the bias family, the own-attention and fla schemes), then every other scheme and preset
+BIAS=grape_a,t5,kerple_log,kerple_power,deberta,shaw,fire,alibi,sandwich
+FIRST=$BIAS,cope,xl,fox,path,path_fox,stick_breaking,wall
+ORDER=$(python3 -c "import sys, positional; first = sys.argv[1].split(',')
+print(','.join(first + [n for n in sorted(positional.REGISTRY) if n not in first]))" "$FIRST")
 for s in $STAGES; do
     case $s in
-        correct_fla) stage correct_fla 130 100 --schemes=all --classes=fla --presets= --parts=correct,attn_grads \
-                         --scheme_limit=60 ;;
-        pairs_fla) stage pairs_fla 240 170 $PAIRS --schemes=path,wall,fox,path_fox,stick_breaking --presets= \
-                       --auto_only=True --scheme_limit=110 ;;
-        pairs_bias) stage pairs_bias 400 $((LEASE_S - SECONDS - 60)) $PAIRS --classes=score_mod --presets=all \
-                        --scheme_limit=60 ;;
-        pairs_rest) stage pairs_rest $((LEASE_S - SECONDS - 60)) $((LEASE_S - SECONDS - 90)) $PAIRS \
-                        --classes=no_bias,own_attention --presets=all --scheme_limit=40 ;;
-        mfu) stage mfu 60 50 --pairs=True --schemes=rope --presets= --batch_size=16 --steps=30 --warmup=2 ;;
-        grads_rest) stage grads_rest 300 270 --schemes=all --classes=no_bias,score_mod,own_attention --presets=all \
-                        --parts=correct,attn_grads --scheme_limit=40 ;;
-        attn_time) stage attn_time 300 270 --schemes=grape_a,t5,kerple_log,kerple_power,deberta,shaw,fire --presets= \
-                       --parts=attn_time --scheme_limit=45 ;;
         profile) train profile 150 --batch_size=16 --gradient_accumulation_steps=1 --max_iters=9 --profile=3 \
                      --log_interval=1 ;;
         mfu16) train mfu16 110 --max_iters=10 --log_interval=5 ;;
         mfu64) train mfu64 120 --batch_size=64 --gradient_accumulation_steps=8 --max_iters=10 --log_interval=5 ;;
-        pairs_missing) stage pairs_missing $((LEASE_S - SECONDS - 10)) $((LEASE_S - SECONDS - 40)) $PAIRS \
-                           --schemes=$MISSING --scheme_limit=45 \
-                           --presets=gpt_oss,gemma3,irope,rnope_swa,sssl ;;
-        pairs_main) stage pairs_main $((LEASE_S - SECONDS - 10)) $((LEASE_S - SECONDS - 40)) $PAIRS \
-                        --schemes=alibi,t5,kerple_log,fire,shaw,deberta,xl,cope,sandwich,fox,path,stick_breaking \
-                        --presets= --auto_only=True --scheme_limit=45 ;;
-        long) stage long 200 170 --schemes=rope,fire --presets= --parts=long --scheme_limit=120 ;;
+        attn_time) bench attn_time 150 120 --parts=attn_time --schemes=$BIAS --presets=gpt_oss --scheme_limit=40 ;;
+        pairs) bench pairs $((LEASE_S - SECONDS)) $((LEASE_S - SECONDS - 60)) --parts=pairs --schemes=$ORDER \
+                   --presets=all --scheme_limit=75 ;;
+        correct_fla) check correct_fla 130 110 --schemes=stick_breaking,wall --presets= --parts=correct,attn_grads \
+                         --scheme_limit=60 ;;
+        long) bench long 100 80 --parts=long --schemes=rope,alibi,t5,fire --presets= --scheme_limit=40 ;;
+        grads_rest) check grads_rest 300 270 --schemes=all --presets=all --parts=correct,attn_grads --scheme_limit=40 ;;
         *) echo "unknown stage $s" ;;
     esac
 done
