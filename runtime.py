@@ -223,7 +223,7 @@ class StepProfile:
         def table(events, attr, k):
             ms = [(e, getattr(e, attr) / 1e3 / n) for e in events if getattr(e, attr) > 0]
             total = sum(t for _, t in ms)
-            return total, [dict(name=e.key[:200], calls=e.count // n, ms_per_iter=round(t, 4),
+            return total, [dict(name=e.key[:200], calls=round(e.count / n, 2), ms_per_iter=round(t, 4),
                                 share=round(t / total, 4)) for e, t in sorted(ms, key=lambda x: -x[1])[:k]]
         # the device's kernels (events on the device have no children, so their self times add up without
         # counting one twice; an annotation such as Optimizer.step#AdamW.step spans kernels, and is left out),

@@ -39,3 +39,26 @@ def test_split_batch_covers_the_global_batch():
         assert max(sizes) - min(sizes) <= 1
     with pytest.raises(ValueError):
         runtime.split_batch(3, 4, 0, 1)
+
+
+def test_step_profile_records_exactly_its_iterations(tmp_path):
+    """StepProfile(first=2, iters=3) records iterations 2, 3 and 4 of a loop and nothing else: an op that runs
+    once per step is counted once per iteration (a window one iteration too wide or narrow would show 4/3 or
+    2/3), and the time per iteration is the window's over its iterations."""
+    import json
+    import torch
+    w = torch.nn.Parameter(torch.randn(64, 64))
+    opt = torch.optim.AdamW([w], lr=1e-3)
+    prof = runtime.StepProfile(str(tmp_path), 2, 3, 'cpu')
+    out = None
+    for it in range(7):
+        out = prof.step(it) or out
+        (w @ w).sum().backward()
+        torch.cumsum(w, 0)  # once per step
+        opt.step()
+        opt.zero_grad()
+    assert out['iterations'] == 3 and out['device_busy_ms_per_iter'] is None and out['wall_ms_per_iter'] > 0
+    ops = {o['name']: o for o in out['cpu_ops']}
+    assert ops['aten::cumsum']['calls'] == 1 and ops['aten::mm']['calls'] == 3  # forward and two in backward
+    assert json.load(open(tmp_path / 'profile.json')) == out
+    assert 'traceEvents' in json.load(open(tmp_path / 'profile_trace.json'))
