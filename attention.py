@@ -264,11 +264,11 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
     without a KV cache (decoding stays on nanoPE's path); its scheme's `attention` hook asks (Attend.uses_fla).
     Otherwise attend's call:
       'sdpa'   no bias, no value term, no sink logits: SDPA's fused kernels (cuDNN or flash on a GPU)
-      'qk_lift' a bias of the form fq_i . fk_j + (a term of the query alone), which the mod carries as
-               `factors` (ALiBi, GRAPE-A), on CUDA under 'auto' with more than one query and no logsumexp (the
-               dropped term of the query would change a sink's share or a value term), not in float16 (whose
-               range a position overflows): the factors ride as extra columns of q and k through SDPA's fused
-               kernels (FlashBias, arXiv 2505.12044; lift_qk)
+      'qk_lift' a bias of the form fq_i . fk_j + (a term of the query alone), whose mod gives (fq, fk) when its
+               `factors()` is called (ALiBi, GRAPE-A), on CUDA under 'auto' with more than one query and no
+               logsumexp (the dropped term of the query would change a sink's share or a value term), not in float16
+               (whose range a position overflows): the factors ride as extra columns of q and k through SDPA's
+               fused kernels (FlashBias, arXiv 2505.12044; lift_qk)
       'flex'   FlexAttention: 'flex'; or 'auto' on CUDA with more than one query. Not without gradients for a
                score_mod marked `tabulate` under 'auto' (FIRE's MLP per logit, which FlexAttention would unroll
                into every logit of its kernel: the dense path evaluates it as a table per chunk of queries), and
@@ -512,7 +512,7 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
         p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2)))
         way = 'dense' if way == 'flex' else way
     if way == 'qk_lift':  # SDPA's scale stays that of q's own head dim
-        q, k, v, scale = *lift_qk(q, k, v, *mod.factors), 1 / math.sqrt(q.size(-1))
+        q, k, v, scale = *lift_qk(q, k, v, *mod.factors()), 1 / math.sqrt(q.size(-1))
     if way in ('sdpa', 'qk_lift'):
         if mask.bounded:
             y = chunk_queries(lambda q, k, v, a: _sdpa(q, k, v, dropout_p, a.mask, scale), q, k, v, att)

@@ -1016,7 +1016,7 @@ class ALiBi(PositionalEncoding):
         def mod(score, b, h, i, j):
             return score + slopes[h] * (k_pos[j] - q_pos[i])
         # the same bias as m_h * k_pos[j] plus a term of the query alone: attention's qk_lift route
-        mod.factors = (slopes.float().view(1, -1, 1, 1), k_pos.float().view(1, 1, -1, 1))
+        mod.factors = lambda: (slopes.float().view(1, -1, 1, 1), k_pos.float().view(1, 1, -1, 1))
         return mod
 
 
@@ -1455,7 +1455,7 @@ class GrapeA(_GrapeABase):
         else:
             def mod(score, b, h, i, j):
                 return score - rate[h] * ctx.dist(i, j) * (gq[b, h, i] + gk[b, h, j])
-        mod.factors = self.factors(rate, ctx.q_pos.float(), ctx.k_pos.float(), gq, gk)
+        mod.factors = lambda: self.factors(rate, ctx.q_pos.float(), ctx.k_pos.float(), gq, gk)
         return mod
 
     @staticmethod

@@ -232,14 +232,15 @@ def test_a_tabulated_score_mod_runs_dense_without_gradients_on_cuda(monkeypatch)
         fire = pe.score_mod(q, k, pe.context(pos, pos), layer)
         scaled = A.scale_logits(q, fire, torch.full((4, 8), 2.0))[1]
     trained = pe.score_mod(q, k, pe.context(pos, pos), layer)
-    alibi = positional.REGISTRY['alibi'](tiny_config('alibi')).score_mod(q, k, pe.context(pos, pos), None)
+    t5 = positional.REGISTRY['t5'](tiny_config('t5'))
+    unmarked = t5.score_mod(q, k, t5.context(pos, pos), None)
     assert fire.tabulate and scaled.tabulate and not getattr(trained, 'tabulate', False)
     assert A.route('cuda', 'auto', fire, grad=False, Tq=8) == 'dense' == A.route('cuda', 'auto', scaled, grad=False)
-    assert A.route('cuda', 'flex', fire, grad=False) == 'flex' == A.route('cuda', 'auto', alibi, grad=False)
-    assert A.route('cpu', 'auto', alibi, grad=False) == 'dense'  # CPU: dense for every mod, as before
+    assert A.route('cuda', 'flex', fire, grad=False) == 'flex' == A.route('cuda', 'auto', unmarked, grad=False)
+    assert A.route('cpu', 'auto', unmarked, grad=False) == 'dense'  # CPU: dense for every mod, as before
     assert A.route('cuda', 'auto', fire, grad=True) == 'flex'  # with gradients: FlexAttention
     seen = []
-    monkeypatch.setattr(A, 'route', lambda device_type, backend, mod, *a: seen.append(mod) or 'dense')
+    monkeypatch.setattr(A, 'route', lambda device_type, backend, mod, *a, **kw: seen.append(mod) or 'dense')
     with torch.no_grad():
         A.attend(q, k, v, fire)
     assert seen == [fire]
@@ -268,8 +269,8 @@ def test_route_names_the_path_and_attend_runs_the_path_it_names(monkeypatch):
     """attention.route: no bias -> 'sdpa'; a bias -> 'flex' on CUDA under 'auto' (not for one query, a decoding
     step) and under 'flex', else 'dense'; the logsumexp on CPU -> 'dense'; a layer's fla kernel -> 'fla:<kernel>'
     without a KV cache. attend then calls the function of the route it is given, whatever the inputs."""
-    alibi = positional.REGISTRY['alibi'](tiny_config('alibi'))
-    mod = alibi.score_mod(None, None, alibi.context(torch.arange(8), torch.arange(8)), None)
+    t5 = positional.REGISTRY['t5'](tiny_config('t5'))
+    mod = t5.score_mod(None, None, t5.context(torch.arange(8), torch.arange(8)), None)
     assert A.route('cuda') == 'sdpa' == A.route('cpu', 'dense')
     assert A.route('cuda', 'auto', mod) == 'flex' and A.route('cuda', 'auto', mod, Tq=1) == 'dense'
     assert A.route('cpu', 'auto', mod) == 'dense' and A.route('cpu', 'flex', mod) == 'flex'
@@ -282,7 +283,7 @@ def test_route_names_the_path_and_attend_runs_the_path_it_names(monkeypatch):
     monkeypatch.setattr(A, '_flex_attend', lambda q, *a: calls.append('flex') or (q, None))
     monkeypatch.setattr(A, '_dense', lambda q, *a: calls.append('dense') or (q, None))
     for way in ('sdpa', 'flex', 'dense'):
-        monkeypatch.setattr(A, 'route', lambda *a, way=way: way)
+        monkeypatch.setattr(A, 'route', lambda *a, way=way, **kw: way)
         A.attend(q, k, v, mod)
     assert calls == ['sdpa', 'flex', 'dense']
 
@@ -291,7 +292,7 @@ def test_each_layer_reports_the_route_its_forward_takes(monkeypatch):
     """GPT.attention_backends names each layer's route: on the CPU the routes a real forward takes (its calls of
     SDPA and of the dense path counted), on CUDA FlexAttention for the bias layers, without touching the caller's
     random numbers."""
-    m = tiny_model('alibi', n_layer=3, nope_layers=[1], attn_backend='auto')
+    m = tiny_model('t5', n_layer=3, nope_layers=[1], attn_backend='auto')
     state = torch.get_rng_state()
     assert m.attention_backends('cpu') == ['dense', 'sdpa', 'dense']
     assert m.attention_backends('cuda') == ['flex', 'sdpa', 'flex'] == m.attention_backends('cuda', grad=False)
@@ -331,7 +332,7 @@ def test_qk_lift_equals_the_bias_path(name, opts):
     for lifted in (False, True):
         mod = pe.score_mod(q, k, pe.context(pos, pos), layer)
         if lifted:
-            q2, k2, v2 = A.lift_qk(q, k, v, *mod.factors)
+            q2, k2, v2 = A.lift_qk(q, k, v, *mod.factors())
             y = A._sdpa(q2, k2, v2, 0.0, A.CAUSAL, d ** -0.5)[..., :d]
         else:
             y = A._dense(q, k, v, mod, 0.0, None, False, A.Attend())[0]
@@ -341,7 +342,7 @@ def test_qk_lift_equals_the_bias_path(name, opts):
     for a, b in zip(g1, g0):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max(), (a - b).abs().max()
     with torch.no_grad():  # the key term matters: without it the output moves
-        fq, fk = mod.factors
+        fq, fk = mod.factors()
         y_far = A._sdpa(*A.lift_qk(q, k, v, fq, -fk), 0.0, A.CAUSAL, d ** -0.5)[..., :d]
     assert (y_far - y0).abs().max() > 1e-3 * y0.abs().max()
 
