@@ -344,24 +344,6 @@ def goal_class(hooks):
     return min(kinds, key=lambda c: GOALS[c][1])
 
 
-def stepper(model, xy, rt, compile):
-    """(a function that takes one training step of `model` on the batch xy [B, L + 1] and returns its loss, the
-    optimizer): AdamW at PAIR_LR, gradients clipped at 1 (train.py's grad_clip), the model compiled if asked."""
-    model.train()
-    opt = model.configure_optimizers(0.1, PAIR_LR, (0.9, 0.95), rt.device_type)
-    run = torch.compile(model) if compile else model
-
-    def step():
-        with rt.autocast:
-            _, loss = run(xy[:, :-1], xy[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-    return step, opt
-
-
 def time_blocks(order, steps, block_steps, clock, between=lambda: None):
     """Blocks of consecutive steps, one model a block, in `order` (names of `steps`, functions): before each block
     between() (on CUDA: wait for the device, hand the cached memory back), then one untimed step, which takes what
@@ -488,7 +470,7 @@ class Models:
         torch.manual_seed(self.a.seed)
         model = GPT(cfg).to(self.rt.device)
         r = self.describe(name, cfg, model)
-        step, opt = stepper(model, self.xy, self.rt, self.a.compile)
+        step, opt = runtime.train_stepper(model, self.xy, self.rt, PAIR_LR, self.a.compile)
         t0 = self.clock.now()
         r['loss_first'] = step().item()
         r['compile_s'] = self.clock.now() - t0

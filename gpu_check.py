@@ -167,30 +167,13 @@ def check_grads(model, x, rt, r):
     r['grad_worst_param'], r['grad_worst_err'] = max(err.items(), key=lambda kv: kv[1])
 
 
-def trainer(model, xy, a, rt):
-    """A function that takes one training step of `model` on the batch xy [B, L + 1] and returns its loss: AdamW
-    at CHECK_LR, gradients clipped at 1, the model compiled unless --compile=False, every layer on --backend."""
-    model.train()
-    opt = model.configure_optimizers(0.1, CHECK_LR, (0.9, 0.95), rt.device_type)
-    run = torch.compile(model) if a.compile else model
-
-    def train_step():
-        with rt.autocast, model.attention_backend(a.backend):
-            _, loss = run(xy[:, :-1], xy[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-    return train_step
-
-
 def check_train(model, size, B, L, a, rt, r):
     """--steps training steps on one repeated batch: the loss of the first and of the last, and whether it fell (the
     batch is learned: `learns`). --compile=False runs the model eagerly (FlexAttention stays compiled), which tells
     a fault of the whole-model graph from one of the kernel; --backend=dense trains without FlexAttention, which
     tells a fault of the kernel from one of the optimisation."""
-    train_step = trainer(model, torch.randint(size['vocab_size'], (B, L + 1), device=rt.device), a, rt)
+    train_step, _ = runtime.train_stepper(model, torch.randint(size['vocab_size'], (B, L + 1), device=rt.device), rt,
+                                         CHECK_LR, a.compile, a.backend)
     r['loss_first'] = train_step().item()
     for _ in range(a.steps - 1):
         loss = train_step()

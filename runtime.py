@@ -190,6 +190,25 @@ def time_limit(seconds, what='--scheme_limit'):
         signal.signal(signal.SIGALRM, old)
 
 
+def train_stepper(model, xy, rt, lr, compile, backend=None):
+    """(a function that takes one training step of `model` on the batch xy [B, L + 1] and returns its loss, the
+    optimizer): AdamW at lr (weight decay 0.1, betas 0.9, 0.95), gradients clipped at 1 (train.py's grad_clip), the
+    model compiled if asked, every layer on `backend` where one is given (bench.py's and gpu_check.py's steps)."""
+    model.train()
+    opt = model.configure_optimizers(0.1, lr, (0.9, 0.95), rt.device_type)
+    run = torch.compile(model) if compile else model
+
+    def step():
+        with rt.autocast, (model.attention_backend(backend) if backend else nullcontext()):
+            _, loss = run(xy[:, :-1], xy[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step, opt
+
+
 class StepProfile:
     """torch.profiler over `iters` training iterations from iteration `first` (compiled and warm by then): writes
     out_dir/profile.json (wall time per iteration, the device's busy time in it, and the operators by self
