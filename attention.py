@@ -268,7 +268,7 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
                `factors()` is called (ALiBi, GRAPE-A), on CUDA under 'auto' with more than one query and no
                logsumexp (the dropped term of the query would change a sink's share or a value term), not in float16
                (whose range a position overflows): the factors ride as extra columns of q and k through SDPA's
-               fused kernels (FlashBias, arXiv 2505.12044; lift_qk)
+               fused kernels (FlashBias, arXiv 2505.12044; lift_qk), attention dropout SDPA's own as on 'sdpa'
       'flex'   FlexAttention: 'flex'; or 'auto' on CUDA with more than one query. Not without gradients for a
                score_mod marked `tabulate` under 'auto' (FIRE's MLP per logit, which FlexAttention would unroll
                into every logit of its kernel: the dense path evaluates it as a table per chunk of queries), and
