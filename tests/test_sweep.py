@@ -12,11 +12,10 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from report import read_result
-from conftest import ROOT
+from conftest import ROOT, fork_run
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 MODEL = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--compile=False', '--log_interval=50', '--wandb_log=False']
@@ -25,17 +24,6 @@ LM = ['--schemes=rope,alibi', '--scalings=linear', '--max_iters=300', '--eval_in
       '--final_eval_mults=[1, 2]', '--block_size=16', '--batch_size=4', '--eval_tokens=256', '--warmup_iters=5'] + MODEL
 TASKS = ['--tasks=copy', '--schemes=rope,learned', '--randomized=', '--max_iters=200', '--eval_interval=100',
          '--batch_size=8'] + MODEL
-
-
-@pytest.fixture(scope='module')
-def data(tmp_path_factory):
-    """A small char corpus, as conftest's char_data, once for the module."""
-    sys.path.insert(0, os.path.join(ROOT, 'data', 'shakespeare_char'))
-    from prepare import prepare
-    words = ['to', 'be', 'or', 'not', 'that', 'is', 'the', 'question', 'whether', 'tis', 'nobler']
-    folder = str(tmp_path_factory.mktemp('data'))
-    prepare(' '.join(np.random.default_rng(0).choice(words, size=20000)) + '\n', folder)
-    return folder
 
 
 def sweep(args):
@@ -77,13 +65,13 @@ def reference(args):
     return dict(out=out, args=args, stdout=r.stdout, results=results(out), tables=tables(out))
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')  # (its tests share one xdist group: conftest.GROUPS)
 def lm_ref(data, tmp_path_factory):
     """The uninterrupted LM sweep the interrupted ones must end equal to."""
     return reference(LM + [f'--data_dir={data}', f"--out={tmp_path_factory.mktemp('lm-ref') / 'out'}"])
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')
 def task_ref(tmp_path_factory):
     return reference(TASKS + [f"--out={tmp_path_factory.mktemp('task-ref') / 'out'}"])
 
@@ -178,9 +166,11 @@ def test_finished_sweep_run_again_starts_nothing_and_other_settings_are_refused(
     r = sweep([a if not a.startswith('--max_iters') else '--max_iters=301' for a in args])
     assert r.returncode != 0 and 'holds a run with other settings' in r.stdout
     assert tables(out) == lm_ref['tables'] and results(out) == lm_ref['results']
-    r = sweep(['--passkey=maybe'])
+    # refused before any run: sweep.py's own code path in a forked child, no second interpreter
+    r = fork_run(['sweep.py', '--passkey=maybe'])
     assert r.returncode != 0 and 'True or False' in r.stderr
-    r = sweep(args + ['--variants=rope-bogus'])  # --schemes alone runs no variant; a named one must exist
+    # --schemes alone runs no variant; a named one must exist
+    r = fork_run(['sweep.py'] + args + ['--variants=rope-bogus'])
     assert r.returncode != 0 and "unknown variant(s) ['rope-bogus']" in r.stderr and 'Traceback' not in r.stderr
 
 
