@@ -284,7 +284,6 @@ def assert_trains_and_pe_params_learn(m):
     return owned
 
 
-
 # --- the end-to-end runs several modules share ---------------------------------------------------
 
 TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=16', '--batch_size=4', '--compile=False',

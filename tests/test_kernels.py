@@ -22,8 +22,8 @@ FLA_SCHEMES = ['fox', 'path', 'path_fox', 'stick_breaking', 'wall']
 MISSING = [m for m in ('triton', 'einops', 'fla') if importlib.util.find_spec(m) is None]
 
 
-# fla_interpret.py's cases in two halves, a subprocess each, in two xdist groups: under pytest -n 2 the two
-# workers interpret them at the same time. The whole-model cases (and explain) are one half, the hooks the other.
+# fla_interpret.py's cases in two halves, a subprocess each, in two xdist groups, so that under pytest -n 2 the
+# two workers can interpret them at the same time: the whole-model cases (and explain), and the hooks.
 HALVES = {'fla-models': [c for c in CASES if c.startswith(('model_', 'explain_'))]}
 HALVES['fla-hooks'] = [c for c in CASES if c not in HALVES['fla-models']]
 HALF = {c: half for half, cases in HALVES.items() for c in cases}
