@@ -22,8 +22,11 @@ MODEL = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--compile=False', '--log_i
 # 300 tiny steps: a second or so of training, long enough to land a signal inside it
 LM = ['--schemes=rope,alibi', '--scalings=linear', '--max_iters=300', '--eval_interval=100',
       '--final_eval_mults=[1, 2]', '--block_size=16', '--batch_size=4', '--eval_tokens=256', '--warmup_iters=5'] + MODEL
+# a progress line every 10 steps: each stop of the task suite's fault test waits for the first line after the
+# last stop, and at ~2 ms a step a signal lands up to ~50 steps after the line it followed
 TASKS = ['--tasks=copy', '--schemes=rope,learned', '--randomized=', '--max_iters=200', '--eval_interval=100',
-         '--batch_size=8'] + MODEL
+         '--batch_size=8'] + [a for a in MODEL if not a.startswith('--log_interval')] + ['--log_interval=10']
+NEXT_LINE = '\niter '  # a run's next progress line, whichever step it resumed at
 
 
 def sweep(args):
@@ -210,12 +213,12 @@ def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_re
     r = sweep(args)
     assert r.returncode != 0 and r.stdout == '' and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
     assert f"is in use by PID {p.pid} (sweep.py" in r.stderr and '--out=ANOTHER_DIR' in r.stderr
-    _, said, running = probe(args, tmp_path, signal.SIGKILL, os.path.join(rope, 'sweep.log'), 'iter 50:', 0, out,
+    _, said, running = probe(args, tmp_path, signal.SIGKILL, os.path.join(rope, 'sweep.log'), 'iter 30:', 0, out,
                              started=(p, log))
     assert ('train.py' in [s for _, s in running]) and 'stopped by SIGTERM at iter' in open(rope + '/sweep.log').read()
 
     p, log = start(args, tmp_path)
-    assert wait_for(p, os.path.join(rope, 'sweep.log'), 'iter 100:')
+    assert wait_for(p, os.path.join(rope, 'sweep.log'), NEXT_LINE)
     [(pid, script)] = children(rope)
     os.kill(pid, signal.SIGTERM)  # train.py saves and exits 0: a stopped run, not a finished one
     text = output(p, log)
@@ -226,7 +229,7 @@ def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_re
     assert '| learned | 1 |' in open(os.path.join(out, 'report', 'report.md')).read()
     assert '| rope |' not in open(os.path.join(out, 'report', 'report.md')).read()
 
-    _, said, running = probe(args, tmp_path, signal.SIGINT, os.path.join(rope, 'sweep.log'), 'iter 150:',
+    _, said, running = probe(args, tmp_path, signal.SIGINT, os.path.join(rope, 'sweep.log'), NEXT_LINE,
                              rng.uniform(0, .05), out)
     assert running, said[-3000:]
     r = sweep(args)
