@@ -308,9 +308,9 @@ def trained(data, tmp_path_factory):
 # --dist loadgroup sends the tests of one xdist group to one worker, so every test using one of these
 # fixtures joins its group and each fixture is built once per suite run. The tests that use them run
 # end-to-end training (marker e2e), or need PyPI (marker network).
-GROUPS = {'trained': 'trained', 'killed': 'trained', 'lm_ref': 'sweep', 'task_ref': 'sweep',
+GROUPS = {'trained': 'trained', 'killed': 'trained', 'stopped': 'trained', 'lm_ref': 'sweep', 'task_ref': 'sweep',
           'offline': 'gpt2', 'hf_gpt2': 'gpt2'}
-E2E_FIXTURES = {'trained', 'killed', 'lm_ref', 'task_ref'}
+E2E_FIXTURES = {'trained', 'killed', 'stopped', 'lm_ref', 'task_ref'}
 NETWORK_FIXTURES = {'offline'}
 
 

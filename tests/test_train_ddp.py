@@ -1,8 +1,8 @@
-"""Ranks that die or freeze under torchrun (2 CPU ranks, gloo): the survivor exits within a
-bound with one line on its own stderr naming the lost rank and how to resume, and the
-resumed run continues the interrupted run's losses bit for bit and the uninterrupted run's, on
-the same or another world size. The uninterrupted reference is conftest's one-process `trained`
-run (the same settings and global batches): 2 ranks equal it up to float summation order."""
+"""Ranks that stop, die or freeze under torchrun (2 CPU ranks, gloo): SIGTERM to one rank stops
+both at one iteration, saving; after a SIGKILL or SIGSTOP the survivor exits within a bound with
+one line on its own stderr naming the lost rank and how to resume; and each resumed run continues
+the uninterrupted run's losses, on the same world size bit for bit (the two resumed 2-rank runs
+are equal), on another up to float summation order."""
 import glob
 import os
 import re
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import N, ROOT, TINY, fork_run
-from test_train_robust import ENV, ckpt_iter, losses, run, wait_for_iter, worker_pid
+from test_train_robust import ENV, ckpt_iter, cmd, losses, run, wait_for_iter, worker_pid
 
 # trained's settings, saving every 10 iterations: a fault at iteration 15 lands after a save, mid-training
 ARGS = ['train.py', f'--max_iters={N}', '--eval_interval=10', '--final_eval=False',
@@ -72,6 +72,37 @@ def killed(data, tmp_path_factory):
     return fault(data, tmp_path_factory.mktemp('killed'), signal.SIGKILL)
 
 
+@pytest.fixture(scope='session')
+def stopped(data, tmp_path_factory):
+    """SIGTERM to rank 1 once iteration 3 is logged, then the run resumed on 2 ranks to the end:
+    {'out', 'rc', 'stdout', 'stderr', 'saved' (the checkpoint's iteration at the stop), 'resumed'}."""
+    out = str(tmp_path_factory.mktemp('stopped') / 'run')
+    args = ARGS + [f'--data_dir={data}', f'--out_dir={out}']
+    p = subprocess.Popen(cmd(args, torchrun=2), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=ENV)
+    wait_for_iter(out, lambda: p.poll() is None)
+    os.kill(worker_pid(p.pid, 1), signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    saved = ckpt_iter(out) if os.path.exists(os.path.join(out, 'ckpt.pt')) else None
+    resumed = run(args + ['--init_from=resume'], torchrun=2) if p.returncode == 0 else None
+    return dict(out=out, rc=p.returncode, stdout=stdout, stderr=stderr, saved=saved, resumed=resumed)
+
+
+def test_sigterm_to_one_ddp_rank_stops_every_rank_then_resumes(stopped, trained):
+    """SIGTERM to rank 1 only: both ranks must stop at the same iteration (else the next
+    collective hangs), rank 0 saves, both exit 0 (torchrun's exit code is 0 only then).
+    The resumed 2-rank run continues the same losses as the single-process reference."""
+    assert stopped['rc'] == 0, stopped['stderr'][-3000:]
+    assert '[rank 1] got SIGTERM' in stopped['stdout'] and '[rank 0] got' not in stopped['stdout']
+    stop = int(re.search(r'stopped by a signal to another rank at iter (\d+)', stopped['stdout']).group(1))
+    assert stop < N and stopped['saved'] == stop
+    assert stopped['resumed'].returncode == 0, stopped['resumed'].stderr[-3000:]
+    a, b = losses(trained), losses(stopped['out'])
+    assert sorted(b) == list(range(1, N + 1))
+    # DDP vs one process on the same global batch: equal up to float summation order
+    assert max(abs(a[k] - b[k]) for k in a) < 1e-5
+
+
 def test_sigkill_of_rank_1_ends_rank_0_with_one_line(killed):
     took, err, out, rc = killed
     assert rc != 0
@@ -93,30 +124,26 @@ def test_frozen_rank_1_ends_rank_0_after_ddp_timeout(data, tmp_path):
     assert f'(iter {ckpt_iter(out)})' in err and 'Traceback' not in err
 
 
-def test_resume_after_the_kill_continues_the_same_losses(killed, trained, tmp_path):
+def test_resume_after_the_kill_continues_the_same_losses(killed, stopped, tmp_path):
     """Same world size: the checkpoint saved before the kill loads, the lines logged after it are
-    dropped and logged again, bit for bit the killed run's, and every iteration's loss is the
-    uninterrupted run's."""
+    dropped and logged again, and every iteration's loss is, bit for bit, the one of the run stopped
+    by SIGTERM and resumed (the uninterrupted run's, each if its resume is exact)."""
     out = str(tmp_path / 'run')
     shutil.copytree(killed[2], out)
-    before, saved = losses(out), ckpt_iter(out)
-    assert max(before) > saved  # iterations past the checkpoint, trained again on resume
     r = run(ARGS + [f'--out_dir={out}', '--init_from=resume'], torchrun=2)
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'world size' not in r.stdout
     b = losses(out)
-    assert sorted(b) == list(range(1, N + 1)) and all(b[k] == before[k] for k in before)
-    ref = losses(trained)
-    assert max(abs(b[k] - ref[k]) for k in b) < 1e-5
+    assert sorted(b) == list(range(1, N + 1)) and b == losses(stopped['out'])
 
 
-def test_resume_on_another_world_size_says_so(killed, trained, tmp_path):
+def test_resume_on_another_world_size_says_so(killed, stopped, tmp_path):
     """One process resumes the 2-rank checkpoint: it says so and continues the same global
-    batches, equal to the uninterrupted run up to float summation order."""
+    batches, equal to the 2-rank run up to float summation order."""
     out = str(tmp_path / 'run')
     shutil.copytree(killed[2], out)
     r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume'])
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'resuming with world size 2 -> 1: the run continues' in r.stdout
-    b, ref = losses(out), losses(trained)
+    b, ref = losses(out), losses(stopped['out'])
     assert sorted(b) == list(range(1, N + 1)) and max(abs(b[k] - ref[k]) for k in b) < 1e-5
