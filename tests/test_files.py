@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, fork_run
-from test_train_robust import TINY, copy_run, data, trained  # noqa: F401 (fixtures)
+from conftest import ROOT, TINY, fork_run
+from test_train_robust import copy_run
 
 sys.path.insert(0, ROOT)
 import checkpoint  # noqa: E402

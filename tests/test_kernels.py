@@ -22,14 +22,28 @@ FLA_SCHEMES = ['fox', 'path', 'path_fox', 'stick_breaking', 'wall']
 MISSING = [m for m in ('triton', 'einops', 'fla') if importlib.util.find_spec(m) is None]
 
 
-@pytest.fixture(scope='module')
+# fla_interpret.py's cases in two halves, a subprocess each, in two xdist groups, so that under pytest -n 2 the
+# two workers can interpret them at the same time: the whole-model cases (and explain), and the hooks.
+HALVES = {'fla-models': [c for c in CASES if c.startswith(('model_', 'explain_'))]}
+HALVES['fla-hooks'] = [c for c in CASES if c not in HALVES['fla-models']]
+HALF = {c: half for half, cases in HALVES.items() for c in cases}
+
+
+@pytest.fixture(scope='session')
 def interpreted():
-    """Every case of tests/fla_interpret.py, run once in a subprocess with TRITON_INTERPRET=1 -> {case: result}."""
+    """The halves this worker has run: {half: CompletedProcess}, filled by `interpret`."""
     if MISSING:
         pytest.skip(f"fla's kernels need {', '.join(MISSING)} (pip install -r requirements.txt; triton: Linux only)")
-    env = dict(os.environ, TRITON_INTERPRET='1')
-    r = subprocess.run([sys.executable, os.path.join(ROOT, 'tests', 'fla_interpret.py')], capture_output=True,
-                       text=True, env=env, cwd=ROOT, timeout=600)
+    return {}
+
+
+def interpret(runs, half):
+    """The cases of `half`, run once per worker in a subprocess with TRITON_INTERPRET=1 -> {case: result}."""
+    if half not in runs:
+        env = dict(os.environ, TRITON_INTERPRET='1')
+        runs[half] = subprocess.run([sys.executable, os.path.join(ROOT, 'tests', 'fla_interpret.py')] + HALVES[half],
+                                    capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    r = runs[half]
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     if 'unavailable' in res:
@@ -37,10 +51,11 @@ def interpreted():
     return res
 
 
-@pytest.mark.parametrize('case', [c for c in CASES if not c.startswith('explain')])
+@pytest.mark.parametrize('case', [pytest.param(c, marks=pytest.mark.xdist_group(HALF[c])) for c in CASES
+                                  if not c.startswith('explain')])
 def test_fla_kernel_equals_nanope_path(interpreted, case):
     """Output and gradients within tolerance of nanoPE's dense path; each mapping changed on purpose misses."""
-    r = interpreted[case]
+    r = interpret(interpreted, HALF[case])[case]
     assert 'error' not in r, r['error']
     bad = {k: v for k, v in r['checks'].items() if not v[0] <= v[1]}
     assert r['checks'] and not bad, bad
@@ -59,18 +74,21 @@ def test_every_fla_scheme_and_option_is_covered():
         assert has in CASES, kernel
 
 
+@pytest.mark.xdist_group('fla-models')
 def test_model_layers_run_and_report_fla(interpreted):
     """A whole model on attn_backend='fla' says each layer ran its fla kernel; on 'dense', nanoPE's path."""
+    res = interpret(interpreted, 'fla-models')
     for s in FLA_SCHEMES:
         route = 'own' if s == 'stick_breaking' else 'dense'  # its own attention; the others' logits through attend
         kernel = f"fla:{positional.REGISTRY[s].fla_kernel}"
-        assert interpreted[f'model_{s}']['backends'] == {'dense': [route] * 2, 'fla': [kernel] * 2}, s
+        assert res[f'model_{s}']['backends'] == {'dense': [route] * 2, 'fla': [kernel] * 2}, s
 
 
+@pytest.mark.xdist_group('fla-models')
 def test_the_fla_call_is_the_only_graph_break(interpreted):
     """Under torch.compile every graph break is the adapter's torch.compiler.disable (the frames above it break at the
     call), and a layer's graphs are reused by every layer: a handful of graphs whatever the depth."""
-    r = interpreted['explain_fox']
+    r = interpret(interpreted, 'fla-models')['explain_fox']
     assert 'error' not in r, r['error']
     assert r['breaks'] >= 1 and r['graphs'] <= 6, r
     assert all('torch.compiler.disable' in why for why in r['reasons']), r['reasons']
@@ -168,6 +186,7 @@ def test_a_kv_cache_stays_on_nanopes_path(monkeypatch):
         fla.uses_fla(q, None)
 
 
+@pytest.mark.e2e
 def test_train_log_and_eval_json_say_which_route_each_layer_ran(char_data, tmp_path):
     """train.py's plan lines say each layer's route in training, eval.json's attn_backends the route of the
     evaluation (on CPU fox's gate bias goes to the dense path); a checkpoint's 'fla' evaluated where fla cannot

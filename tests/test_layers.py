@@ -485,6 +485,7 @@ def test_a_shape_weight_that_differs_is_refused():
         checkpoint.load_shared(tiny_model('rope', vocab_size=40), tiny_model('rope').state_dict(), 'old.pt')
 
 
+@pytest.mark.e2e
 def test_finetune_with_another_scheme_prints_the_report(tmp_path, char_data):
     common = ['--n_layer=2', '--n_head=2', '--n_embd=16', '--block_size=16', '--batch_size=4', '--wandb_log=False',
               '--compile=False', '--final_eval=False', '--eval_interval=2', '--eval_tokens=64',

@@ -292,6 +292,7 @@ def test_eval_override_on_saved_checkpoint(tmp_path, char_data):
     assert 'val/loss@2L' in out.stdout
 
 
+@pytest.mark.e2e
 def test_finetune_from_checkpoint_keeps_new_length_and_scaling(tmp_path, char_data):
     vocab = json.load(open(os.path.join(char_data, 'meta.json')))['vocab_size']
     m = tiny_model('rope', vocab_size=vocab)

@@ -153,6 +153,7 @@ def test_attn_grads_match_float64_and_see_a_dropped_logsumexp_gradient(tmp_path,
 
 # --- portable out_dirs ------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_out_dir_moved_with_its_data_gone(char_data, tmp_path):
     """The checkpoint keeps its vocabulary: a copied out_dir samples without the data folder,
     and eval.py finds its data again with --data_dir (and says so when it cannot)."""
@@ -198,6 +199,7 @@ def test_gpt2_weights_give_hf_logits(hf_gpt2):
         assert (m(x)[0] - hf(x).logits).abs().max() < 1e-4
 
 
+@pytest.mark.e2e
 def test_gpt2_sample_eval_and_finetune(hf_gpt2, offline, tmp_path):
     """sample.py past the 64-position table (sliding-window fallback), eval.py with the sliding
     fallback past it, and train.py fine-tuning from the weights (a conflicting shape is refused). Forked

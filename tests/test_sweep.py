@@ -12,30 +12,21 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from report import read_result
-from conftest import ROOT
+from conftest import ROOT, fork_run
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 MODEL = ['--n_layer=1', '--n_embd=32', '--n_head=2', '--compile=False', '--log_interval=50', '--wandb_log=False']
 # 300 tiny steps: a second or so of training, long enough to land a signal inside it
 LM = ['--schemes=rope,alibi', '--scalings=linear', '--max_iters=300', '--eval_interval=100',
       '--final_eval_mults=[1, 2]', '--block_size=16', '--batch_size=4', '--eval_tokens=256', '--warmup_iters=5'] + MODEL
+# a progress line every 10 steps: each stop of the task suite's fault test waits for the first line after the
+# last stop, and at ~2 ms a step a signal lands up to ~50 steps after the line it followed
 TASKS = ['--tasks=copy', '--schemes=rope,learned', '--randomized=', '--max_iters=200', '--eval_interval=100',
-         '--batch_size=8'] + MODEL
-
-
-@pytest.fixture(scope='module')
-def data(tmp_path_factory):
-    """A small char corpus, as conftest's char_data, once for the module."""
-    sys.path.insert(0, os.path.join(ROOT, 'data', 'shakespeare_char'))
-    from prepare import prepare
-    words = ['to', 'be', 'or', 'not', 'that', 'is', 'the', 'question', 'whether', 'tis', 'nobler']
-    folder = str(tmp_path_factory.mktemp('data'))
-    prepare(' '.join(np.random.default_rng(0).choice(words, size=20000)) + '\n', folder)
-    return folder
+         '--batch_size=8'] + [a for a in MODEL if not a.startswith('--log_interval')] + ['--log_interval=10']
+NEXT_LINE = '\niter '  # a run's next progress line, whichever step it resumed at
 
 
 def sweep(args):
@@ -77,13 +68,13 @@ def reference(args):
     return dict(out=out, args=args, stdout=r.stdout, results=results(out), tables=tables(out))
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')  # (its tests share one xdist group: conftest.GROUPS)
 def lm_ref(data, tmp_path_factory):
     """The uninterrupted LM sweep the interrupted ones must end equal to."""
     return reference(LM + [f'--data_dir={data}', f"--out={tmp_path_factory.mktemp('lm-ref') / 'out'}"])
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')
 def task_ref(tmp_path_factory):
     return reference(TASKS + [f"--out={tmp_path_factory.mktemp('task-ref') / 'out'}"])
 
@@ -178,9 +169,11 @@ def test_finished_sweep_run_again_starts_nothing_and_other_settings_are_refused(
     r = sweep([a if not a.startswith('--max_iters') else '--max_iters=301' for a in args])
     assert r.returncode != 0 and 'holds a run with other settings' in r.stdout
     assert tables(out) == lm_ref['tables'] and results(out) == lm_ref['results']
-    r = sweep(['--passkey=maybe'])
+    # refused before any run: sweep.py's own code path in a forked child, no second interpreter
+    r = fork_run(['sweep.py', '--passkey=maybe'])
     assert r.returncode != 0 and 'True or False' in r.stderr
-    r = sweep(args + ['--variants=rope-bogus'])  # --schemes alone runs no variant; a named one must exist
+    # --schemes alone runs no variant; a named one must exist
+    r = fork_run(['sweep.py'] + args + ['--variants=rope-bogus'])
     assert r.returncode != 0 and "unknown variant(s) ['rope-bogus']" in r.stderr and 'Traceback' not in r.stderr
 
 
@@ -220,12 +213,12 @@ def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_re
     r = sweep(args)
     assert r.returncode != 0 and r.stdout == '' and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
     assert f"is in use by PID {p.pid} (sweep.py" in r.stderr and '--out=ANOTHER_DIR' in r.stderr
-    _, said, running = probe(args, tmp_path, signal.SIGKILL, os.path.join(rope, 'sweep.log'), 'iter 50:', 0, out,
+    _, said, running = probe(args, tmp_path, signal.SIGKILL, os.path.join(rope, 'sweep.log'), 'iter 30:', 0, out,
                              started=(p, log))
     assert ('train.py' in [s for _, s in running]) and 'stopped by SIGTERM at iter' in open(rope + '/sweep.log').read()
 
     p, log = start(args, tmp_path)
-    assert wait_for(p, os.path.join(rope, 'sweep.log'), 'iter 100:')
+    assert wait_for(p, os.path.join(rope, 'sweep.log'), NEXT_LINE)
     [(pid, script)] = children(rope)
     os.kill(pid, signal.SIGTERM)  # train.py saves and exits 0: a stopped run, not a finished one
     text = output(p, log)
@@ -236,7 +229,7 @@ def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_re
     assert '| learned | 1 |' in open(os.path.join(out, 'report', 'report.md')).read()
     assert '| rope |' not in open(os.path.join(out, 'report', 'report.md')).read()
 
-    _, said, running = probe(args, tmp_path, signal.SIGINT, os.path.join(rope, 'sweep.log'), 'iter 150:',
+    _, said, running = probe(args, tmp_path, signal.SIGINT, os.path.join(rope, 'sweep.log'), NEXT_LINE,
                              rng.uniform(0, .05), out)
     assert running, said[-3000:]
     r = sweep(args)

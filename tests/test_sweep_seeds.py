@@ -1,62 +1,30 @@
 """Comparisons over seeds, end to end: a sweep trains every run once per seed in its own folder,
-resumes per seed, and its report gives each cell's mean ± sd with n; seed s gives every scheme
-the same batches."""
+resumes per seed, logs one wandb run per scheme and seed in the sweep's group, and its report gives
+each cell's mean ± sd with n; seed s gives every scheme the same batches."""
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from conftest import ROOT
-from test_sweep import ENV, MODEL, data, tables, wait_for  # noqa: F401 (data: a fixture)
+from test_sweep import ENV, MODEL, children, gone_within, tables, wait_for
 
 TWO = ['--schemes=rope,alibi', '--seeds=2', '--scalings=', '--max_iters=60', '--eval_interval=30',
        '--final_eval_mults=[1, 2]', '--block_size=16', '--batch_size=4', '--eval_tokens=256',
        '--warmup_iters=5'] + MODEL
 
 
-def sweep(args, **kw):
+def sweep(args, env=ENV, **kw):
     return subprocess.Popen([sys.executable, 'sweep.py'] + args, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=ENV, **kw)
+                            stderr=subprocess.STDOUT, text=True, env=env, **kw)
 
 
 def aggregate(out):
     agg = json.load(open(os.path.join(out, 'report', 'aggregate.json')))
     return {k: v for k, v in agg.items() if k != 'runs'}
-
-
-def test_two_seed_sweep_reports_spread_and_resumes_per_seed(data, tmp_path):
-    ref = str(tmp_path / 'ref')
-    p = sweep(TWO + [f'--data_dir={data}', f'--out={ref}'])
-    said = p.communicate(timeout=300)[0]
-    assert p.returncode == 0, said[-3000:]
-    assert 'sweep: language modelling: 4 runs (2 x 2 seed(s): 1337, 1338), 4 to do, about' in said
-    assert sorted(os.listdir(ref)) == ['.lock', 'alibi-s1337', 'alibi-s1338', 'report', 'rope-s1337', 'rope-s1338']
-    md = open(os.path.join(ref, 'report', 'report.md')).read()
-    detail = md.split('### Val loss', 1)[1]  # past the leaderboard, whose cells have no min–max
-    rows = [l for l in detail.splitlines() if l.startswith(('| rope | 2 |', '| alibi | 2 |'))]
-    assert rows and all(' ± ' in l and '–' in l for l in rows), md
-    assert 'Difference from rope (run − rope), paired by seed' in md and '| alibi | ' in md
-    agg = json.load(open(os.path.join(ref, 'report', 'aggregate.json')))
-    cell = agg['nonoverlap']['1']['runs']['alibi']
-    assert cell['n'] == 2 and set(cell['seeds']) == {'1337', '1338'} and cell['seeds']['1337'] != cell['seeds']['1338']
-    # the two seeds differ (initialisation, batches, dropout), the two schemes at one seed share the batches
-    # a sweep killed half-way and run again trains only what is missing and ends with the same report
-    out = str(tmp_path / 'out')
-    p = sweep(TWO + [f'--data_dir={data}', f'--out={out}'], start_new_session=True)
-    assert wait_for(p, os.path.join(out, 'rope-s1338', 'sweep.log'), 'iter 30:')  # rope-s1337 is done
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
-    time.sleep(1.0)
-    p = sweep(TWO + [f'--data_dir={data}', f'--out={out}'])
-    said = p.communicate(timeout=300)[0]
-    assert p.returncode == 0, said[-3000:]
-    assert '3 to do' in said and 'rope-s1337' not in ''.join(l for l in said.splitlines() if l.startswith('$ '))
-    assert tables(out) == tables(ref)
-    assert aggregate(out) == aggregate(ref)
 
 
 def wandb_records(run_dir):
@@ -75,26 +43,23 @@ def wandb_records(run_dir):
     return {'run': next(r['run'] for r in recs if 'run' in r), 'summary': summary}
 
 
-def test_sweep_logs_one_wandb_run_per_scheme_and_seed_in_one_group(data, tmp_path):
-    out = str(tmp_path / 'wb-sweep')
-    args = [a for a in TWO if not a.startswith(('--max_iters', '--eval_interval', '--wandb_log'))]
-    p = subprocess.run([sys.executable, 'sweep.py'] + args + ['--max_iters=4', '--eval_interval=100',
-                                                              f'--data_dir={data}', f'--out={out}'],
-                       cwd=ROOT, capture_output=True, text=True, env=dict(ENV, WANDB_MODE='offline'), timeout=300)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+def assert_one_wandb_run_per_scheme_and_seed_in_one_group(out):
+    """Each run logged (offline) as NAME-sSEED in the sweep's group, its config and final losses;
+    the report's aggregate as a wandb Table in the same group."""
+    group = os.path.basename(out)
     for scheme in ('rope', 'alibi'):
         for seed in (1337, 1338):
             d = os.path.join(out, f'{scheme}-s{seed}')
             rec = wandb_records(d)
             run, cfg = rec['run'], rec['run']['config']['update']
-            assert (run['display_name'], run['run_group'], run['job_type']) == (f'{scheme}-s{seed}', 'wb-sweep', 'lm')
+            assert (run['display_name'], run['run_group'], run['job_type']) == (f'{scheme}-s{seed}', group, 'lm')
             assert cfg['pos_encoding'] == scheme and cfg['seed'] == seed
             res = json.load(open(os.path.join(d, 'eval.json')))
             for m, v in zip(res['mults'], res['nonoverlap']):
                 assert rec['summary'][f'val/loss@{m}L'] == pytest.approx(v, abs=1e-9)
     agg = wandb_records(os.path.join(out, 'report'))
     assert (agg['run']['display_name'], agg['run']['run_group'], agg['run']['job_type']) == \
-        ('aggregate', 'wb-sweep', 'aggregate')
+        ('aggregate', group, 'aggregate')
     assert agg['summary']['aggregate._type'] == 'table-file'
     import glob
     [table] = glob.glob(os.path.join(out, 'report', 'wandb', 'offline-run-*', 'files', 'media', 'table',
@@ -105,6 +70,42 @@ def test_sweep_logs_one_wandb_run_per_scheme_and_seed_in_one_group(data, tmp_pat
     row = rows[('nonoverlap', '1', 'alibi')]
     assert row['n'] == 2 and row['mean'] == pytest.approx(want['runs']['alibi']['mean'])
     assert row['diff_vs_baseline'] == pytest.approx(want['paired_vs_rope']['alibi']['diff'])
+
+
+@pytest.mark.e2e
+def test_two_seed_sweep_reports_spread_logs_to_wandb_and_resumes_per_seed(data, tmp_path):
+    """The reference sweep logs to wandb (offline); the sweep killed half-way and run again does not,
+    and ends with the same report: wandb changes no result."""
+    ref = str(tmp_path / 'two-seeds')
+    p = sweep([a for a in TWO if a != '--wandb_log=False'] + [f'--data_dir={data}', f'--out={ref}'],
+              env=dict(ENV, WANDB_MODE='offline'))
+    said = p.communicate(timeout=300)[0]
+    assert p.returncode == 0, said[-3000:]
+    assert 'sweep: language modelling: 4 runs (2 x 2 seed(s): 1337, 1338), 4 to do, about' in said
+    assert sorted(os.listdir(ref)) == ['.lock', 'alibi-s1337', 'alibi-s1338', 'report', 'rope-s1337', 'rope-s1338']
+    md = open(os.path.join(ref, 'report', 'report.md')).read()
+    detail = md.split('### Val loss', 1)[1]  # past the leaderboard, whose cells have no min–max
+    rows = [l for l in detail.splitlines() if l.startswith(('| rope | 2 |', '| alibi | 2 |'))]
+    assert rows and all(' ± ' in l and '–' in l for l in rows), md
+    assert 'Difference from rope (run − rope), paired by seed' in md and '| alibi | ' in md
+    agg = json.load(open(os.path.join(ref, 'report', 'aggregate.json')))
+    cell = agg['nonoverlap']['1']['runs']['alibi']
+    assert cell['n'] == 2 and set(cell['seeds']) == {'1337', '1338'} and cell['seeds']['1337'] != cell['seeds']['1338']
+    # the two seeds differ (initialisation, batches, dropout), the two schemes at one seed share the batches
+    assert_one_wandb_run_per_scheme_and_seed_in_one_group(ref)
+    # a sweep killed half-way and run again trains only what is missing and ends with the same report
+    out = str(tmp_path / 'out')
+    p = sweep(TWO + [f'--data_dir={data}', f'--out={out}'], start_new_session=True)
+    assert wait_for(p, os.path.join(out, 'rope-s1338', 'sweep.log'), 'iter 30:')  # rope-s1337 is done
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not gone_within(out, 10), children(out)  # the killed train.py has let go of its folder
+    p = sweep(TWO + [f'--data_dir={data}', f'--out={out}'])
+    said = p.communicate(timeout=300)[0]
+    assert p.returncode == 0, said[-3000:]
+    assert '3 to do' in said and 'rope-s1337' not in ''.join(l for l in said.splitlines() if l.startswith('$ '))
+    assert tables(out) == tables(ref)
+    assert aggregate(out) == aggregate(ref)
 
 
 def batches_seen(data_dir, tmp_path, scheme, seed, iters=6):
@@ -142,6 +143,7 @@ def batches_seen(data_dir, tmp_path, scheme, seed, iters=6):
     return json.load(open(path))
 
 
+@pytest.mark.e2e
 def test_seed_s_gives_every_scheme_the_same_batches(data, tmp_path):
     """The paired design: at one seed, two schemes train on identical batches (2 micro-steps per
     iteration); another seed draws other batches."""

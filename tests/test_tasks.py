@@ -324,6 +324,7 @@ TASK_ARGS = ['--task=copy', '--task_n=4', '--n_layer=1', '--n_head=2', '--n_embd
              '--max_iters=3', '--eval_interval=3', '--log_interval=1', '--compile=False', '--wandb_log=False']
 
 
+@pytest.mark.e2e
 def test_task_run_ddp_equals_one_process_and_writes_bins(tmp_path):
     """A task run: loss on the answers only, weighted by each micro-step's answer tokens, so 3
     ranks on uneven shares (4/4/4 rows, different answer counts) equal one process; the final
@@ -345,6 +346,7 @@ def test_task_run_ddp_equals_one_process_and_writes_bins(tmp_path):
     assert bins[0]['exact'] is not None and bins[-1]['exact'] is None  # past its table: not 0, cannot address
 
 
+@pytest.mark.e2e
 def test_task_suite_end_to_end_resumes(tmp_path):
     out = str(tmp_path / 'suite')
     args = ['sweep.py', '--tasks=copy,parity', '--schemes=rope,learned', '--randomized=learned', f'--out={out}',
@@ -361,6 +363,7 @@ def test_task_suite_end_to_end_resumes(tmp_path):
     assert r.returncode == 0 and 'exact match' not in r.stdout, r.stdout[-2000:]
 
 
+@pytest.mark.e2e
 def test_schemes_all_plans_every_registered_scheme(tmp_path):
     """--schemes=all: every scheme in the registry, for the task suite as for language modelling; over a folder
     whose runs are all finished the sweep trains nothing and reports every scheme."""

@@ -1,6 +1,8 @@
-"""Ranks that die or freeze under torchrun (2 CPU ranks, gloo): the survivor exits within a
-bound with one line on its own stderr naming the lost rank and how to resume, and the
-resumed run continues the uninterrupted run's losses, on the same or another world size."""
+"""Ranks that stop, die or freeze under torchrun (2 CPU ranks, gloo): SIGTERM to one rank stops
+both at one iteration, saving; after a SIGKILL or SIGSTOP the survivor exits within a bound with
+one line on its own stderr naming the lost rank and how to resume; and each resumed run continues
+the uninterrupted run's losses, on the same world size bit for bit (the two resumed 2-rank runs
+are equal), on another up to float summation order."""
 import glob
 import os
 import re
@@ -12,11 +14,12 @@ import time
 
 import pytest
 
-from conftest import ROOT, fork_run
-from test_train_robust import ENV, TINY, ckpt_iter, data, losses, run, wait_for_iter, worker_pid  # noqa: F401
+from conftest import N, ROOT, TINY, fork_run
+from test_train_robust import ENV, ckpt_iter, cmd, losses, run, wait_for_iter, worker_pid
 
-N = 300  # iterations: enough (~5 ms each) that a fault lands mid-training, after a save
-ARGS = ['train.py', f'--max_iters={N}', '--eval_interval=10', '--final_eval=False'] + TINY
+# trained's settings, saving every 10 iterations: a fault at iteration 15 lands after a save, mid-training
+ARGS = ['train.py', f'--max_iters={N}', '--eval_interval=10', '--final_eval=False',
+        '--gradient_accumulation_steps=2'] + TINY
 
 
 def launch(args, logs):
@@ -64,18 +67,40 @@ def fault(data, tmp_path, sig, extra=()):
     return took, worker_stderr(logs, 0), out, p.returncode
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')  # (its tests share one xdist group: conftest.GROUPS)
 def killed(data, tmp_path_factory):
     return fault(data, tmp_path_factory.mktemp('killed'), signal.SIGKILL)
 
 
-@pytest.fixture(scope='module')
-def reference(data, tmp_path_factory):
-    """The same 2-rank run, uninterrupted."""
-    out = str(tmp_path_factory.mktemp('ref') / 'run')
-    r = run(ARGS + [f'--data_dir={data}', f'--out_dir={out}'], torchrun=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return losses(out)
+@pytest.fixture(scope='session')
+def stopped(data, tmp_path_factory):
+    """SIGTERM to rank 1 once iteration 3 is logged, then the run resumed on 2 ranks to the end:
+    {'out', 'rc', 'stdout', 'stderr', 'saved' (the checkpoint's iteration at the stop), 'resumed'}."""
+    out = str(tmp_path_factory.mktemp('stopped') / 'run')
+    args = ARGS + [f'--data_dir={data}', f'--out_dir={out}']
+    p = subprocess.Popen(cmd(args, torchrun=2), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=ENV)
+    wait_for_iter(out, lambda: p.poll() is None)
+    os.kill(worker_pid(p.pid, 1), signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    saved = ckpt_iter(out) if os.path.exists(os.path.join(out, 'ckpt.pt')) else None
+    resumed = run(args + ['--init_from=resume'], torchrun=2) if p.returncode == 0 else None
+    return dict(out=out, rc=p.returncode, stdout=stdout, stderr=stderr, saved=saved, resumed=resumed)
+
+
+def test_sigterm_to_one_ddp_rank_stops_every_rank_then_resumes(stopped, trained):
+    """SIGTERM to rank 1 only: both ranks must stop at the same iteration (else the next
+    collective hangs), rank 0 saves, both exit 0 (torchrun's exit code is 0 only then).
+    The resumed 2-rank run continues the same losses as the single-process reference."""
+    assert stopped['rc'] == 0, stopped['stderr'][-3000:]
+    assert '[rank 1] got SIGTERM' in stopped['stdout'] and '[rank 0] got' not in stopped['stdout']
+    stop = int(re.search(r'stopped by a signal to another rank at iter (\d+)', stopped['stdout']).group(1))
+    assert stop < N and stopped['saved'] == stop
+    assert stopped['resumed'].returncode == 0, stopped['resumed'].stderr[-3000:]
+    a, b = losses(trained), losses(stopped['out'])
+    assert sorted(b) == list(range(1, N + 1))
+    # DDP vs one process on the same global batch: equal up to float summation order
+    assert max(abs(a[k] - b[k]) for k in a) < 1e-5
 
 
 def test_sigkill_of_rank_1_ends_rank_0_with_one_line(killed):
@@ -89,6 +114,7 @@ def test_sigkill_of_rank_1_ends_rank_0_with_one_line(killed):
     assert 'Traceback' not in err
 
 
+@pytest.mark.e2e
 def test_frozen_rank_1_ends_rank_0_after_ddp_timeout(data, tmp_path):
     """SIGSTOP: rank 1's sockets stay open, so only the process-group timeout can end rank 0's wait."""
     took, err, out, rc = fault(data, tmp_path, signal.SIGSTOP, ['--ddp_timeout=5'])
@@ -98,19 +124,20 @@ def test_frozen_rank_1_ends_rank_0_after_ddp_timeout(data, tmp_path):
     assert f'(iter {ckpt_iter(out)})' in err and 'Traceback' not in err
 
 
-def test_resume_after_the_kill_continues_the_same_losses(killed, reference, tmp_path):
+def test_resume_after_the_kill_continues_the_same_losses(killed, stopped, tmp_path):
     """Same world size: the checkpoint saved before the kill loads, the lines logged after it are
-    dropped and logged again, and every iteration's loss is the uninterrupted run's, bit for bit."""
+    dropped and logged again, and every iteration's loss is, bit for bit, the one of the run stopped
+    by SIGTERM and resumed (the uninterrupted run's, each if its resume is exact)."""
     out = str(tmp_path / 'run')
     shutil.copytree(killed[2], out)
     r = run(ARGS + [f'--out_dir={out}', '--init_from=resume'], torchrun=2)
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'world size' not in r.stdout
     b = losses(out)
-    assert sorted(b) == list(range(1, N + 1)) and b == reference
+    assert sorted(b) == list(range(1, N + 1)) and b == losses(stopped['out'])
 
 
-def test_resume_on_another_world_size_says_so(killed, reference, tmp_path):
+def test_resume_on_another_world_size_says_so(killed, stopped, tmp_path):
     """One process resumes the 2-rank checkpoint: it says so and continues the same global
     batches, equal to the 2-rank run up to float summation order."""
     out = str(tmp_path / 'run')
@@ -118,5 +145,5 @@ def test_resume_on_another_world_size_says_so(killed, reference, tmp_path):
     r = fork_run(['train.py', f'--out_dir={out}', '--init_from=resume'])
     assert r.returncode == 0, r.stderr[-3000:]
     assert 'resuming with world size 2 -> 1: the run continues' in r.stdout
-    b = losses(out)
-    assert sorted(b) == list(range(1, N + 1)) and max(abs(b[k] - reference[k]) for k in b) < 1e-5
+    b, ref = losses(out), losses(stopped['out'])
+    assert sorted(b) == list(range(1, N + 1)) and max(abs(b[k] - ref[k]) for k in b) < 1e-5

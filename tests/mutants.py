@@ -1,0 +1,167 @@
+"""A mutation check of the test suite: small bugs, one at a time, each put into a copy of the repo as an exact
+string replacement; the suite (or the tier given) runs on the copy with -x and the first test that fails is the one
+that caught the bug. A replacement whose text is no longer in its file (or is there twice) is reported as not
+applied, never skipped in silence. The repo itself is never written: the copy is its tracked files as they are on
+disk. Not collected by pytest (not named test_*.py).
+
+    python tests/mutants.py                          # every mutant, the full suite: python -m pytest -x -q -n 2
+    python tests/mutants.py --only=rope_sign,window  # some of them
+    python tests/mutants.py --repo=/tmp/old -- -m "not e2e"   # another checkout; pytest arguments after --
+    python tests/mutants.py --control="--durations=40 -v"     # first the unmutated suite, which must pass
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name: (file, what the bug is, exact text, its replacement)
+MUTANTS = {
+    'rope_sign': ('positional.py', "RoPE's rotate_half loses the minus sign",
+                  "    return torch.cat((-x2, x1), dim=-1)",
+                  "    return torch.cat((x2, x1), dim=-1)"),
+    'window': ('attention.py', "a sliding window lets a query see one key too many",
+               "            ok = ok & (t - u < self.window)",
+               "            ok = ok & (t - u <= self.window)"),
+    'sink_dropped': ('attention.py', "attend ignores the sink logits",
+                     "    if sink_logits is not None:  # the sink's share",
+                     "    if False:  # the sink's share"),
+    'resume_skip': ('train.py', "a resumed run skips a batch (draws iteration it + 1's)",
+                    "in enumerate(get_batch(iter_num)):",
+                    "in enumerate(get_batch(iter_num + (resumed_at is not None))):"),
+    'sweep_seed': ('sweep.py', "the LM sweep trains every scheme at the first seed only",
+                   "{'pos_encoding': s, 'seed': str(seed)}) for s in schemes for seed in seeds]",
+                   "{'pos_encoding': s, 'seed': str(seed)}) for s in schemes for seed in seeds[:1]]"),
+    'ckpt_rng_key': ('checkpoint.py', "the saved RNG states drop Python's",
+                     "    return {'torch': torch.get_rng_state(), 'python': random.getstate(),",
+                     "    return {'torch': torch.get_rng_state(),"),
+    'stderr_n': ('evaluation.py', "the standard error divides by n, not n - 1",
+                 "    return math.sqrt(sum((x - m) ** 2 for x in per_window) / (n - 1) / n)",
+                 "    return math.sqrt(sum((x - m) ** 2 for x in per_window) / n / n)"),
+    't_df': ('stats.py', "the paired interval's t quantile has n degrees of freedom, not n - 1",
+             "    half = t_quantile(1 - (1 - level) / 2, s['n'] - 1) * s['sd']",
+             "    half = t_quantile(1 - (1 - level) / 2, s['n']) * s['sd']"),
+    'task_exact': ('tasks.py', "exact match forgives one wrong answer token",
+                   "    return correct == total, correct, total",
+                   "    return correct >= total - 1, correct, total"),
+    'split_rows': ('runtime.py', "a rank's micro-steps drop the remainder rows of an uneven share",
+                   "[n // accum + (m < n % accum) for m in range(accum)]",
+                   "[n // accum for m in range(accum)]"),
+    'conv_tap': ('kernels.py', "the short causal convolution drops its current-token tap",
+                 "    return sum(xp[:, s:s + x.size(1)] * weight[:, s] for s in range(W))",
+                 "    return sum(xp[:, s:s + x.size(1)] * weight[:, s] for s in range(W - 1))"),
+    'pi_factor': ('rope_scaling.py', "linear (PI) scaling multiplies the frequencies instead of dividing",
+                  "        inv = inv / s\n",
+                  "        inv = inv * s\n"),
+    'cache_evict': ('model.py', "a windowed layer's KV cache evicts one key too many",
+                    "layer.evict(mask.lowest(self.length))",
+                    "layer.evict(mask.lowest(self.length) + 1)"),
+    'doc_window': ('data/common.py', "document windows may end on the EOT of the next document",
+                   "    count = np.maximum(0, (doc_len - 1) // T)",
+                   "    count = np.maximum(0, doc_len // T)"),
+    'no_follow': ('files.py', "files are opened through symbolic links",
+                  "os.open(path, flags | os.O_NOFOLLOW | getattr(os, 'O_CLOEXEC', 0), mode)",
+                  "os.open(path, flags | getattr(os, 'O_CLOEXEC', 0), mode)"),
+    'layer_types': ('layers.py', "a layer_types pattern is tiled from its second letter",
+                    "        return [spec[i % len(spec)] for i in range(n_layer)]",
+                    "        return [spec[(i + 1) % len(spec)] for i in range(n_layer)]"),
+    'report_star': ('report.py', "a paired difference is starred when its interval includes 0",
+                    "(' *' if p['excludes_zero'] else '')",
+                    "(' *' if not p['excludes_zero'] else '')"),
+}
+
+
+def copy_repo(repo, dst):
+    """The tracked files of `repo` as they are on disk (uncommitted edits included) under dst."""
+    names = subprocess.run(['git', '-C', repo, 'ls-files', '-z'], capture_output=True, text=True,
+                           check=True).stdout.split('\0')
+    for name in filter(None, names):
+        src = os.path.join(repo, name)
+        if os.path.isfile(src):
+            os.makedirs(os.path.dirname(os.path.join(dst, name)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dst, name))
+
+
+def run_suite(copy, args, log, timeout):
+    """pytest in the copy -> (exit code, [the failing test ids, first first], the summary line, seconds)."""
+    t = time.time()
+    try:
+        r = subprocess.run([sys.executable, '-m', 'pytest'] + args, cwd=copy, capture_output=True, text=True,
+                           timeout=timeout)
+        rc, out = r.returncode, r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = 'timeout', e.stdout.decode(errors='replace') if isinstance(e.stdout, bytes) else (e.stdout or '')
+    secs = time.time() - t
+    with open(log, 'w') as f:
+        f.write(out)
+    failed = [m.group(2) for m in re.finditer(r'^(FAILED|ERROR) (\S+)', out, re.M)]
+    summary = next((l.strip('= ') for l in reversed(out.splitlines()) if re.search(r' in [\d.]+s', l)), '')
+    return rc, failed, summary, secs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--repo', default=ROOT, help='the checkout to mutate (a copy of it; default: this one)')
+    ap.add_argument('--only', default='', help='comma-separated mutant names (default: all)')
+    ap.add_argument('--control', default=None, help='run the unmutated suite first, with these extra arguments')
+    ap.add_argument('--out', default='mutants-out', help='folder for the logs and results.json')
+    ap.add_argument('--timeout', type=int, default=3000, help='seconds per suite run')
+    ap.add_argument('pytest_args', nargs='*', help='after --: pytest arguments (default: -x -q -n 2)')
+    a = ap.parse_args()
+    args = ['-p', 'no:cacheprovider'] + (a.pytest_args or ['-x', '-q', '-n', '2'])
+    names = a.only.split(',') if a.only else list(MUTANTS)
+    unknown = [n for n in names if n not in MUTANTS]
+    if unknown:
+        sys.exit(f"unknown mutant(s) {unknown}; known: {', '.join(MUTANTS)}")
+    os.makedirs(a.out, exist_ok=True)
+    out = os.path.abspath(a.out)
+    copy = os.path.join(tempfile.mkdtemp(prefix='mutants-'), 'repo')
+    copy_repo(os.path.abspath(a.repo), copy)
+    head = subprocess.run(['git', '-C', a.repo, 'rev-parse', '--short', 'HEAD'], capture_output=True,
+                          text=True).stdout.strip()
+    print(f"mutants: {len(names)} on a copy of {a.repo} at {head} ({copy}); pytest {shlex.join(args)}", flush=True)
+    results = {'repo': os.path.abspath(a.repo), 'head': head, 'pytest_args': args, 'mutants': {}}
+    if a.control is not None:
+        rc, failed, summary, secs = run_suite(copy, args[:2] + [x for x in args[2:] if x != '-x']
+                                              + shlex.split(a.control), os.path.join(out, 'control.log'),
+                                              a.timeout)
+        results['control'] = dict(rc=rc, failed=failed, summary=summary, seconds=round(secs))
+        print(f"control: exit {rc}, {summary} ({secs:.0f} s){' FAILED: ' + failed[0] if failed else ''}", flush=True)
+        if rc != 0:
+            print("the unmutated suite does not pass: a mutant's failure would mean nothing", flush=True)
+    for name in names:
+        path, what, old, new = MUTANTS[name]
+        f = os.path.join(copy, path)
+        text = open(f).read()
+        n = text.count(old)
+        if n != 1:
+            results['mutants'][name] = dict(file=path, bug=what, result=f'not applied (text found {n} times)')
+            print(f"{name}: NOT APPLIED ({path}: text found {n} times)", flush=True)
+            continue
+        open(f, 'w').write(text.replace(old, new))
+        try:
+            rc, failed, summary, secs = run_suite(copy, args, os.path.join(out, name + '.log'), a.timeout)
+        finally:
+            open(f, 'w').write(text)
+        result = 'caught' if rc not in (0, 5) and failed else 'SURVIVED' if rc == 0 else f'exit {rc}'
+        results['mutants'][name] = dict(file=path, bug=what, result=result, first=failed[0] if failed else None,
+                                        failed=failed, summary=summary, seconds=round(secs))
+        print(f"{name}: {result} {failed[0] if failed else ''} ({summary}; {secs:.0f} s)", flush=True)
+        json.dump(results, open(os.path.join(out, 'results.json'), 'w'), indent=1)
+    json.dump(results, open(os.path.join(out, 'results.json'), 'w'), indent=1)
+    print('\n| mutant | module | bug | result | first failing test | s |\n|---|---|---|---|---|---|')
+    for name, r in results['mutants'].items():
+        print(f"| {name} | {r['file']} | {r['bug']} | {r['result']} | {r.get('first') or ''} | "
+              f"{r.get('seconds', '')} |")
+    shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
+
+
+if __name__ == '__main__':
+    main()
