@@ -488,9 +488,11 @@ def lift_qk(q, k, v, fq, fk):
 
 
 def compute_dtype(q):
-    """The dtype attention on q computes in: autocast's for a float32 q where autocast is on, else q's own."""
-    if q.dtype == torch.float32 and torch.is_autocast_enabled(q.device.type):
-        return torch.get_autocast_dtype(q.device.type)
+    """The dtype attention on q computes in: autocast's for a float32 q where autocast is on, else q's own (a
+    device autocast does not know, such as meta, computes in q's)."""
+    dev = q.device.type
+    if q.dtype == torch.float32 and torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
     return q.dtype
 
 

@@ -145,20 +145,20 @@ class GPT(nn.Module):
         '+' where a layer's attention takes more than one). A layer that runs its fla kernel says so from its plan;
         the others are asked of a copy of this model on the CPU (its layer plan and backends, a 64-token
         vocabulary), whose forward of 8 tokens notes under attention.RouteProbe where each call of attend would go
-        on `device`: a layer with no call computes its attention itself ('own'). The copy draws its weights
-        from a forked RNG, so the caller's random numbers stay as they were."""
+        on `device`: a layer with no call computes its attention itself ('own'). The copy draws its weights and
+        dropout from a forked RNG, so the caller's random numbers stay as they were."""
         dev = torch.device(device).type
         fla = [block.attn.fla_route(dev) for block in self.transformer.h]
         if all(fla):
             return fla
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]):  # the copy's weights and its dropout draw from a forked RNG
             copy = GPT(replace(self.config, vocab_size=64, vocab_multiple=1,
                                attn_backend='auto' if self.config.attn_backend == 'fla' else self.config.attn_backend))
-        for mine, theirs in zip(copy.transformer.h, self.transformer.h):
-            mine.attn.backend = theirs.attn.backend
-        copy.train(grad)
-        with attention.RouteProbe(dev, grad) as probe, torch.set_grad_enabled(grad):
-            copy(torch.zeros(1, 8, dtype=torch.long))
+            for mine, theirs in zip(copy.transformer.h, self.transformer.h):
+                mine.attn.backend = theirs.attn.backend
+            copy.train(grad)
+            with attention.RouteProbe(dev, grad) as probe, torch.set_grad_enabled(grad):
+                copy(torch.zeros(1, 8, dtype=torch.long))
         return [f or '+'.join(probe.seen.get(i, ['own'])) for i, f in enumerate(fla)]
 
     def fla_notes(self, device):
