@@ -139,7 +139,8 @@ def main():
     copy_repo(os.path.abspath(a.repo), copy)
     head = subprocess.run(['git', '-C', a.repo, 'rev-parse', '--short', 'HEAD'], capture_output=True,
                           text=True).stdout.strip()
-    print(f"mutants: {len(names)} on a copy of {a.repo} at {head} ({copy}); pytest {shlex.join(args)}", flush=True)
+    how = f"the test that caught each in {a.same_tests}, alone" if earlier else f"pytest {shlex.join(args)}"
+    print(f"mutants: {len(names)} on a copy of {a.repo} at {head} ({copy}); {how}", flush=True)
     results = {'repo': os.path.abspath(a.repo), 'head': head, 'pytest_args': args, 'same_tests': a.same_tests,
                'mutants': {}}
     if a.control is not None:
