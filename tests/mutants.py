@@ -8,6 +8,7 @@ disk. Not collected by pytest (not named test_*.py).
     python tests/mutants.py --only=rope_sign,window  # some of them
     python tests/mutants.py --repo=/tmp/old -- -m "not e2e"   # another checkout; pytest arguments after --
     python tests/mutants.py --control="--durations=40 -v"     # first the unmutated suite, which must pass
+    python tests/mutants.py --same_tests=old/results.json     # only the test that caught each bug in an earlier check
 """
 import argparse
 import json
@@ -78,6 +79,15 @@ MUTANTS = {
 }
 
 
+# tests merged into another since a check whose results --same_tests reads: the test that holds their assertions now
+RENAMED = {
+    'tests/test_sweep_seeds.py::test_two_seed_sweep_reports_spread_and_resumes_per_seed':
+        'tests/test_sweep_seeds.py::test_two_seed_sweep_reports_spread_logs_to_wandb_and_resumes_per_seed',
+    'tests/test_sweep_seeds.py::test_sweep_logs_one_wandb_run_per_scheme_and_seed_in_one_group':
+        'tests/test_sweep_seeds.py::test_two_seed_sweep_reports_spread_logs_to_wandb_and_resumes_per_seed',
+}
+
+
 def copy_repo(repo, dst):
     """The tracked files of `repo` as they are on disk (uncommitted edits included) under dst."""
     names = subprocess.run(['git', '-C', repo, 'ls-files', '-z'], capture_output=True, text=True,
@@ -113,10 +123,13 @@ def main():
     ap.add_argument('--control', default=None, help='run the unmutated suite first, with these extra arguments')
     ap.add_argument('--out', default='mutants-out', help='folder for the logs and results.json')
     ap.add_argument('--timeout', type=int, default=3000, help='seconds per suite run')
+    ap.add_argument('--same_tests', default='', help="an earlier check's results.json: run, for each bug, only the "
+                    "test that caught it there (under its current name)")
     ap.add_argument('pytest_args', nargs='*', help='after --: pytest arguments (default: -x -q -n 2)')
     a = ap.parse_args()
     args = ['-p', 'no:cacheprovider'] + (a.pytest_args or ['-x', '-q', '-n', '2'])
-    names = a.only.split(',') if a.only else list(MUTANTS)
+    earlier = json.load(open(a.same_tests))['mutants'] if a.same_tests else {}
+    names = a.only.split(',') if a.only else list(earlier or MUTANTS)
     unknown = [n for n in names if n not in MUTANTS]
     if unknown:
         sys.exit(f"unknown mutant(s) {unknown}; known: {', '.join(MUTANTS)}")
@@ -126,8 +139,10 @@ def main():
     copy_repo(os.path.abspath(a.repo), copy)
     head = subprocess.run(['git', '-C', a.repo, 'rev-parse', '--short', 'HEAD'], capture_output=True,
                           text=True).stdout.strip()
-    print(f"mutants: {len(names)} on a copy of {a.repo} at {head} ({copy}); pytest {shlex.join(args)}", flush=True)
-    results = {'repo': os.path.abspath(a.repo), 'head': head, 'pytest_args': args, 'mutants': {}}
+    how = f"the test that caught each in {a.same_tests}, alone" if earlier else f"pytest {shlex.join(args)}"
+    print(f"mutants: {len(names)} on a copy of {a.repo} at {head} ({copy}); {how}", flush=True)
+    results = {'repo': os.path.abspath(a.repo), 'head': head, 'pytest_args': args, 'same_tests': a.same_tests,
+               'mutants': {}}
     if a.control is not None:
         rc, failed, summary, secs = run_suite(copy, args[:2] + [x for x in args[2:] if x != '-x']
                                               + shlex.split(a.control), os.path.join(out, 'control.log'),
@@ -145,9 +160,17 @@ def main():
             results['mutants'][name] = dict(file=path, bug=what, result=f'not applied (text found {n} times)')
             print(f"{name}: NOT APPLIED ({path}: text found {n} times)", flush=True)
             continue
+        run_args = args
+        if earlier:  # that test alone, by its id without xdist's @group suffix
+            test = earlier[name].get('first') or ''
+            test = RENAMED.get(test.split('@')[0], test.split('@')[0])
+            if not test:
+                print(f"{name}: nothing caught it in {a.same_tests}", flush=True)
+                continue
+            run_args = ['-p', 'no:cacheprovider', '-q', test]
         open(f, 'w').write(text.replace(old, new))
         try:
-            rc, failed, summary, secs = run_suite(copy, args, os.path.join(out, name + '.log'), a.timeout)
+            rc, failed, summary, secs = run_suite(copy, run_args, os.path.join(out, name + '.log'), a.timeout)
         finally:
             open(f, 'w').write(text)
         result = 'caught' if rc not in (0, 5) and failed else 'SURVIVED' if rc == 0 else f'exit {rc}'
