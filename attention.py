@@ -23,6 +23,9 @@ Paths (same logits on all of them), each a named route chosen by `route`:
     factors as extra columns of q and k, each split in three bfloat16-exact parts under bf16 (lift_qk):
     'qk_lift'. The dropped term of the query leaves the softmax as it is; the logits are then as large as the
     bias's key term (ALiBi: m * j), so float32 rounds them to about 2^-24 of that (3e-5 at m = 0.5, j = 1024)
+  - a bias the mod hands whole as a table, or as a vector of the distance (T5, KERPLE, Sandwich, FIRE), in training
+    on CUDA -> SDPA's memory-efficient kernel with the table as its bias, whose backward returns the table's
+    gradient with no atomics: 'sdpa_bias'
   - bias, FlexAttention       -> compiled flex_attention(score_mod, block mask of the Mask, which skips the
     blocks no query of a block can see); CUDA by default, CPU only without gradients (torch 2.13 has no
     FlexAttention backward on CPU); without gradients a score_mod marked `tabulate` (an MLP per logit:
@@ -269,6 +272,12 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
                logsumexp (the dropped term of the query would change a sink's share or a value term), not in float16
                (whose range a position overflows): the factors ride as extra columns of q and k through SDPA's
                fused kernels (FlashBias, arXiv 2505.12044; lift_qk), attention dropout SDPA's own as on 'sdpa'
+      'sdpa_bias' a bias the mod hands whole, `mod.table` [B|1, H, T, T] or `mod.distance` [H, >= T] (the bias at
+               each distance i - j: T5, KERPLE, Sandwich; FIRE's table), with as many queries as keys, in training on
+               CUDA under 'auto', no logsumexp: SDPA's memory-efficient kernel with the table as its bias in the dtype
+               attention computes in (bfloat16 rounds a bias of size b by up to b * 2^-9), causal tiles skipped
+               (_sdpa_bias). Its backward writes the table's gradient whole, where FlexAttention adds each logit's
+               into a small table with atomics; a distance's gradient is then the sum along its diagonal (toeplitz)
       'flex'   FlexAttention: 'flex'; or 'auto' on CUDA with more than one query. Not without gradients for a
                score_mod marked `tabulate` under 'auto' (FIRE's MLP per logit, which FlexAttention would unroll
                into every logit of its kernel: the dense path evaluates it as a table per chunk of queries), and
@@ -289,6 +298,9 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
         return 'dense'
     if getattr(mod, 'factors', None) is not None and not need_lse and dtype != torch.float16:
         return 'qk_lift'
+    whole = getattr(mod, 'table', None) is not None or getattr(mod, 'distance', None) is not None
+    if whole and grad and not need_lse:
+        return 'sdpa_bias'
     return 'dense' if getattr(mod, 'tabulate', False) and not grad else 'flex'
 
 
@@ -487,6 +499,39 @@ def lift_qk(q, k, v, fq, fk):
     return q, k, F.pad(v, (0, width - v.size(-1))).to(dtype)
 
 
+def toeplitz(vec, T):
+    """[H, T, T] with t[h, i, j] = vec[h, i - j] for j <= i (above the diagonal other entries of vec, which the mask
+    hides) from vec [H, >= T], by one strided copy of a row: the copy's backward sums a view, so autograd gives vec
+    each diagonal's summed gradient with no scatter."""
+    H = vec.size(0)
+    row = F.pad(vec[:, :T].flip(-1), (1, 0))  # [H, T + 1]: row[c] = vec[T - c]
+    # row r of the copy read from its element T + r * T on: column j is row[T - r + j] = vec[r - j]
+    return row[:, None].expand(H, T, T + 1).reshape(H, T * (T + 1))[:, T:].view(H, T, T)
+
+
+def bias_table(mod, T):
+    """The float32 table [B|1, H, T, T] of a mod that hands its bias whole (route 'sdpa_bias')."""
+    if getattr(mod, 'distance', None) is not None:
+        return toeplitz(mod.distance.float(), T)[None]
+    return mod.table if mod.table.dim() == 4 else mod.table[None]
+
+
+def _sdpa_bias(q, k, v, bias, dropout_p, mask):
+    """Attention of T queries over as many keys with a bias table [B|1, H, T, T] (float32) in the dtype attention
+    computes in: on CUDA SDPA's memory-efficient kernel, causal tiles skipped, whose backward returns the bias's
+    gradient; elsewhere (tests force the route on the CPU) SDPA with the table as its mask. Hidden logits get -inf
+    by masked_fill, whose backward zeroes their gradient: the kernel leaves the bias gradient of skipped tiles
+    unwritten."""
+    B, H, T, _ = q.shape
+    dtype = compute_dtype(q)
+    bias = bias.masked_fill(~mask.visibility(T, T, q.device), float('-inf')).to(dtype)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if q.device.type != 'cuda':
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+    bias = F.pad(bias, (0, -T % 16))[..., :T].expand(B, H, T, T)  # the kernel reads rows 16-element aligned
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, True)[0]
+
+
 def compute_dtype(q):
     """The dtype attention on q computes in: autocast's for a float32 q where autocast is on, else q's own (a
     device autocast does not know, such as meta, computes in q's)."""
@@ -515,6 +560,8 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
         way = 'dense' if way == 'flex' else way
     if way == 'qk_lift':  # SDPA's scale stays that of q's own head dim
         q, k, v, scale = *lift_qk(q, k, v, *mod.factors()), 1 / math.sqrt(q.size(-1))
+    if way == 'sdpa_bias':
+        return _sdpa_bias(q, k, v, bias_table(mod, q.size(2)), dropout_p, mask)[..., :Dv].to(q.dtype)
     if way in ('sdpa', 'qk_lift'):
         if mask.bounded:
             y = chunk_queries(lambda q, k, v, a: _sdpa(q, k, v, dropout_p, a.mask, scale), q, k, v, att)

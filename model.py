@@ -221,6 +221,7 @@ class GPT(nn.Module):
             key = (self.pe.slot[i], n_keys)
             if key not in ctxs:
                 ctxs[key] = scheme.context(q_pos, k_pos if n_keys == k_pos.numel() else k_pos[-n_keys:], n_pos)
+                ctxs[key].consecutive = pos is None and cache is None  # q_pos = k_pos = 0..T-1
             x = block(x, scheme, ctxs[key], layer_cache)
         if cache is not None:
             cache.advance(T)

@@ -76,6 +76,7 @@ class Context:
     k_pos: torch.Tensor  # [Tk] absolute positions of all keys (cache + new)
     extra: dict = None   # scheme-specific precomputation (e.g. cos/sin)
     n_pos: int = None    # every position is < n_pos (a Python int, so tables need no host sync)
+    consecutive: bool = False  # k_pos runs start, start + 1, ... and q_pos is its tail: dist(i, j) = i + Tk - Tq - j
 
     def dist(self, i, j):
         """Query position minus key position for query index i and key index j, clamped at 0
@@ -984,6 +985,17 @@ class RoPEPP(RoPE):
 # FlexAttention never builds a TxT tensor and its backward scatters into that small table.
 
 
+def distance_mod(bias, ctx):
+    """The score_mod of a bias of the distance alone, bias [H, n_pos] (bias[h, r] at distance r): indexed at each
+    logit. Where the distance of query i to key j is i - j (consecutive positions, as many queries as keys: training
+    without a KV cache) the mod also hands the vector whole, `mod.distance`, for attention's sdpa_bias route."""
+    def mod(score, b, h, i, j):
+        return score + bias[h, ctx.dist(i, j)]
+    if ctx.consecutive and ctx.q_pos.numel() == ctx.k_pos.numel():
+        mod.distance = bias
+    return mod
+
+
 def alibi_slopes(n_head):
     """ALiBi head slopes (Press et al., arXiv 2108.12409). For n = 2^k heads the
     geometric sequence m_h = 2^(-8h/n), h = 1..n. Otherwise, with c the largest
@@ -1071,11 +1083,7 @@ class T5Bias(PositionalEncoding):
         return ctx
 
     def score_mod(self, q, k, ctx, params):
-        bias = ctx.extra['bias']
-
-        def mod(score, b, h, i, j):
-            return score + bias[h, ctx.dist(i, j)]
-        return mod
+        return distance_mod(ctx.extra['bias'], ctx)
 
 
 class _ShawLayer(nn.Module):
@@ -1163,11 +1171,7 @@ class _Kerple(PositionalEncoding):
             params.p.clamp_(min=self.eps, max=self.p_max)
             params.a.clamp_(min=self.eps)
         r = torch.arange(ctx.n_pos, device=q.device).float()
-        bias = -self.kernel(r[None, :], params.p[:, None], params.a[:, None])  # [H, n_pos], once per layer
-
-        def mod(score, b, h, i, j):
-            return score + bias[h, ctx.dist(i, j)]
-        return mod
+        return distance_mod(-self.kernel(r[None, :], params.p[:, None], params.a[:, None]), ctx)  # [H, n_pos]
 
 
 @register('kerple_log')
@@ -1255,6 +1259,8 @@ class FIRE(PositionalEncoding):
         def mod(score, b, h, i, j):
             return score + table[h, i, j]
         mod.reads_table = True  # a [H, Tq, Tk] table read at each logit's (i, j): FlexAttention's small tiles
+        if q.size(2) == k.size(2):
+            mod.table = table  # handed whole to attention's sdpa_bias route
         return mod
 
 
@@ -1284,11 +1290,7 @@ class Sandwich(PositionalEncoding):
         return ctx
 
     def score_mod(self, q, k, ctx, params):
-        table, div = ctx.extra['table'], self.head_div
-
-        def mod(score, b, h, i, j):
-            return score + table[ctx.dist(i, j)] / div[h]
-        return mod
+        return distance_mod(ctx.extra['table'][None, :] / self.head_div[:, None], ctx)  # [H, n_pos]
 
 
 def deberta_log_bucket(rel, bucket_size, max_position):

@@ -395,6 +395,115 @@ def test_qk_lift_is_the_cuda_route_of_a_factored_bias_and_trains_a_model(monkeyp
         assert (losses[True][1][n] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-9, n
 
 
+WHOLE = [('t5', {}), ('kerple_log', {}), ('kerple_power', {}), ('sandwich', {}), ('fire', {'init_L': 4.0})]
+
+
+def test_toeplitz_table_and_its_gradient_per_diagonal():
+    """toeplitz(vec, T)[h, i, j] = vec[h, i - j] on and below the diagonal, and the gradient it gives vec is, per
+    distance d, the sum of the table's gradient over the entries (r, r - d), counted one by one in float64."""
+    vec = torch.randn(3, 11, dtype=torch.float64, requires_grad=True)
+    T = 7
+    i, j = torch.arange(T)[:, None], torch.arange(T)
+    low = j <= i
+    t = A.toeplitz(vec, T)
+    assert t.shape == (3, T, T) and torch.equal(t[:, low], vec[:, (i - j).clamp(min=0)][:, low])
+    g = torch.randn(3, T, T, dtype=torch.float64) * low
+    t.backward(g)
+    want = torch.zeros(3, 11, dtype=torch.float64)
+    for d in range(T):
+        for r in range(d, T):
+            want[:, d] += g[:, r, r - d]
+    assert (vec.grad - want).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize('name, opts', WHOLE)
+@pytest.mark.parametrize('window', [None, 5])
+def test_sdpa_bias_equals_the_bias_path(name, opts, window):
+    """The sdpa_bias route (the mod's bias table, or its per-distance vector laid out by toeplitz, as SDPA's mask)
+    against the dense path with the same mod, in float64 with weights moved off their init, causal and in a sliding
+    window: the output and the gradients of q, k, v and every scheme parameter. Where the kernel writes garbage
+    into the bias gradient of hidden logits (CUDA's skipped tiles), none of it reaches the parameters."""
+    torch.manual_seed(0)
+    pe = P.REGISTRY[name](tiny_config(name), **opts)
+    layer = pe.new_layer()
+    if layer is not None:
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn_like(p).abs() if name.startswith('kerple') else torch.randn_like(p))
+        layer.double()
+    B, H, T, d = 2, 4, 12, 8
+    q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = A.Mask(window, None) if window else A.CAUSAL
+    pos = torch.arange(T)
+    ctx = pe.context(pos, pos)
+    ctx.consecutive = True
+    w = torch.randn(B, H, T, d, dtype=torch.float64)
+    leaves = [q, k, v, *(layer.parameters() if layer is not None else [])]
+    sdpa, outs = A.F.scaled_dot_product_attention, []
+
+    def garbage_above(q, k, v, attn_mask, dropout_p):  # NaN in the mask's gradient wherever it is -inf
+        if attn_mask.requires_grad:
+            attn_mask.register_hook(lambda g: torch.where(attn_mask == float('-inf'), float('nan'), g))
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    for whole in (False, True):
+        mod = pe.score_mod(q, k, ctx, layer)
+        if whole:
+            assert A.route('cuda', 'auto', mod) == 'sdpa_bias'
+            A.F.scaled_dot_product_attention = garbage_above
+            try:
+                y = A._sdpa_bias(q, k, v, A.bias_table(mod, T), 0.0, mask)
+            finally:
+                A.F.scaled_dot_product_attention = sdpa
+        else:
+            y = A._dense(q, k, v, mod, 0.0, None, False, A.Attend(mask))[0]
+        outs.append((y, torch.autograd.grad((y * w).sum(), leaves, allow_unused=True)))
+    (y0, g0), (y1, g1) = outs
+    assert (y1 - y0).abs().max() < 1e-6 * y0.abs().max()
+    for a, b in zip(g1, g0):
+        if b is None:  # (sandwich has no parameters)
+            assert a is None
+            continue
+        # (+1e-6: FIRE's output bias shifts whole rows, so its gradient is 0 but for the dense path's float32 bias)
+        assert torch.isfinite(a).all() and (a - b).abs().max() <= 1e-6 * b.abs().max() + 1e-6, (a - b).abs().max()
+
+
+def test_sdpa_bias_is_the_cuda_training_route_of_a_whole_bias(monkeypatch):
+    """route: 'sdpa_bias' on CUDA under 'auto' in training for a mod that hands its bias whole (T5, KERPLE, Sandwich:
+    the distance vector; FIRE: its table), FlexAttention without gradients, with the logsumexp (sink logits), under
+    'flex', or where positions are not consecutive (randomized positions: the distance is not i - j); the
+    dense path on the CPU. A model whose layers take it (forced on the CPU) trains as on the dense path."""
+    for name in ('t5', 'kerple_log', 'kerple_power', 'sandwich', 'fire'):
+        m = tiny_model(name, attn_backend='auto')
+        assert m.attention_backends('cuda') == ['sdpa_bias'] * 2, name
+        assert m.attention_backends('cuda', grad=False) == ['dense' if name == 'fire' else 'flex'] * 2, name
+        assert m.attention_backends('cpu') == ['dense'] * 2, name
+    assert tiny_model('t5', attn_backend='flex').attention_backends('cuda') == ['flex'] * 2
+    assert tiny_model('t5', attn_backend='auto', sink_logits=True).attention_backends('cuda') == ['flex'] * 2
+    t5 = positional.REGISTRY['t5'](tiny_config('t5'))
+    pos = torch.tensor([0, 2, 3, 7, 8, 11])  # randomized positions: the mod offers no distance vector
+    mod = t5.score_mod(None, None, t5.context(pos, pos), None)
+    assert getattr(mod, 'distance', None) is None and A.route('cuda', 'auto', mod) == 'flex'
+    x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
+    real = A.route
+    for name in ('t5', 'fire'):
+        losses = {}
+        for forced in (False, True):
+            m = tiny_model(name, attn_backend='auto', dropout=0.0)
+            if forced:
+                monkeypatch.setattr(A, 'route', lambda dev, *a, **kw: real('cuda', *a, **kw) if dev == 'cpu' else
+                                    real(dev, *a, **kw))
+            seen = []
+            monkeypatch.setattr(A, '_sdpa_bias', lambda *a, real_fn=A._sdpa_bias: seen.append(1) or real_fn(*a))
+            loss = m(x[:, :-1], x[:, 1:])[1]
+            loss.backward()
+            assert bool(seen) == forced
+            losses[forced] = loss.item(), {n: p.grad for n, p in m.named_parameters()}
+            monkeypatch.undo()
+        assert losses[True][0] == pytest.approx(losses[False][0], rel=1e-6)
+        for n, g in losses[False][1].items():
+            assert (losses[True][1][n] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-9, (name, n)
+
+
 def test_bfloat16_parts_survive_torch_compile():
     """round_bf16 is torch's own rounding to bfloat16 (ties to even, negative values too), and under torch.compile
     the parts of split_bf16 stay bfloat16-exact and sum to x, with x's gradient whole: Inductor folds
