@@ -36,7 +36,8 @@ registered scheme or a preset at its own depth, into one JSON, written after eve
              (GPT.attention_backends), its goal class and goal (GOALS); per rope: its blocks alone, its MFU at
              this batch, and its median step beside each partner (by_partner, partner_spread: whether a partner
              moves it);
-  attn_time  a bias scheme's first layer, forward and backward, as built, frozen, as one table, without bias;
+  attn_time  a bias scheme's first layer, forward and backward, as built (its route), on FlexAttention, frozen, as one
+             table, without bias;
   long       no-grad forwards at 8L and 16L: tokens/s and peak memory.
 --json (default results/gpu/<today>-<commit>/bench.json) is resumed where it exists: a model whose entry holds a
 part's result or error is not measured again, and a JSON of another setup (device, size, batch, blocks ...) is
@@ -322,12 +323,12 @@ def layer_hooks(config):
     model 16 channels a head wide with a 64-token vocabulary (the plan and the schemes as they are): milliseconds."""
     model = GPT(dataclasses.replace(config, n_embd=16 * config.n_head, vocab_size=64)).train()
     T = 8
-    pos, x = torch.arange(T), torch.zeros(1, T, model.config.n_embd)
+    x = torch.zeros(1, T, model.config.n_embd)
     hooks = []
     with torch.no_grad():
         for i, block in enumerate(model.transformer.h):
             s, attn = model.pe.at(i), block.attn
-            ctx = s.layer_context(x, s.context(pos, pos, T), attn.pe_layer, None)
+            ctx = s.layer_context(x, s.training_context(T), attn.pe_layer, None)
             q, k = torch.zeros(1, attn.q_heads, T, attn.hd), torch.zeros(1, attn.kv_heads, T, attn.hd)
             biased = not s.owns_attention and (s.score_mod(q, k, ctx, attn.pe_layer) is not None or
                                                attn.sink_logits is not None or
@@ -583,8 +584,9 @@ class Models:
 
 def check_attn_time(model, B, T, rt, clock, r, reps=10):
     """Where a bias layer's time goes: the model's first layer, its attention alone (projections included), forward
-    and backward at B x T, median of `reps` calls after two, in r['attn_time'] (ms), four ways:
-      built    as the model has it (FlexAttention on CUDA);
+    and backward at B x T, median of `reps` calls after two, in r['attn_time'] (ms), five ways:
+      built    as the model has it in training, by the route it takes there (r['attn_time']['route']);
+      flex     under attn_backend='flex', on CUDA where built's route is another: what that route saves;
       frozen   the scheme's parameters not trained: no captured tensor made from them needs a gradient, so
                FlexAttention's backward scatters none into them (a per-head scalar, a per-distance table);
       table    the bias handed over as one float32 [B, H, T, T] tensor: its gradient leaves the kernel one logit a
@@ -596,7 +598,6 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
     gen = torch.Generator(device=rt.device).manual_seed(2)
     x = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen, requires_grad=True)
     g = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen)
-    pos = torch.arange(T, device=rt.device)
     built = scheme.score_mod
 
     def tabled(q, k, ctx, params):
@@ -609,7 +610,7 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
 
     def run():
         with rt.autocast:
-            y = attn(x, scheme, scheme.context(pos, pos, T))
+            y = attn(x, scheme, scheme.training_context(T, rt.device))
         y.backward(g)
         return y.detach().float()
 
@@ -623,8 +624,15 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
             ts.append(clock.now() - t0)
         attn.zero_grad(set_to_none=True)
         return statistics.median(ts) * 1e3, out
-    out = r['attn_time'] = {}
+    out = r['attn_time'] = {'route': model.attention_backends(rt.device)[0]}
     out['built'], y = timed()
+    out['flex'] = None
+    if torch.device(rt.device).type == 'cuda' and out['route'] != 'flex':
+        backend, attn.backend = attn.backend, 'flex'
+        try:
+            out['flex'], _ = timed()
+        finally:
+            attn.backend = backend
     frozen = [p for n, p in model.named_parameters() if is_positional(n) and p.requires_grad]
     try:
         for p in frozen:
@@ -859,12 +867,13 @@ def table(paths):
         lines.append('')
         lines += [textwrap.fill(note, 120, initial_indent='- ', subsequent_indent='  ') for note in notes]
     if rows['attn_time']:
-        lines += ['', "| model | layer 0 as built, ms | frozen | as one table | without bias | table's error | run |",
-                  '|' + ' --- |' * 7]
+        lines += ['', "| model | layer 0's route | as built, ms | on flex | frozen | as one table | without bias | "
+                  "table's error | run |", '|' + ' --- |' * 9]
     for n, (r, label) in rows['attn_time'].items():
         t = r.get('attn_time')
-        cells = [short(r['attn_time_error'])] + [''] * 4 if not t else [
-            f(t[k], '.2f') for k in ('built', 'frozen', 'table', 'no_bias')] + [f(t.get('table_err'), '.1e')]
+        ways = [f(t.get(k), '.2f') for k in ('built', 'flex', 'frozen', 'table', 'no_bias')] if t else []
+        cells = [short(r['attn_time_error'])] + [''] * 7 if not t else \
+            [t.get('route', '—'), *ways, f(t.get('table_err'), '.1e')]
         lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
     if rows['long']:
         lines += ['', '| model | 8L tokens/s | 8L peak MiB | 16L tokens/s | 16L peak MiB | run |', '|' + ' --- |' * 6]

@@ -74,9 +74,8 @@ def layer_grads(attn, scheme, x, g, autocast, backend=None):
     hook, saved, T = attn.c_attn.register_forward_hook(keep), attn.backend, x.size(1)
     attn.backend = backend or saved
     try:
-        pos = torch.arange(T, device=x.device)
         with autocast:
-            y = attn(x, scheme, scheme.context(pos, pos, T))
+            y = attn(x, scheme, scheme.training_context(T, x.device))
         (y.double() * g).sum().backward()
     finally:
         hook.remove()

@@ -145,6 +145,14 @@ class PositionalEncoding(nn.Module):
     def new_layer(self):
         return None
 
+    def training_context(self, T, device=None):
+        """The Context of a forward of T tokens at positions 0..T-1 without a KV cache, as model.GPT.forward builds
+        it (the scripts that run one layer alone use it)."""
+        pos = torch.arange(T, device=device)
+        ctx = self.context(pos, pos, T)
+        ctx.consecutive = True
+        return ctx
+
     def heads(self):
         """(query heads, key/value heads, attention heads) of a layer: the model projects that many query
         and key/value heads, transform_qk may return more query heads than key heads (grouped: query head h

@@ -290,12 +290,13 @@ def test_route_names_the_path_and_attend_runs_the_path_it_names(monkeypatch):
 
 def test_each_layer_reports_the_route_its_forward_takes(monkeypatch):
     """GPT.attention_backends names each layer's route: on the CPU the routes a real forward takes (its calls of
-    SDPA and of the dense path counted), on CUDA FlexAttention for the bias layers, without touching the caller's
-    random numbers."""
+    SDPA and of the dense path counted), on CUDA the bias layers' route in training and FlexAttention without
+    gradients, without touching the caller's random numbers."""
     m = tiny_model('t5', n_layer=3, nope_layers=[1], attn_backend='auto', dropout=0.1)  # dropout draws numbers
     state = torch.get_rng_state()
     assert m.attention_backends('cpu') == ['dense', 'sdpa', 'dense']
-    assert m.attention_backends('cuda') == ['flex', 'sdpa', 'flex'] == m.attention_backends('cuda', grad=False)
+    assert m.attention_backends('cuda') == ['sdpa_bias', 'sdpa', 'sdpa_bias']
+    assert m.attention_backends('cuda', grad=False) == ['flex', 'sdpa', 'flex']
     assert torch.equal(torch.get_rng_state(), state)
     assert tiny_model('stick_breaking', attn_backend='dense').attention_backends('cuda') == ['own', 'own']
     calls = []
