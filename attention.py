@@ -19,7 +19,7 @@ head h then reads key/value head h // g (HF's repeat_kv).
                           times sigmoid(lse - s_h); not scaled by 1/sqrt(d), never masked
 Paths (same logits on all of them), each a named route chosen by `route`:
   - no bias, no value term, no sinks -> F.scaled_dot_product_attention (is_causal, or a boolean mask): 'sdpa'
-  - a bias fq_i . fk_j + a term of the query alone (ALiBi, GRAPE-A: the mod's `factors`) on CUDA -> SDPA with the
+  - a bias fq_i . fk_j + a term of the query alone (ALiBi, GRAPE-A, FoX: the mod's `factors`) on CUDA -> SDPA with the
     factors as extra columns of q and k, each split in three bfloat16-exact parts under bf16 (lift_qk):
     'qk_lift'. The dropped term of the query leaves the softmax as it is; the logits are then as large as the
     bias's key term (ALiBi: m * j), so float32 rounds them to about 2^-24 of that (3e-5 at m = 0.5, j = 1024)
@@ -268,10 +268,10 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
     Otherwise attend's call:
       'sdpa'   no bias, no value term, no sink logits: SDPA's fused kernels (cuDNN or flash on a GPU)
       'qk_lift' a bias of the form fq_i . fk_j + (a term of the query alone), whose mod gives (fq, fk) when its
-               `factors()` is called (ALiBi, GRAPE-A), on CUDA under 'auto' with more than one query and no
-               logsumexp (the dropped term of the query would change a sink's share or a value term), not in float16
-               (whose range a position overflows): the factors ride as extra columns of q and k through SDPA's
-               fused kernels (FlashBias, arXiv 2505.12044; lift_qk), attention dropout SDPA's own as on 'sdpa'
+               `factors()` is called (ALiBi, GRAPE-A, FoX off its fla kernel), on CUDA under 'auto' with more than
+               one query and no logsumexp (the dropped term of the query would change a sink's share or a value
+               term), not in float16 (whose range a position overflows): the factors ride as extra columns of q and k
+               through SDPA's fused kernels (FlashBias, arXiv 2505.12044; lift_qk), attention dropout SDPA's own
       'sdpa_bias' a bias the mod hands whole, `mod.table` [B|1, H, T, T] or `mod.distance` [H, >= T] (the bias at
                each distance i - j: T5, KERPLE, Sandwich; FIRE's table), with as many queries as keys, in training on
                CUDA under 'auto', no logsumexp: SDPA's memory-efficient kernel with the table as its bias in the dtype

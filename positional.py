@@ -1549,7 +1549,7 @@ class GrapeAP(_GrapeABase):
 
 def _layer_context(ctx, **extra):
     """A copy of the shared ctx with this layer's tables added to its extra (the shared one is left alone)."""
-    return Context(ctx.q_pos, ctx.k_pos, dict(ctx.extra, **extra), ctx.n_pos)
+    return Context(ctx.q_pos, ctx.k_pos, dict(ctx.extra, **extra), ctx.n_pos, ctx.consecutive)
 
 
 def _running_sum(inc, cache, name):
@@ -1785,7 +1785,8 @@ class FoX(PositionalEncoding):
     in cache.state (one per key), so decoding recomputes c over all keys. The score_mod
     reads c at the query and at the key from two tensors (c's last Tq entries and c), each
     indexed once, so FlexAttention's backward takes it; memory O(T) beyond attention.
-    fla kernel: parallel_attn with the log gates as its g (kernels.fla_fox), windows and sink logits too."""
+    fla kernel: parallel_attn with the log gates as its g (kernels.fla_fox), windows and sink logits too; off it, on
+    CUDA, the bias rides as an extra column of q and k (-c_j against 1; attention's qk_lift route)."""
     fla_kernel = 'attn'
 
     def __init__(self, config, bias_init=0.0):
@@ -1809,6 +1810,7 @@ class FoX(PositionalEncoding):
 
         def mod(score, b, h, i, j):
             return score + (c_q[b, h, i] - c[b, h, j])
+        mod.factors = lambda: (c.new_ones(1, 1, 1, 1), -c[..., None])  # -c_j, and c_i of the query alone: qk_lift
         return attend(q, k, v, mod)
 
 

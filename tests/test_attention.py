@@ -307,7 +307,21 @@ def test_each_layer_reports_the_route_its_forward_takes(monkeypatch):
     assert sorted(calls) == ['_dense', '_dense', '_sdpa']
 
 
-LIFTED = [('alibi', {}), ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('grape_a', {'variant': 'query'})]
+LIFTED = [('alibi', {}), ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('grape_a', {'variant': 'query'}),
+          ('fox', {})]
+
+
+def mod_of(pe, layer, q, k, v, ctx):
+    """The score_mod a scheme's layer hands attend: its score_mod, or the one its `attention` hook passes (FoX's,
+    of a layer input x drawn here)."""
+    if not pe.owns_attention:
+        return pe.score_mod(q, k, ctx, layer)
+    seen = []
+    att = type('Seen', (), {'uses_fla': lambda self, q, cache: False,
+                            '__call__': lambda self, q, k, v, mod: seen.append(mod) or v})()
+    x = torch.randn(q.size(0), q.size(2), pe.n_embd, dtype=q.dtype, generator=torch.Generator().manual_seed(3))
+    pe.attention(q, k, v, x, ctx, layer, None, att)
+    return seen[0]
 
 
 @pytest.mark.parametrize('name, opts', LIFTED)
@@ -323,7 +337,8 @@ def test_qk_lift_equals_the_bias_path(name, opts):
         with torch.no_grad():
             for p in layer.parameters():
                 p.copy_(torch.randn_like(p))
-        layer.double()
+        if not pe.owns_attention:  # (FoX computes its gates from x in float32)
+            layer.double()
     B, H, T, d = 2, 4, 12, 8
     q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
     pos = torch.arange(T)
@@ -331,7 +346,7 @@ def test_qk_lift_equals_the_bias_path(name, opts):
     leaves = [q, k, v, *(layer.parameters() if layer is not None else [])]
     outs = []
     for lifted in (False, True):
-        mod = pe.score_mod(q, k, pe.context(pos, pos), layer)
+        mod = mod_of(pe, layer, q, k, v, pe.context(pos, pos))
         if lifted:
             q2, k2, v2 = A.lift_qk(q, k, v, *mod.factors())
             y = A._sdpa(q2, k2, v2, 0.0, A.CAUSAL, d ** -0.5)[..., :d]
