@@ -584,15 +584,17 @@ class Models:
 
 def check_attn_time(model, B, T, rt, clock, r, reps=10):
     """Where a bias layer's time goes: the model's first layer, its attention alone (projections included), forward
-    and backward at B x T, median of `reps` calls after two, in r['attn_time'] (ms), five ways:
+    and backward at B x T, median of `reps` calls after two, in r['attn_time'] (ms), these ways:
       built    as the model has it in training, by the route it takes there (r['attn_time']['route']);
-      flex     under attn_backend='flex', on CUDA where built's route is another: what that route saves;
+      flex, dense  under attn_backend 'flex' or 'dense', on CUDA where built's route is another: what it saves;
       frozen   the scheme's parameters not trained: no captured tensor made from them needs a gradient, so
                FlexAttention's backward scatters none into them (a per-head scalar, a per-distance table);
       table    the bias handed over as one float32 [B, H, T, T] tensor: its gradient leaves the kernel one logit a
                cell, and autograd carries it to the parameters (not for a value term or attention scaling);
+      table_sdpa  that tensor handed whole (`mod.table`), on CUDA: route sdpa_bias, SDPA's memory-efficient kernel
+               with the table as its bias, the materialised-bias route for any bias (DeBERTa's too);
       no_bias  the same layer with no score_mod or value term (SDPA): what attention without the bias costs.
-    `table_err`: the table's output against built's (runtime.rel_err: the same bias, rounding only)."""
+    `table_err`, `table_sdpa_err`: their outputs against built's (runtime.rel_err: the same bias, rounding only)."""
     attn, scheme = model.transformer.h[0].attn, model.pe.at(0)
     model.train()
     gen = torch.Generator(device=rt.device).manual_seed(2)
@@ -607,6 +609,14 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
         with torch.autocast(q.device.type, enabled=False):
             bias = attention.dense_bias(mod, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
         return bias.expand(q.size(0), -1, -1, -1).contiguous()  # one batch row each: FlexAttention indexes b
+
+    def tabled_whole(q, k, ctx, params):
+        bias = tabled(q, k, ctx, params)
+        if bias is None:
+            return None
+        mod = attention._table_mod(bias)
+        mod.table = bias
+        return mod
 
     def run():
         with rt.autocast:
@@ -626,13 +636,15 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
         return statistics.median(ts) * 1e3, out
     out = r['attn_time'] = {'route': model.attention_backends(rt.device)[0]}
     out['built'], y = timed()
-    out['flex'] = None
-    if torch.device(rt.device).type == 'cuda' and out['route'] != 'flex':
-        backend, attn.backend = attn.backend, 'flex'
-        try:
-            out['flex'], _ = timed()
-        finally:
-            attn.backend = backend
+    cuda = torch.device(rt.device).type == 'cuda'
+    for way in ('flex', 'dense'):
+        out[way] = None
+        if cuda and out['route'] != way:
+            backend, attn.backend = attn.backend, way
+            try:
+                out[way], _ = timed()
+            finally:
+                attn.backend = backend
     frozen = [p for n, p in model.named_parameters() if is_positional(n) and p.requires_grad]
     try:
         for p in frozen:
@@ -644,6 +656,7 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
     plain = type(scheme).value_mod is positional.PositionalEncoding.value_mod and attn.scaling is None
     none = (lambda *args: None)
     for way, hooks in (('table', dict(score_mod=tabled) if plain else None),
+                       ('table_sdpa', dict(score_mod=tabled_whole) if plain and cuda else None),
                        ('no_bias', dict(score_mod=none, value_mod=none))):
         if hooks is None:
             out[way] = None
@@ -654,8 +667,8 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
         finally:
             for hook in hooks:
                 del vars(scheme)[hook]
-        if way == 'table':
-            out['table_err'] = runtime.rel_err(got, y)
+        if way.startswith('table'):
+            out[f'{way}_err'] = runtime.rel_err(got, y)
 
 
 @torch.no_grad()
@@ -867,13 +880,14 @@ def table(paths):
         lines.append('')
         lines += [textwrap.fill(note, 120, initial_indent='- ', subsequent_indent='  ') for note in notes]
     if rows['attn_time']:
-        lines += ['', "| model | layer 0's route | as built, ms | on flex | frozen | as one table | without bias | "
-                  "table's error | run |", '|' + ' --- |' * 9]
+        lines += ['', "| model | layer 0's route | as built, ms | on flex | on dense | frozen | as one table | "
+                  "the table whole (sdpa_bias) | without bias | errors of the tables | run |", '|' + ' --- |' * 11]
     for n, (r, label) in rows['attn_time'].items():
         t = r.get('attn_time')
-        ways = [f(t.get(k), '.2f') for k in ('built', 'flex', 'frozen', 'table', 'no_bias')] if t else []
-        cells = [short(r['attn_time_error'])] + [''] * 7 if not t else \
-            [t.get('route', '—'), *ways, f(t.get('table_err'), '.1e')]
+        ways = [f(t.get(k), '.2f') for k in ('built', 'flex', 'dense', 'frozen', 'table', 'table_sdpa', 'no_bias')] \
+            if t else []
+        errs = ', '.join(f(t.get(k), '.1e') for k in ('table_err', 'table_sdpa_err') if k in t) if t else ''
+        cells = [short(r['attn_time_error'])] + [''] * 9 if not t else [t.get('route', '—'), *ways, errs or '—']
         lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
     if rows['long']:
         lines += ['', '| model | 8L tokens/s | 8L peak MiB | 16L tokens/s | 16L peak MiB | run |', '|' + ' --- |' * 6]

@@ -235,7 +235,7 @@ def test_attn_time_probes_a_bias_layer_four_ways_and_leaves_the_model_as_it_was(
         bench.check_attn_time(model, 3, 32, rt, clock, r, reps=2)
         t = r['attn_time']
         assert all(t[w] > 0 for w in ('built', 'frozen', 'no_bias')), (name, t)
-        assert t['route'] == 'dense' and t['flex'] is None  # the CPU's one route for a bias
+        assert t['route'] == 'dense' and t['flex'] is t['dense'] is t['table_sdpa'] is None  # the CPU: one route
         if name == 'shaw':
             assert t['table'] is None and 'table_err' not in t
         else:
@@ -301,7 +301,8 @@ def test_table_of_the_committed_json(tmp_path):
                      long={m: dict(error='no positions past 1024') for m in ('8L', '16L')}),
         fire=dict(goal_class='score_mod', goal=0.7, long_error='SchemeTimeout: stopped after --scheme_limit=40 s'))))
     parts = bench.table([old, new, other]).split('\n\n')  # a file of other parts leaves the pairs' rows as they were
-    assert parts[-2].splitlines()[2:] == ["| t5 | — | 2.00 | — | 1.00 | 1.50 | 0.50 | 1.0e-03 | 2026-12-02-1234567 |"]
+    assert parts[-2].splitlines()[2:] == ["| t5 | — | 2.00 | — | — | 1.00 | 1.50 | — | 0.50 | 1.0e-03 | "
+                                          "2026-12-02-1234567 |"]
     assert parts[-1].splitlines()[2:] == [
         '| learned | ' + ' | '.join(['failed: no positions past 1024'] * 4) + ' | 2026-12-02-1234567 |',
         '| fire | failed: SchemeTimeout: stopped after --scheme_limit=40 s |  |  |  | 2026-12-02-1234567 |']
