@@ -309,7 +309,8 @@ MODEL_PARTS = ('pairs', 'attn_time', 'long')  # each model built, measured and f
 # Goals for training throughput relative to rope of the same depth, by how a model's attention runs (goal_class):
 # key -> (what the class is, the goal). A model with layers of several classes takes the lowest goal among them.
 GOALS = {'no_bias': ('no logit bias: rotary, embedded or no positions (SDPA)', 0.9),
-         'score_mod': ('a score_mod bias, a value term or sink logits (FlexAttention on CUDA)', 0.7),
+         'score_mod': ('a bias of the positions alone, or sink logits (qk_lift, sdpa_bias or FlexAttention)', 0.7),
+         'content_position': ('a position term that meets the content (Shaw, XL, DeBERTa, CoPE)', 0.5),
          'fla': ("a scheme with an fla kernel (attn_backend 'fla' where 'auto' does not take it)", 0.6),
          'own_attention': ('its own attention, with no fla kernel', 0.4)}
 MFU_GOAL = (0.40, 16, 1024)  # rope's MFU at gpt2_124m's micro-batch, 16 x 1024, against the device's bf16 peak
@@ -318,7 +319,8 @@ PAIR_LR = 1e-4  # AdamW's rate in the timed steps: gpu_check's CHECK_LR, at whic
 
 def layer_hooks(config):
     """What each layer's scheme brings to its attention in training, from its hooks: [(an fla kernel, its own
-    attention, a bias: a score_mod or value term the scheme returns for training, or sink logits)], whatever route
+    attention, a bias: a score_mod or value term the scheme returns for training, or sink logits, a position term
+    that meets the content)], whatever route
     the layer takes on a device (GPT.attention_backends says which). The hooks are asked on CPU, of a copy of the
     model 16 channels a head wide with a 64-token vocabulary (the plan and the schemes as they are): milliseconds."""
     model = GPT(dataclasses.replace(config, n_embd=16 * config.n_head, vocab_size=64)).train()
@@ -333,15 +335,16 @@ def layer_hooks(config):
             biased = not s.owns_attention and (s.score_mod(q, k, ctx, attn.pe_layer) is not None or
                                                attn.sink_logits is not None or
                                                type(s).value_mod is not positional.PositionalEncoding.value_mod)
-            hooks.append((s.fla_kernel is not None, s.owns_attention, biased))
+            hooks.append((s.fla_kernel is not None, s.owns_attention, biased, s.content_position))
     return hooks
 
 
 def goal_class(hooks):
-    """The key of GOALS for a model's attention (layer_hooks): an fla kernel; else its own attention; else a bias
-    in training (xPos's score_mod only evaluates blockwise: not one); else none. The lowest goal of its layers."""
-    kinds = ['fla' if fla else 'own_attention' if own else 'score_mod' if biased else 'no_bias'
-             for fla, own, biased in hooks]
+    """The key of GOALS for a model's attention (layer_hooks): an fla kernel; else a position term that meets the
+    content; else its own attention; else a bias in training (xPos's score_mod only evaluates blockwise: not one);
+    else none. The lowest goal of its layers."""
+    kinds = ['fla' if fla else 'content_position' if content else 'own_attention' if own else
+             'score_mod' if biased else 'no_bias' for fla, own, biased, content in hooks]
     return min(kinds, key=lambda c: GOALS[c][1])
 
 

@@ -101,6 +101,7 @@ class PositionalEncoding(nn.Module):
     softmax = 'attend'             # 'attend' | 'own' | None (see the module docstring)
     x_lookback = 0                 # tokens before a query's first visible key whose input x its logits read
     fla_kernel = None              # the fla kernel its `attention` hook can run (kernels.FLA_KERNELS), or None
+    content_position = False       # its position term meets the content, q or k (Shaw, XL, DeBERTa, CoPE): bench's goal
 
     def __init__(self, config):
         super().__init__()
@@ -724,6 +725,7 @@ class TransformerXL(PositionalEncoding):
     d_head + r_dim) and plain causal SDPA does the rest. q is multiplied by
     sqrt((d_head + r_dim)/d_head) so SDPA's 1/sqrt(dim) is XL's 1/sqrt(d_head).
     Options: r_dim (default n_embd). Init N(0, 0.02) for u, v and W_R (XL's)."""
+    content_position = True
 
     def __init__(self, config, r_dim=None):
         super().__init__(config)
@@ -1116,6 +1118,7 @@ class Shaw(PositionalEncoding):
     FlexAttention can run this scheme too. Those k logits are q_i.k_{i-r} on a
     sliding-window view of the keys (no copies kept for backward) plus the key term,
     read through score_mod itself. Attention dropout is not applied to the value term."""
+    content_position = True
 
     def __init__(self, config, max_distance=16):
         super().__init__(config)
@@ -1349,6 +1352,7 @@ class DeBERTa(PositionalEncoding):
     Q_i . K^r_m / sqrt(3d) [B, H, Tq, 2k] and K_j . Q^r_m / sqrt(3d) [B, H, Tk, 2k] (float32,
     each indexed once) through bucket indices tabulated per distance in context().
     Options: position_buckets, max_relative_positions."""
+    content_position = True
 
     def __init__(self, config, position_buckets=None, max_relative_positions=None):
         super().__init__(config)
@@ -1842,6 +1846,7 @@ class CoPE(PositionalEncoding):
     built in PyTorch outside the kernel (O(T^2) memory; without gradients in query chunks,
     attention.DENSE_CHUNK_BYTES), then attend() adds the bias through a score_mod that indexes it
     once: FlexAttention on CUDA, the dense path on CPU."""
+    content_position = True
 
     def __init__(self, config, npos_max=64):
         super().__init__(config)

@@ -202,21 +202,25 @@ def test_no_model_starts_after_the_budget(tmp_path, monkeypatch):
 
 
 def test_goal_classes_follow_the_hooks():
-    """A scheme with an fla kernel is 'fla', one with its own attention and none 'own_attention', one whose score_mod
-    or value term runs in training 'score_mod' (xPos's blockwise mask does not), the rest 'no_bias'; a model takes
-    its lowest goal."""
+    """A scheme with an fla kernel is 'fla', one whose position term meets q or k 'content_position' (Shaw, XL,
+    DeBERTa, CoPE), one with its own attention and neither 'own_attention' (GRAPE-AP), one whose score_mod runs in
+    training 'score_mod' (xPos's blockwise mask does not), the rest 'no_bias'; a model takes its lowest goal."""
     import positional
     hooks = {n: bench.layer_hooks(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, pos_encoding=n))
              for n in positional.REGISTRY}
     got = {n: bench.goal_class(h) for n, h in hooks.items()}
     assert {n for n, c in got.items() if c == 'fla'} == set(positional.PositionalEncoding.fla_schemes())
-    assert {n for n, c in got.items() if c == 'own_attention'} == {'cope'}
-    assert {'alibi', 't5', 'shaw', 'fire', 'deberta', 'grape_a'} <= {n for n, c in got.items() if c == 'score_mod'}
-    assert {'rope', 'xpos', 'none', 'learned', 'xl'} <= {n for n, c in got.items() if c == 'no_bias'}
+    assert {n for n, c in got.items() if c == 'content_position'} == {'shaw', 'xl', 'deberta', 'cope'}
+    assert {'alibi', 't5', 'kerple_log', 'fire', 'sandwich', 'grape_a'} <= {n for n, c in got.items()
+                                                                          if c == 'score_mod'}
+    assert {'rope', 'xpos', 'none', 'learned'} <= {n for n, c in got.items() if c == 'no_bias'}
+    path = bench.layer_hooks(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, pos_encoding='grape_a',
+                                       pos_options={'variant': 'path'}))
+    assert bench.goal_class(path) == 'own_attention'
     sinks = bench.layer_hooks(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, sink_logits=True))
     assert bench.goal_class(sinks) == 'score_mod'
     assert bench.goal_class(hooks['rope'][:1] + hooks['alibi'][1:]) == 'score_mod'
-    assert bench.goal_class(hooks['cope'][:1] + hooks['fox'][1:]) == 'own_attention'
+    assert bench.goal_class(hooks['cope'][:1] + hooks['fox'][1:]) == 'content_position'
     assert bench.runs_text(['sdpa', 'sdpa', 'flex', 'sdpa']) == 'sdpa ×2, flex, sdpa'
 
 
