@@ -533,10 +533,11 @@ def _sdpa_bias(q, k, v, bias, dropout_p, mask):
 
 
 def compute_dtype(q):
-    """The dtype attention on q computes in: autocast's for a float32 q where autocast is on, else q's own (a
-    device autocast does not know, such as meta, computes in q's)."""
+    """The dtype attention on q computes in: autocast's for a float32 q where autocast is on, else q's own (on the
+    meta device, which autocast does not know, q's). Not torch.amp.is_autocast_available: torch 2.11's dynamo breaks
+    the graph at it, in every layer."""
     dev = q.device.type
-    if q.dtype == torch.float32 and torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+    if q.dtype == torch.float32 and dev != 'meta' and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)
     return q.dtype
 
