@@ -23,7 +23,7 @@ Paths (same logits on all of them), each a named route chosen by `route`:
     factors as extra columns of q and k, each split in three bfloat16-exact parts under bf16 (lift_qk):
     'qk_lift'. The dropped term of the query leaves the softmax as it is; the logits are then as large as the
     bias's key term (ALiBi: m * j), so float32 rounds them to about 2^-24 of that (3e-5 at m = 0.5, j = 1024)
-  - a bias the mod hands whole as a table, or as a vector of the distance (T5, KERPLE, Sandwich, FIRE), in training
+  - a bias the mod hands whole as a table, or as a vector of the distance (T5, KERPLE, Sandwich), in training
     on CUDA -> SDPA's memory-efficient kernel with the table as its bias, whose backward returns the table's
     gradient with no atomics: 'sdpa_bias'
   - bias, FlexAttention       -> compiled flex_attention(score_mod, block mask of the Mask, which skips the
@@ -273,7 +273,7 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
                term), not in float16 (whose range a position overflows): the factors ride as extra columns of q and k
                through SDPA's fused kernels (FlashBias, arXiv 2505.12044; lift_qk), attention dropout SDPA's own
       'sdpa_bias' a bias the mod hands whole, `mod.table` [B|1, H, T, T] or `mod.distance` [H, >= T] (the bias at
-               each distance i - j: T5, KERPLE, Sandwich; FIRE's table), with as many queries as keys, in training on
+               each distance i - j: T5, KERPLE, Sandwich), with as many queries as keys, in training on
                CUDA under 'auto', no logsumexp: SDPA's memory-efficient kernel with the table as its bias in the dtype
                attention computes in (bfloat16 rounds a bias of size b by up to b * 2^-9), causal tiles skipped
                (_sdpa_bias). Its backward writes the table's gradient whole, where FlexAttention adds each logit's

@@ -1270,8 +1270,8 @@ class FIRE(PositionalEncoding):
         def mod(score, b, h, i, j):
             return score + table[h, i, j]
         mod.reads_table = True  # a [H, Tq, Tk] table read at each logit's (i, j): FlexAttention's small tiles
-        if q.size(2) == k.size(2):
-            mod.table = table  # handed whole to attention's sdpa_bias route
+        # (not handed whole as mod.table for the sdpa_bias route: torch 2.11's Inductor crashed compiling that graph
+        # on CPU, 2.13's did not; bench.py's attn_time times the table through that route on a GPU)
         return mod
 
 
