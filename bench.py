@@ -536,22 +536,22 @@ class Models:
         r.update(pair_stats(timed, ref, name))
 
     def attn_time(self, name):
-        """Part attn_time: the model's first layer four ways (check_attn_time)."""
-        cfg = self.config(name)
-        torch.manual_seed(self.a.seed)
-        model = GPT(cfg).to(self.rt.device)
-        r = self.describe(name, cfg, model)
-        with runtime.time_limit(self.a.scheme_limit):
-            check_attn_time(model, self.B, self.L, self.rt, self.clock, r)
+        """Part attn_time: the model's first layer timed several ways (check_attn_time)."""
+        self.measure(name, lambda model, r: check_attn_time(model, self.B, self.L, self.rt, self.clock, r))
 
     def long(self, name):
         """Part long: no-grad forwards at 8L and 16L (check_long)."""
+        self.measure(name, lambda model, r: check_long(model, self.L, self.a, self.rt, self.clock, r))
+
+    def measure(self, name, check):
+        """check(model, r) of `name`'s model, built at the bench's seed on the device, into its entry r (describe),
+        within --scheme_limit."""
         cfg = self.config(name)
         torch.manual_seed(self.a.seed)
         model = GPT(cfg).to(self.rt.device)
         r = self.describe(name, cfg, model)
         with runtime.time_limit(self.a.scheme_limit):
-            check_long(model, self.L, self.a, self.rt, self.clock, r)
+            check(model, r)
 
     DONE = {'pairs': ('vs_rope', 'error'), 'attn_time': ('attn_time', 'attn_time_error'),
             'long': ('long', 'long_error')}  # a part's result and its error: either ends a model's part

@@ -311,6 +311,21 @@ LIFTED = [('alibi', {}), ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('gra
           ('fox', {})]
 
 
+def off_init(name, opts):
+    """The scheme `name` and a layer of it whose parameters are drawn afresh from N(0, 1) (KERPLE's from |N(0, 1)|, as
+    it keeps them positive), in float64 where the scheme's hooks take it (FoX computes its gates from x in float32)."""
+    torch.manual_seed(0)
+    pe = P.REGISTRY[name](tiny_config(name), **opts)
+    layer = pe.new_layer()
+    if layer is not None:
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn_like(p).abs() if name.startswith('kerple') else torch.randn_like(p))
+        if not pe.owns_attention:
+            layer.double()
+    return pe, layer
+
+
 def mod_of(pe, layer, q, k, v, ctx):
     """The score_mod a scheme's layer hands attend: its score_mod, or the one its `attention` hook passes (FoX's,
     of a layer input x drawn here)."""
@@ -330,15 +345,7 @@ def test_qk_lift_equals_the_bias_path(name, opts):
     path with the mod, in float64 with weights moved off their init: the output and the gradients of q, k, v and
     every scheme parameter. The mods compute their biases in float32, so both sides carry float32's rounding of
     the bias (about 1e-7 of it); a factor of the wrong sign or a forgotten key term misses by far more."""
-    torch.manual_seed(0)
-    pe = P.REGISTRY[name](tiny_config(name), **opts)
-    layer = pe.new_layer()
-    if layer is not None:
-        with torch.no_grad():
-            for p in layer.parameters():
-                p.copy_(torch.randn_like(p))
-        if not pe.owns_attention:  # (FoX computes its gates from x in float32)
-            layer.double()
+    pe, layer = off_init(name, opts)
     B, H, T, d = 2, 4, 12, 8
     q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
     pos = torch.arange(T)
@@ -439,14 +446,7 @@ def test_sdpa_bias_equals_the_bias_path(name, opts, window):
     against the dense path with the same mod, in float64 with weights moved off their init, causal and in a sliding
     window: the output and the gradients of q, k, v and every scheme parameter. Where the kernel writes garbage
     into the bias gradient of hidden logits (CUDA's skipped tiles), none of it reaches the parameters."""
-    torch.manual_seed(0)
-    pe = P.REGISTRY[name](tiny_config(name), **opts)
-    layer = pe.new_layer()
-    if layer is not None:
-        with torch.no_grad():
-            for p in layer.parameters():
-                p.copy_(torch.randn_like(p).abs() if name.startswith('kerple') else torch.randn_like(p))
-        layer.double()
+    pe, layer = off_init(name, opts)
     B, H, T, d = 2, 4, 12, 8
     q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
     mask = A.Mask(window, None) if window else A.CAUSAL
