@@ -276,8 +276,9 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
                each distance i - j: T5, KERPLE, Sandwich), with as many queries as keys, in training on
                CUDA under 'auto', no logsumexp: SDPA's memory-efficient kernel with the table as its bias in the dtype
                attention computes in (bfloat16 rounds a bias of size b by up to b * 2^-9), causal tiles skipped
-               (_sdpa_bias). Its backward writes the table's gradient whole, where FlexAttention adds each logit's
-               into a small table with atomics; a distance's gradient is then the sum along its diagonal (toeplitz)
+               (_sdpa_bias), attention dropout SDPA's own. Its backward writes the table's gradient whole, where
+               FlexAttention adds each logit's into a small table with atomics; a distance's gradient is then the sum
+               along its diagonal (toeplitz)
       'flex'   FlexAttention: 'flex'; or 'auto' on CUDA with more than one query. Not without gradients for a
                score_mod marked `tabulate` under 'auto' (FIRE's MLP per logit, which FlexAttention would unroll
                into every logit of its kernel: the dense path evaluates it as a table per chunk of queries), and
