@@ -41,7 +41,8 @@ registered scheme or a preset at its own depth, into one JSON, written after eve
   long       no-grad forwards at 8L and 16L: tokens/s and peak memory.
 --json (default results/gpu/<today>-<commit>/bench.json) is resumed where it exists: a model whose entry holds a
 part's result or error is not measured again, and a JSON of another setup (device, size, batch, blocks ...) is
-refused; --retry=True measures again the models whose entry holds an error. No model starts after --budget
+refused; a model a dead process was measuring (its entry still says `measuring`: a crash) gets that as its error;
+--retry=True measures again the models whose entry holds an error. No model starts after --budget
 seconds (the rest are listed as `skipped`); --scheme_limit stops one model after that many seconds and goes on;
 --classes keeps the models of those GOALS classes; --auto_only runs wall on 'auto' rather than its fla kernel. On
 CUDA these parts default to --preset=gpt2 and --compile=True, and anywhere to --presets=all. --table=A.json,B.json
@@ -562,12 +563,18 @@ class Models:
         failed, result_key, error_key = [], *self.DONE[part]
         for name in names:
             r = self.res.get(name, {})
+            if r.get('measuring') == part:  # saved before it started and never cleared: the process died on it
+                del r['measuring']
+                r[error_key] = "the process died measuring it (a crash, or killed): --retry=True measures it again"
+                print(line(name, r, part), flush=True)
             if result_key in r or (error_key in r and not self.a.retry):
                 continue
             if over_budget():
                 self.out.setdefault('skipped', {}).setdefault(part, []).append(name)
                 continue
             r.pop(error_key, None)
+            self.res.setdefault(name, r)['measuring'] = part  # on disk while it runs: a crash leaves it there
+            self.save()
             try:
                 getattr(self, part)(name)
             except ReferenceFailed:
@@ -575,7 +582,9 @@ class Models:
             except (Exception, runtime.SchemeTimeout) as e:  # noqa: BLE001 - a model that fails to build, compile,
                 self.res.setdefault(name, {})[error_key] = error_text(e)  # fit or finish: the next one goes on
                 failed.append(name)
-            finally:
+            finally:  # (Ctrl-C and `timeout -s INT` pass here too: a run cut short is no crash)
+                self.res[name].pop('measuring', None)
+                self.save()
                 if self.rt.device_type == 'cuda':
                     torch.cuda.empty_cache()
             self.summarize()

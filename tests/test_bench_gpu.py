@@ -156,6 +156,7 @@ def test_a_run_cut_short_goes_on_where_it_stopped(tmp_path, monkeypatch):
         pairs(path, *argv)
     first = json.load(open(path))['results']
     assert seen == ['rope', 'none', 'alibi', 'learned'] and 'vs_rope' not in first.get('learned', {})
+    assert 'measuring' not in first.get('learned', {})  # cut short, not crashed: measured again below
     assert all('vs_rope' in first[n] for n in ('rope', 'none', 'alibi'))
     seen.clear()
     cut['at'] = None
@@ -181,6 +182,35 @@ def test_a_failed_model_is_measured_again_only_with_retry(tmp_path, builds):
     assert pairs(path, *argv, '--retry=True') == 0 and [n for n, _ in builds] == ['rope', 'alibi']
     res = json.load(open(path))['results']
     assert 'error' not in res['alibi'] and res['alibi']['vs_rope'] > 0
+
+
+def test_a_model_that_killed_the_process_is_an_error_on_resume(tmp_path, monkeypatch):
+    """While a model is measured its entry says so on disk ('measuring'); a process that dies there (a crash: a
+    segfault in a compiled kernel) leaves it, and the next run records that model's error without measuring it
+    again, unless --retry=True; a model measured to the end, or cut short by Ctrl-C, keeps no such mark."""
+    path = str(tmp_path / 'pairs.json')
+    argv = ['--presets=', '--blocks=1', '--block_steps=1']
+    on_disk, build = {}, bench.Models.build
+
+    def peeking(self, name, cfg):
+        on_disk[name] = json.load(open(path))['results'].get(name, {}).get('measuring')
+        return build(self, name, cfg)
+    monkeypatch.setattr(bench.Models, 'build', peeking)
+    assert pairs(path, '--schemes=none', *argv) == 0
+    assert on_disk['none'] == 'pairs'  # (rope, the reference, is built as the models need it)
+    out = json.load(open(path))
+    assert not any('measuring' in r for r in out['results'].values())
+    out['results']['alibi'] = {'measuring': 'pairs'}  # as a process that died measuring alibi leaves it
+    json.dump(out, open(path, 'w'))
+    on_disk.clear()
+    assert pairs(path, '--schemes=none,alibi', *argv) == 0 and on_disk == {}
+    res = json.load(open(path))['results']
+    assert res['alibi'] == {'error': 'the process died measuring it (a crash, or killed): --retry=True measures it '
+                                     'again'}
+    assert pairs(path, '--schemes=none,alibi', *argv, '--retry=True') == 0 and on_disk['alibi'] == 'pairs'
+    assert set(on_disk) == {'rope', 'alibi'}
+    res = json.load(open(path))['results']
+    assert 'error' not in res['alibi'] and res['alibi']['vs_rope'] > 0 and 'measuring' not in res['alibi']
 
 
 def test_no_model_starts_after_the_budget(tmp_path, monkeypatch):
