@@ -261,6 +261,17 @@ def causal_block_mask(Tq, Tk, device):
     return CAUSAL.block_mask(Tq, Tk, device)
 
 
+# each route in a line, for the training log (model.GPT.plan_lines); route's docstring has the conditions
+ROUTES = {'sdpa': "no logit bias: SDPA's fused kernels (flash or cuDNN on a GPU)",
+          'qk_lift': "a bias fq_i . fk_j (ALiBi, GRAPE-A, FoX) as extra columns of q and k, through SDPA's kernels",
+          'sdpa_bias': "a bias of the distance (T5, KERPLE, Sandwich) as a [1, H, T, T] bfloat16 table, through SDPA's "
+                       "memory-efficient kernel, whose backward returns its gradient without atomics",
+          'flex': "FlexAttention, the bias evaluated at each logit in float32",
+          'dense': "float32 attention with the bias as a tensor (the CPU's path; without gradients, per query chunk)",
+          'fla': "flash-linear-attention's Triton kernel for the scheme",
+          'own': "the scheme computes its attention itself"}
+
+
 def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2, fla=None, cache=None, dtype=None):
     """The one choice of how an attention runs, by name. A layer whose scheme has a flash-linear-attention kernel
     (fla: kernels.fla_plan's answer for the layer) runs it, 'fla:<kernel>', under 'fla', or 'auto' on CUDA,

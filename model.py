@@ -132,12 +132,15 @@ class GPT(nn.Module):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     def plan_lines(self, device=None):
-        """The layer plan, a line a layer (train.py prints it at start-up); with `device`, the attention each
-        layer runs there (attention_backends)."""
+        """The layer plan, a line a layer (train.py prints it at start-up); with `device`, the route each layer's
+        attention takes there in training (attention_backends), then a line on each route taken (attention.ROUTES)."""
         lines = [spec.describe(self.pe.at(spec.index).name) for spec in self.plan]
         if device is None:
             return lines
-        return [f"{line}; attention {b}" for line, b in zip(lines, self.attention_backends(device))]
+        routes = self.attention_backends(device)
+        names = dict.fromkeys(way.split(':')[0] for r in routes for way in r.split('+'))
+        return [f"{line}; attention {r}" for line, r in zip(lines, routes)] + \
+            [f"route {n}: {attention.ROUTES[n]}" for n in names]
 
     def attention_backends(self, device, grad=True):
         """The route each layer's attention takes on `device` without a KV cache, in training (grad=True) or in

@@ -307,6 +307,30 @@ def test_each_layer_reports_the_route_its_forward_takes(monkeypatch):
     assert sorted(calls) == ['_dense', '_dense', '_sdpa']
 
 
+def test_every_route_has_its_line_and_the_plan_lines_name_the_routes_taken(monkeypatch):
+    """Every name route() gives, over devices, backends, mods (none, factored, by distance, plain, tabulated), the
+    logsumexp, gradients, one query and an fla kernel, has its line in ROUTES, as 'own' does; a model's plan lines
+    end with one line for each route its layers take, in the order first taken."""
+    monkeypatch.setattr(A.kernels, 'fla_status', lambda: (True, None))  # fla-core as on a GPU machine
+    alibi = positional.REGISTRY['alibi'](tiny_config('alibi'))
+    t5 = positional.REGISTRY['t5'](tiny_config('t5'))
+    pos = torch.arange(8)
+    ctx = t5.context(pos, pos)
+    ctx.consecutive = True
+    tabulated = lambda score, b, h, i, j: score  # noqa: E731
+    tabulated.tabulate = True
+    mods = [None, alibi.score_mod(None, None, alibi.context(pos, pos), None), t5.score_mod(None, None, ctx, None),
+            lambda score, b, h, i, j: score, tabulated]
+    names = {A.route(dev, backend, mod, lse, grad, tq, fla).split(':')[0]
+             for dev in ('cpu', 'cuda') for backend in A.BACKENDS if backend != 'fla' for mod in mods
+             for lse in (False, True) for grad in (False, True) for tq in (1, 8) for fla in (None, 'attn')}
+    assert names | {'own'} == set(A.ROUTES)
+    m = tiny_model('t5', n_layer=3, nope_layers=[1], attn_backend='auto')
+    assert m.plan_lines('cuda')[3:] == ['route sdpa_bias: ' + A.ROUTES['sdpa_bias'], 'route sdpa: ' + A.ROUTES['sdpa']]
+    assert m.plan_lines('cpu')[3:] == ['route dense: ' + A.ROUTES['dense'], 'route sdpa: ' + A.ROUTES['sdpa']]
+    assert len(m.plan_lines()) == 3
+
+
 LIFTED = [('alibi', {}), ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('grape_a', {'variant': 'query'}),
           ('fox', {})]
 
