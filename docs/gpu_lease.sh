@@ -74,36 +74,27 @@ limits() {  # LIMIT BUDGET: the stage's limit capped by the time left, and its b
     [ "$BUDGET" -gt $((LIMIT - 20)) ] && BUDGET=$((LIMIT - 20))
 }
 
-check() {  # NAME LIMIT BUDGET ARGS...: gpu_check.py within LIMIT s, no model started after BUDGET s, $OUT/NAME.json
-    local name=$1 t0=$SECONDS
-    limits "$2" "$3"
-    shift 3
+stage() {  # SCRIPT NAME LIMIT BUDGET ARGS...: bench.py or gpu_check.py within LIMIT s, no model started after
+           # BUDGET s, into $OUT/NAME.json (bench.py's resumed: from itself, or from $RESUME/NAME.json)
+    local script=$1 name=$2 t0=$SECONDS extra=${GPU_CHECK_ARGS:-}
+    limits "$3" "$4"
+    shift 4
     if [ "$BUDGET" -lt 10 ]; then
         echo "== $name: not run, $((LEASE_S - SECONDS)) s left of ${LEASE_S}"
         return
     fi
-    echo "== $name: up to ${LIMIT} s, from $(date -u +%T)"
-    timeout -s INT -k 10 "$LIMIT" python3 gpu_check.py --json="$OUT/$name.json" --budget="$BUDGET" "$@" \
-        ${GPU_CHECK_ARGS:-}
-    echo "== $name: exit $? after $((SECONDS - t0)) s"
-}
-
-bench() {  # NAME LIMIT BUDGET ARGS...: bench.py's model parts within LIMIT s, no model started after BUDGET s,
-           # $OUT/NAME.json (resumed: from itself, or from $RESUME/NAME.json)
-    local name=$1 t0=$SECONDS
-    limits "$2" "$3"
-    shift 3
-    if [ "$BUDGET" -lt 10 ]; then
-        echo "== $name: not run, $((LEASE_S - SECONDS)) s left of ${LEASE_S}"
-        return
-    fi
-    if [ -n "${RESUME:-}" ] && [ -f "$RESUME/$name.json" ] && [ ! -f "$OUT/$name.json" ]; then
-        cp "$RESUME/$name.json" "$OUT/$name.json" && echo "== $name: on from $RESUME/$name.json"
+    if [ "$script" = bench.py ]; then
+        extra=${BENCH_ARGS:-}
+        if [ -n "${RESUME:-}" ] && [ -f "$RESUME/$name.json" ] && [ ! -f "$OUT/$name.json" ]; then
+            cp "$RESUME/$name.json" "$OUT/$name.json" && echo "== $name: on from $RESUME/$name.json"
+        fi
     fi
     echo "== $name: up to ${LIMIT} s, from $(date -u +%T)"
-    timeout -s INT -k 10 "$LIMIT" python3 bench.py --json="$OUT/$name.json" --budget="$BUDGET" "$@" ${BENCH_ARGS:-}
+    timeout -s INT -k 10 "$LIMIT" python3 "$script" --json="$OUT/$name.json" --budget="$BUDGET" "$@" $extra
     echo "== $name: exit $? after $((SECONDS - t0)) s"
 }
+check() { stage gpu_check.py "$@"; }
+bench() { stage bench.py "$@"; }
 
 synth() {  # GPT-2-sized random tokens for train.py (the GPU machine reaches no corpus): /tmp/synth
     [ -f /tmp/synth/val.bin ] || python3 -c "import numpy as np, os; os.makedirs('/tmp/synth', exist_ok=True)
