@@ -460,6 +460,12 @@ class Models:
         """rope at the model's depth: 'rope' at the bench size's, 'rope-6L' beside a 6-layer preset."""
         return 'rope' if cfg.n_layer == self.size['n_layer'] else f'rope-{cfg.n_layer}L'
 
+    def model(self, name, cfg):
+        """`name`'s model built from the bench's seed on the device, and its entry (describe)."""
+        torch.manual_seed(self.a.seed)
+        model = GPT(cfg).to(self.rt.device)
+        return model, self.describe(name, cfg, model)
+
     def describe(self, name, cfg, model):
         """A model's entry before it is measured: its class and goal, depth and each layer's route."""
         hooks = layer_hooks(cfg)
@@ -472,9 +478,7 @@ class Models:
     def build(self, name, cfg):
         """Build, compile and warm up a model for training; its entry gets compile_s (the first step), loss_first
         and peak_MiB -> (its step function, the model)."""
-        torch.manual_seed(self.a.seed)
-        model = GPT(cfg).to(self.rt.device)
-        r = self.describe(name, cfg, model)
+        model, r = self.model(name, cfg)
         step, opt = runtime.train_stepper(model, self.xy, self.rt, PAIR_LR, self.a.compile)
         t0 = self.clock.now()
         r['loss_first'] = step().item()
@@ -547,10 +551,7 @@ class Models:
     def measure(self, name, check):
         """check(model, r) of `name`'s model, built at the bench's seed on the device, into its entry r (describe),
         within --scheme_limit."""
-        cfg = self.config(name)
-        torch.manual_seed(self.a.seed)
-        model = GPT(cfg).to(self.rt.device)
-        r = self.describe(name, cfg, model)
+        model, r = self.model(name, self.config(name))
         with runtime.time_limit(self.a.scheme_limit):
             check(model, r)
 
@@ -584,11 +585,10 @@ class Models:
                 failed.append(name)
             finally:  # (Ctrl-C and `timeout -s INT` pass here too: a run cut short is no crash)
                 self.res[name].pop('measuring', None)
+                self.summarize()
                 self.save()
                 if self.rt.device_type == 'cuda':
                     torch.cuda.empty_cache()
-            self.summarize()
-            self.save()
             print(line(name, self.res[name], part), flush=True)
         self.save()  # the skipped
         return failed
@@ -646,7 +646,7 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
             ts.append(clock.now() - t0)
         attn.zero_grad(set_to_none=True)
         return statistics.median(ts) * 1e3, out
-    out = r['attn_time'] = {'route': model.attention_backends(rt.device)[0]}
+    out = r['attn_time'] = {'route': (r.get('attention_backends') or model.attention_backends(rt.device))[0]}
     out['built'], y = timed()
     cuda = torch.device(rt.device).type == 'cuda'
     for way in ('flex', 'dense'):
