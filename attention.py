@@ -22,9 +22,10 @@ Paths (same logits on all of them), each a named route chosen by `route`:
   - a bias fq_i . fk_j + a term of the query alone (ALiBi, GRAPE-A, FoX: the mod's `factors`) on CUDA -> SDPA with the
     factors as extra columns of q and k, each split in three bfloat16-exact parts under bf16 (lift_qk):
     'qk_lift'. The dropped term of the query leaves the softmax as it is; the logits are then as large as the
-    bias's key term (ALiBi: m * j), so float32 rounds them to about 2^-24 of that (3e-5 at m = 0.5, j = 1024)
-  - a bias the mod hands whole as a table, or as a vector of the distance (T5, KERPLE, Sandwich), in training
-    on CUDA -> SDPA's memory-efficient kernel with the table as its bias, whose backward returns the table's
+    bias's key term (ALiBi: m * j), so float32 rounds them to about 2^-24 of that (3e-5 at m = 0.5, j = 1024).
+    In bfloat16 only for factors that need no gradient (their gradients through the kernel cancel: GRAPE-A, FoX)
+  - a bias the mod hands whole as a table (GRAPE-A), or as a vector of the distance (T5, KERPLE, Sandwich), in
+    training on CUDA -> SDPA's memory-efficient kernel with the table as its bias, whose backward returns the table's
     gradient with no atomics: 'sdpa_bias'
   - bias, FlexAttention       -> compiled flex_attention(score_mod, block mask of the Mask, which skips the
     blocks no query of a block can see); CUDA by default, CPU only without gradients (torch 2.13 has no
@@ -263,9 +264,11 @@ def causal_block_mask(Tq, Tk, device):
 
 # each route in a line, for the training log (model.GPT.plan_lines); route's docstring has the conditions
 ROUTES = {'sdpa': "no logit bias: SDPA's fused kernels (flash or cuDNN on a GPU)",
-          'qk_lift': "a bias fq_i . fk_j (ALiBi, GRAPE-A, FoX) as extra columns of q and k, through SDPA's kernels",
-          'sdpa_bias': "a bias of the distance (T5, KERPLE, Sandwich) as a [1, H, T, T] bfloat16 table, through SDPA's "
-                       "memory-efficient kernel, whose backward returns its gradient without atomics",
+          'qk_lift': "a bias fq_i . fk_j (ALiBi; GRAPE-A and FoX without gradients or in float32) as extra "
+                     "columns of q and k, through SDPA's kernels",
+          'sdpa_bias': "a bias handed whole (T5, KERPLE, Sandwich by distance; GRAPE-A in training) as a [B|1, H, T, "
+                       "T] table in the compute dtype, through SDPA's memory-efficient kernel, whose backward returns "
+                       "its gradient without atomics",
           'flex': "FlexAttention, the bias evaluated at each logit in float32",
           'dense': "float32 attention with the bias as a tensor (the CPU's path; without gradients, per query chunk)",
           'fla': "flash-linear-attention's Triton kernel for the scheme",
@@ -281,10 +284,13 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
       'qk_lift' a bias of the form fq_i . fk_j + (a term of the query alone), whose mod gives (fq, fk) when its
                `factors()` is called (ALiBi, GRAPE-A, FoX off its fla kernel), on CUDA under 'auto' with more than
                one query and no logsumexp (the dropped term of the query would change a sink's share or a value
-               term), not in float16 (whose range a position overflows): the factors ride as extra columns of q and k
-               through SDPA's fused kernels (FlashBias, arXiv 2505.12044; lift_qk), attention dropout SDPA's own
-      'sdpa_bias' a bias the mod hands whole, `mod.table` [B|1, H, T, T] or `mod.distance` [H, >= T] (the bias at
-               each distance i - j: T5, KERPLE, Sandwich), with as many queries as keys, in training on
+               term), not in float16 (whose range a position overflows), and in bfloat16 only for factors that need
+               no gradient (ALiBi's; in training GRAPE-A's gates and FoX's cumulative gates do: their gradients are
+               small differences of sums as large as the positions, which SDPA's backward returns in bfloat16): the
+               factors ride as extra columns of q and k through SDPA's fused kernels (FlashBias, arXiv 2505.12044;
+               lift_qk), attention dropout SDPA's own
+      'sdpa_bias' a bias the mod hands whole, `mod.table()` -> [B|1, H, T, T] (GRAPE-A) or `mod.distance` [H, >= T]
+               (the bias at each distance i - j: T5, KERPLE, Sandwich), with as many queries as keys, in training on
                CUDA under 'auto', no logsumexp: SDPA's memory-efficient kernel with the table as its bias in the dtype
                attention computes in (bfloat16 rounds a bias of size b by up to b * 2^-9), causal tiles skipped
                (_sdpa_bias), attention dropout SDPA's own. Its backward writes the table's gradient whole, where
@@ -308,7 +314,8 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
         return 'flex'
     if device_type != 'cuda' or Tq == 1:
         return 'dense'
-    if getattr(mod, 'factors', None) is not None and not need_lse and dtype != torch.float16:
+    if getattr(mod, 'factors', None) is not None and not need_lse and dtype != torch.float16 and not (
+            grad and dtype == torch.bfloat16 and any(f.requires_grad for f in mod.factors())):
         return 'qk_lift'
     whole = getattr(mod, 'table', None) is not None or getattr(mod, 'distance', None) is not None
     if whole and grad and not need_lse:
@@ -317,14 +324,14 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
 
 
 class RouteProbe:
-    """Within `with RouteProbe(device_type, grad):` every attend call also notes the route it would take on
-    device_type in that grad mode, under the layer that made it (CausalSelfAttention sets `layer`), and runs on
-    the dense path: model.GPT.attention_backends asks a small copy of a model on the CPU which route each layer
-    takes on a GPU, by the one function that dispatches."""
+    """Within `with RouteProbe(device_type, grad, dtype):` every attend call also notes the route it would take on
+    device_type in that grad mode and compute dtype (None: float32's answer), under the layer that made it
+    (CausalSelfAttention sets `layer`), and runs on the dense path: model.GPT.attention_backends asks a small copy
+    of a model on the CPU which route each layer takes on a GPU, by the one function that dispatches."""
     active = None
 
-    def __init__(self, device_type, grad):
-        self.device_type, self.grad, self.layer, self.seen = device_type, grad, None, {}
+    def __init__(self, device_type, grad, dtype=None):
+        self.device_type, self.grad, self.dtype, self.layer, self.seen = device_type, grad, dtype, None, {}
 
     def __enter__(self):
         RouteProbe.active = self
@@ -522,10 +529,11 @@ def toeplitz(vec, T):
 
 
 def bias_table(mod, T):
-    """The float32 table [B|1, H, T, T] of a mod that hands its bias whole (route 'sdpa_bias')."""
+    """The float32 table [B|1, H, T, T] of a mod that hands its bias whole (route 'sdpa_bias'), built when asked."""
     if getattr(mod, 'distance', None) is not None:
         return toeplitz(mod.distance.float(), T)[None]
-    return mod.table if mod.table.dim() == 4 else mod.table[None]
+    table = mod.table().float()
+    return table if table.dim() == 4 else table[None]
 
 
 def _sdpa_bias(q, k, v, bias, dropout_p, mask):
@@ -569,7 +577,7 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
     way = route(q.device.type, backend, mod, need_lse, torch.is_grad_enabled(), q.size(2), dtype=compute_dtype(q))
     if RouteProbe.active is not None:  # (a Python check: a compiled graph keeps no trace of it)
         p = RouteProbe.active
-        p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2)))
+        p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2), dtype=p.dtype))
         way = 'dense' if way == 'flex' else way
     if way == 'qk_lift':  # SDPA's scale stays that of q's own head dim
         q, k, v, scale = *lift_qk(q, k, v, *mod.factors()), 1 / math.sqrt(q.size(-1))

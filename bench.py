@@ -471,8 +471,9 @@ class Models:
         hooks = layer_hooks(cfg)
         c = goal_class(hooks)
         r = self.res.setdefault(name, {})
-        r.update(goal_class=c, goal=GOALS[c][1], n_layer=cfg.n_layer,
-                 attention_backends=model.attention_backends(self.rt.device), run=len(self.out['meta']['runs']) - 1)
+        routes = model.attention_backends(self.rt.device, dtype=self.rt.ptdtype)
+        r.update(goal_class=c, goal=GOALS[c][1], n_layer=cfg.n_layer, attention_backends=routes,
+                 run=len(self.out['meta']['runs']) - 1)
         return r
 
     def build(self, name, cfg):
@@ -627,7 +628,7 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
         if bias is None:
             return None
         mod = attention._table_mod(bias)
-        mod.table = bias
+        mod.table = lambda: bias
         return mod
 
     def run():
@@ -646,7 +647,8 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
             ts.append(clock.now() - t0)
         attn.zero_grad(set_to_none=True)
         return statistics.median(ts) * 1e3, out
-    out = r['attn_time'] = {'route': (r.get('attention_backends') or model.attention_backends(rt.device))[0]}
+    routes = r.get('attention_backends') or model.attention_backends(rt.device, dtype=rt.ptdtype)
+    out = r['attn_time'] = {'route': routes[0]}
     out['built'], y = timed()
     cuda = torch.device(rt.device).type == 'cuda'
     for way in ('flex', 'dense'):

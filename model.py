@@ -131,25 +131,27 @@ class GPT(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
-    def plan_lines(self, device=None):
+    def plan_lines(self, device=None, dtype=None):
         """The layer plan, a line a layer (train.py prints it at start-up); with `device`, the route each layer's
-        attention takes there in training (attention_backends), then a line on each route taken (attention.ROUTES)."""
+        attention takes there in training in `dtype` (attention_backends), then a line on each route taken
+        (attention.ROUTES)."""
         lines = [spec.describe(self.pe.at(spec.index).name) for spec in self.plan]
         if device is None:
             return lines
-        routes = self.attention_backends(device)
+        routes = self.attention_backends(device, dtype=dtype)
         names = dict.fromkeys(way.split(':')[0] for r in routes for way in r.split('+'))
         return [f"{line}; attention {r}" for line, r in zip(lines, routes)] + \
             [f"route {n}: {attention.ROUTES[n]}" for n in names]
 
-    def attention_backends(self, device, grad=True):
+    def attention_backends(self, device, grad=True, dtype=None):
         """The route each layer's attention takes on `device` without a KV cache, in training (grad=True) or in
-        evaluation: attention.route's name, 'sdpa', 'flex', 'dense', 'fla:<kernel>' or 'own' (several joined by
-        '+' where a layer's attention takes more than one). A layer that runs its fla kernel says so from its plan;
-        the others are asked of a copy of this model on the CPU (its layer plan and backends, a 64-token
-        vocabulary), whose forward of 8 tokens notes under attention.RouteProbe where each call of attend would go
-        on `device`: a layer with no call computes its attention itself ('own'). The copy draws its weights and
-        dropout from a forked RNG, so the caller's random numbers stay as they were."""
+        evaluation, computing in `dtype` (autocast's or the model's; None: float32's answer): attention.route's
+        name, 'sdpa', 'flex', 'dense', 'fla:<kernel>' or 'own' (several joined by '+' where a layer's attention
+        takes more than one). A layer that runs its fla kernel says so from its plan; the others are asked of a
+        copy of this model on the CPU (its layer plan and backends, a 64-token vocabulary), whose forward of 8
+        tokens notes under attention.RouteProbe where each call of attend would go on `device`: a layer with no
+        call computes its attention itself ('own'). The copy draws its weights and dropout from a forked RNG, so
+        the caller's random numbers stay as they were."""
         dev = torch.device(device).type
         fla = [block.attn.fla_route(dev) for block in self.transformer.h]
         if all(fla):
@@ -160,7 +162,7 @@ class GPT(nn.Module):
             for mine, theirs in zip(copy.transformer.h, self.transformer.h):
                 mine.attn.backend = theirs.attn.backend
             copy.train(grad)
-            with attention.RouteProbe(dev, grad) as probe, torch.set_grad_enabled(grad):
+            with attention.RouteProbe(dev, grad, dtype) as probe, torch.set_grad_enabled(grad):
                 copy(torch.zeros(1, 8, dtype=torch.long))
         return [f or '+'.join(probe.seen.get(i, ['own'])) for i, f in enumerate(fla)]
 

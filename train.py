@@ -304,7 +304,7 @@ model.to(device)
 if master:
     print(f"scheme {pos_encoding}: {model.get_num_params() / 1e6:.2f}M parameters, "
           f"rope_scaling={model_args['rope_scaling']}; layer plan:")
-    for line in model.plan_lines(device):
+    for line in model.plan_lines(device, ptdtype):
         print('  ' + line)
     for line in model.fla_notes(device):
         print(line)
@@ -506,7 +506,8 @@ timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': r
 if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
     # eval.json's first keys; attn_backends: the route each layer's attention took (model.attention_backends)
     head = dict(scheme=pos_encoding, name=wandb_run_name or pos_encoding, seed=seed, rope_scaling=rope_scaling,
-                iter=iter_num, out_dir=out_dir, attn_backends=raw_model.attention_backends(device, grad=False))
+                iter=iter_num, out_dir=out_dir,
+                attn_backends=raw_model.attention_backends(device, grad=False, dtype=ptdtype))
     failure = final_suite(raw_model, out_dir, head, val_data, block_size, final_eval_mults,
                           final_eval_tokens or eval_tokens, task, task_n, positions, pos_max, device, autocast,
                           control.stopping, wandb_run, timing)

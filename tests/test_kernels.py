@@ -160,6 +160,7 @@ def test_auto_on_cuda_uses_fla_where_it_can_and_says_once_why_not(monkeypatch):
     monkeypatch.setattr(kernels, 'fla_status', lambda: (False, 'fla-core is not installed: pip install fla-core'))
     m = tiny_model('fox', attn_backend='auto')
     assert m.attention_backends('cuda') == ['qk_lift', 'qk_lift']  # its bias as an extra column of q and k
+    assert m.attention_backends('cuda', dtype=torch.bfloat16) == ['flex', 'flex']  # its gates' gradients: float32
     assert m.fla_notes('cuda') == ["attn_backend='auto': layers 0, 1 run nanoPE's PyTorch attention, not fla's "
                                    "kernel: fla-core is not installed: pip install fla-core"]
     assert tiny_model('rope', attn_backend='auto').fla_notes('cuda') == []  # no kernel: nothing to fall back from
