@@ -1233,7 +1233,8 @@ class FIRE(PositionalEncoding):
     logit; attn_backend='flex' still does, in O(T) memory); with gradients it is
     tabulated as [H, Tq, Tk] once per layer, all units in one expression (the
     paper's dense bias; the unit loop there took torch.compile 3x longer), because
-    FlexAttention's backward can only scatter a score's gradient into a tensor it indexes once.
+    FlexAttention's backward can only scatter a score's gradient into a tensor it indexes once;
+    on CUDA that table goes whole into SDPA's memory-efficient kernel (attention's sdpa_bias).
     Note: with the default L0 = 512 and a training length below 512, training
     never reaches the interpolating regime; set init_L (e.g. block_size / 4 as
     the paper's 512 / 2048) to study it. Options: width, init_c, init_L."""
@@ -1270,8 +1271,10 @@ class FIRE(PositionalEncoding):
         def mod(score, b, h, i, j):
             return score + table[h, i, j]
         mod.reads_table = True  # a [H, Tq, Tk] table read at each logit's (i, j): FlexAttention's small tiles
-        # (not handed whole as mod.table for the sdpa_bias route: torch 2.11's Inductor crashed compiling that graph
-        # on CPU, 2.13's did not; bench.py's attn_time times the table through that route on a GPU)
+        if q.size(2) == k.size(2):  # also whole, for attention's sdpa_bias route (training, no KV cache): the mod
+            # at every logit, indexed as the other paths read it (torch 2.11's CPU Inductor crashed compiling the
+            # backward of `table` handed as it is)
+            mod.table = lambda: mod(0.0, 0, torch.arange(table.size(0), device=q.device)[:, None, None], i, j)
         return mod
 
 

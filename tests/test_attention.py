@@ -543,9 +543,6 @@ def test_sdpa_bias_equals_the_bias_path(name, opts, window):
         return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     for whole in (False, True):
         mod = pe.score_mod(q, k, ctx, layer)
-        if whole and name == 'fire':  # a table handed whole (FIRE itself does not: torch 2.11's CPU compile crashed)
-            table = A.dense_bias(mod, 1, H, T, T, q.device)
-            mod.table = lambda: table
         if whole:
             assert A.route('cuda', 'auto', mod, dtype=torch.bfloat16) == 'sdpa_bias'
             A.F.scaled_dot_product_attention = garbage_above
@@ -568,15 +565,14 @@ def test_sdpa_bias_equals_the_bias_path(name, opts, window):
 
 def test_sdpa_bias_is_the_cuda_training_route_of_a_whole_bias(monkeypatch):
     """route: 'sdpa_bias' on CUDA under 'auto' in training for a mod that hands its bias whole (T5, KERPLE, Sandwich:
-    the distance vector; not FIRE), FlexAttention without gradients, with the logsumexp (sink logits), under
+    the distance vector; FIRE: its table), FlexAttention (FIRE: dense) without gradients, with the logsumexp (sink logits), under
     'flex', or where positions are not consecutive (randomized positions: the distance is not i - j); the
     dense path on the CPU. A model whose layers take it (forced on the CPU) trains as on the dense path."""
-    for name in ('t5', 'kerple_log', 'kerple_power', 'sandwich'):
+    for name in ('t5', 'kerple_log', 'kerple_power', 'sandwich', 'fire'):
         m = tiny_model(name, attn_backend='auto')
         assert m.attention_backends('cuda') == ['sdpa_bias'] * 2, name
-        assert m.attention_backends('cuda', grad=False) == ['flex'] * 2, name
+        assert m.attention_backends('cuda', grad=False) == ['dense' if name == 'fire' else 'flex'] * 2, name
         assert m.attention_backends('cpu') == ['dense'] * 2, name
-    assert tiny_model('fire', attn_backend='auto').attention_backends('cuda') == ['flex'] * 2
     assert tiny_model('t5', attn_backend='flex').attention_backends('cuda') == ['flex'] * 2
     assert tiny_model('t5', attn_backend='auto', sink_logits=True).attention_backends('cuda') == ['flex'] * 2
     t5 = positional.REGISTRY['t5'](tiny_config('t5'))
@@ -584,7 +580,7 @@ def test_sdpa_bias_is_the_cuda_training_route_of_a_whole_bias(monkeypatch):
     mod = t5.score_mod(None, None, t5.context(pos, pos), None)
     assert getattr(mod, 'distance', None) is None and A.route('cuda', 'auto', mod) == 'flex'
     x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
-    for name in ('t5', 'kerple_log'):
+    for name in ('t5', 'kerple_log', 'fire'):
         losses = {}
         for forced in (False, True):
             m = tiny_model(name, attn_backend='auto', dropout=0.0)
