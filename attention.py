@@ -24,7 +24,8 @@ Paths (same logits on all of them), each a named route chosen by `route`:
     'qk_lift'. The dropped term of the query leaves the softmax as it is; the logits are then as large as the
     bias's key term (ALiBi: m * j), so float32 rounds them to about 2^-24 of that (3e-5 at m = 0.5, j = 1024).
     In bfloat16 only for factors that need no gradient (their gradients through the kernel cancel: GRAPE-A, FoX)
-  - a bias the mod hands whole as a table (GRAPE-A), or as a vector of the distance (T5, KERPLE, Sandwich), in
+  - a bias the mod hands whole as a table (GRAPE-A, FIRE), or as a vector of the distance (T5, KERPLE, Sandwich), or
+    no bias on a head wider than the fused kernels take (XL: the columns past v's width give the table), in
     training on CUDA -> SDPA's memory-efficient kernel with the table as its bias, whose backward returns the table's
     gradient with no atomics: 'sdpa_bias'
   - bias, FlexAttention       -> compiled flex_attention(score_mod, block mask of the Mask, which skips the
@@ -72,6 +73,10 @@ FLEX_LSE_ON_CPU = False
 # than 256 MiB ones (docs/speed.md).
 DENSE_CHUNK_BYTES = 16 * 2**20
 FLEX_BLOCK = 128  # FlexAttention's default sparse block size
+# The widest head of q and k SDPA's flash kernel takes (cuDNN's is no wider); a wider one (XL's 64 + 768 columns)
+# falls to the memory-efficient kernel at that width, with v padded to it: 0.097x rope's step on an H200
+# (results/gpu/2026-11-28-72e3812). In training its columns past v's go as a bias table instead (wide_split).
+FUSED_MAX_WIDTH = 256
 FLEX_SHAPES = 256  # compiled FlexAttention kernels kept per process (one per input shape)
 # FlexAttention's tiles for a score_mod that reads a float32 table at each logit's (i, j) (a bias tensor, or a
 # mod marked `reads_table`): Triton stages a tile's table block in shared memory, and at the default 128 x 128
@@ -266,16 +271,17 @@ def causal_block_mask(Tq, Tk, device):
 ROUTES = {'sdpa': "no logit bias: SDPA's fused kernels (flash or cuDNN on a GPU)",
           'qk_lift': "a bias fq_i . fk_j (ALiBi; GRAPE-A and FoX without gradients or in float32) as extra "
                      "columns of q and k, through SDPA's kernels",
-          'sdpa_bias': "a bias handed whole (T5, KERPLE, Sandwich by distance; GRAPE-A in training) as a [B|1, H, T, "
-                       "T] table in the compute dtype, through SDPA's memory-efficient kernel, whose backward returns "
-                       "its gradient without atomics",
+          'sdpa_bias': "a bias handed whole (T5, KERPLE, Sandwich by distance; GRAPE-A, FIRE; XL's columns past "
+                       "the fused kernels' width) as a [B|1, H, T, T] table in the compute dtype, through SDPA's "
+                       "memory-efficient kernel, whose backward returns its gradient without atomics",
           'flex': "FlexAttention, the bias evaluated at each logit in float32",
           'dense': "float32 attention with the bias as a tensor (the CPU's path; without gradients, per query chunk)",
           'fla': "flash-linear-attention's Triton kernel for the scheme",
           'own': "the scheme computes its attention itself"}
 
 
-def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2, fla=None, cache=None, dtype=None):
+def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2, fla=None, cache=None, dtype=None,
+          width=None):
     """The one choice of how an attention runs, by name. A layer whose scheme has a flash-linear-attention kernel
     (fla: kernels.fla_plan's answer for the layer) runs it, 'fla:<kernel>', under 'fla', or 'auto' on CUDA,
     without a KV cache (decoding stays on nanoPE's path); its scheme's `attention` hook asks (Attend.uses_fla).
@@ -290,7 +296,9 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
                factors ride as extra columns of q and k through SDPA's fused kernels (FlashBias, arXiv 2505.12044;
                lift_qk), attention dropout SDPA's own
       'sdpa_bias' a bias the mod hands whole, `mod.table()` -> [B|1, H, T, T] (GRAPE-A) or `mod.distance` [H, >= T]
-               (the bias at each distance i - j: T5, KERPLE, Sandwich), with as many queries as keys, in training on
+               (the bias at each distance i - j: T5, KERPLE, Sandwich), or no bias on heads of q and k wider than
+               SDPA's fused kernels take (`width` > FUSED_MAX_WIDTH: XL's 64 + 768 columns), whose columns past v's
+               then give the table as their product (wide_split), with as many queries as keys, in training on
                CUDA under 'auto', no logsumexp: SDPA's memory-efficient kernel with the table as its bias in the dtype
                attention computes in (bfloat16 rounds a bias of size b by up to b * 2^-9), causal tiles skipped
                (_sdpa_bias), attention dropout SDPA's own. Its backward writes the table's gradient whole, where
@@ -307,7 +315,8 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
     if fla is not None and cache is None and kernels.runs_fla(fla, backend, device_type):
         return f'fla:{fla}'
     if mod is None and not need_lse:
-        return 'sdpa'
+        wide = (width or 0) > FUSED_MAX_WIDTH and device_type == 'cuda' and backend == 'auto'
+        return 'sdpa_bias' if wide and grad and Tq > 1 else 'sdpa'
     if backend == 'dense' or (need_lse and device_type == 'cpu' and not FLEX_LSE_ON_CPU):
         return 'dense'
     if backend == 'flex':
@@ -536,20 +545,30 @@ def bias_table(mod, T):
     return table if table.dim() == 4 else table[None]
 
 
-def _sdpa_bias(q, k, v, bias, dropout_p, mask):
-    """Attention of T queries over as many keys with a bias table [B|1, H, T, T] (float32) in the dtype attention
-    computes in: on CUDA SDPA's memory-efficient kernel, causal tiles skipped, whose backward returns the bias's
+def wide_split(q, k, v, Dv):
+    """q, k [B, H, T, D] of a head wider than SDPA's fused kernels take, and v (padded to D) -> (q, k, v) cut to the
+    first w columns (v's Dv, rounded up to a multiple of 8) and the bias table [B, H, T, T] that the rest give,
+    their product scaled by 1 / sqrt(D): the same logits, with D's scale kept (route 'sdpa_bias')."""
+    w = -(-Dv // 8) * 8
+    bias = torch.matmul(q[..., w:], k[..., w:].transpose(-1, -2)) * q.size(-1) ** -0.5  # (B, H, T, T)
+    return q[..., :w], k[..., :w], v[..., :w], bias
+
+
+def _sdpa_bias(q, k, v, bias, dropout_p, mask, scale=None):
+    """Attention of T queries over as many keys with a bias table [B|1, H, T, T] (float32, or the dtype q computes
+    in) in the dtype attention computes in: on CUDA SDPA's memory-efficient kernel, causal tiles skipped, whose backward returns the bias's
     gradient; elsewhere (tests force the route on the CPU) SDPA with the table as its mask. Hidden logits get -inf
     by masked_fill, whose backward zeroes their gradient: the kernel leaves the bias gradient of skipped tiles
-    unwritten."""
+    unwritten. scale: the logits' factor (None: 1 / sqrt(q's head dim))."""
     B, H, T, _ = q.shape
     dtype = compute_dtype(q)
     bias = bias.masked_fill(~mask.visibility(T, T, q.device), float('-inf')).to(dtype)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if q.device.type != 'cuda':
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
     bias = F.pad(bias, (0, -T % 16))[..., :T].expand(B, H, T, T)  # the kernel reads rows 16-element aligned
-    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, True)[0]
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, True,
+                                                                  scale=scale)[0]
 
 
 def compute_dtype(q):
@@ -574,13 +593,17 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
         v = F.pad(v, (0, q.size(-1) - Dv))
     need_lse = vmod is not None or sink_logits is not None
     att = Attend(mask, backend, dropout_p, sink_logits)
-    way = route(q.device.type, backend, mod, need_lse, torch.is_grad_enabled(), q.size(2), dtype=compute_dtype(q))
+    width = q.size(-1) if q.size(2) == k.size(2) else None  # (a wide head's split needs as many queries as keys)
+    way = route(q.device.type, backend, mod, need_lse, torch.is_grad_enabled(), q.size(2), dtype=compute_dtype(q),
+                width=width)
     if RouteProbe.active is not None:  # (a Python check: a compiled graph keeps no trace of it)
         p = RouteProbe.active
-        p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2), dtype=p.dtype))
+        p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2), dtype=p.dtype, width=width))
         way = 'dense' if way == 'flex' else way
     if way == 'qk_lift':  # SDPA's scale stays that of q's own head dim
         q, k, v, scale = *lift_qk(q, k, v, *mod.factors()), 1 / math.sqrt(q.size(-1))
+    if way == 'sdpa_bias' and mod is None:
+        return _sdpa_bias(*wide_split(q, k, v, Dv), dropout_p, mask, q.size(-1) ** -0.5)[..., :Dv].to(q.dtype)
     if way == 'sdpa_bias':
         return _sdpa_bias(q, k, v, bias_table(mod, q.size(2)), dropout_p, mask)[..., :Dv].to(q.dtype)
     if way in ('sdpa', 'qk_lift'):

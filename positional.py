@@ -723,7 +723,9 @@ class TransformerXL(PositionalEncoding):
     positional term is a dot product of a per-query vector with the fixed key
     vector [cos(j w) | sin(j w)]: transform_qk appends them to q and k (head dim
     d_head + r_dim) and plain causal SDPA does the rest. q is multiplied by
-    sqrt((d_head + r_dim)/d_head) so SDPA's 1/sqrt(dim) is XL's 1/sqrt(d_head).
+    sqrt((d_head + r_dim)/d_head) so SDPA's 1/sqrt(dim) is XL's 1/sqrt(d_head). A head that
+    wide (64 + 768 in GPT-2) has no fused kernel: training on CUDA hands the appended
+    columns' product to SDPA as a bias table (attention.wide_split).
     Options: r_dim (default n_embd). Init N(0, 0.02) for u, v and W_R (XL's)."""
     content_position = True
 

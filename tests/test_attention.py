@@ -537,10 +537,10 @@ def test_sdpa_bias_equals_the_bias_path(name, opts, window):
     leaves = [q, k, v, *(layer.parameters() if layer is not None else [])]
     sdpa, outs = A.F.scaled_dot_product_attention, []
 
-    def garbage_above(q, k, v, attn_mask, dropout_p):  # NaN in the mask's gradient wherever it is -inf
+    def garbage_above(q, k, v, attn_mask, dropout_p, scale=None):  # NaN in the mask's gradient wherever it is -inf
         if attn_mask.requires_grad:
             attn_mask.register_hook(lambda g: torch.where(attn_mask == float('-inf'), float('nan'), g))
-        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
     for whole in (False, True):
         mod = pe.score_mod(q, k, ctx, layer)
         if whole:
@@ -613,3 +613,59 @@ def test_bfloat16_parts_survive_torch_compile():
     assert torch.equal(parts[0] + parts[1] + parts[2], x.detach())
     grad, = torch.autograd.grad(sum(3 * p for p in parts).sum(), x)
     assert torch.equal(grad, torch.full_like(x, 3.0))
+
+
+@pytest.mark.parametrize('window', [None, 5])
+def test_a_head_wider_than_the_fused_kernels_trains_through_its_columns_as_a_bias(window, monkeypatch):
+    """q and k wider than SDPA's fused kernels take (FUSED_MAX_WIDTH; XL's 64 + 768 columns), v narrower: in training
+    on CUDA under 'auto' attend splits them (route 'sdpa_bias'), the columns past v's width giving a bias table as
+    their product at the whole head's scale. Against SDPA on the whole head (the 'sdpa' route), in float64, causal
+    and in a sliding window: the output and the gradients of q, k and v. Without gradients, for one query, on the CPU,
+    or at the fused kernels' width, the route stays 'sdpa'."""
+    W = A.FUSED_MAX_WIDTH
+    assert A.route('cuda', 'auto', None, width=W + 8) == 'sdpa_bias'
+    assert {A.route('cuda', 'auto', None, width=W), A.route('cuda', 'auto', None, grad=False, width=W + 8),
+            A.route('cuda', 'auto', None, Tq=1, width=W + 8), A.route('cpu', 'auto', None, width=W + 8),
+            A.route('cuda', 'auto', None)} == {'sdpa'}
+    g = torch.Generator().manual_seed(0)
+    B, H, T, D, Dv = 2, 2, 12, W + 8, 8
+    q, k = (torch.randn(B, H, T, D, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(2))
+    v = torch.randn(B, H, T, Dv, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(B, H, T, Dv, dtype=torch.float64, generator=g)
+    mask = A.Mask(window, None) if window else A.CAUSAL
+    outs = []
+    for forced in (False, True):
+        if forced:
+            forced_cuda_routes(monkeypatch)
+            seen = []
+            monkeypatch.setattr(A, 'wide_split', lambda *a, real=A.wide_split: seen.append(1) or real(*a))
+        y = A.attend(q, k, v, mask=mask)
+        outs.append((y, torch.autograd.grad((y * w).sum(), (q, k, v))))
+    assert seen == [1]
+    (y0, g0), (y1, g1) = outs
+    assert (y1 - y0).abs().max() < 1e-12 * y0.abs().max()
+    for a, b in zip(g1, g0):
+        assert (a - b).abs().max() < 1e-12 * b.abs().max()
+
+
+def test_xl_at_its_default_width_takes_the_wide_split_in_training_on_cuda(monkeypatch):
+    """XL's head, d_head + r_dim columns, is wider than the fused kernels take at r_dim = n_embd (the paper's, and
+    the gpt2 preset's 64 + 768): training on CUDA splits it ('sdpa_bias'); a narrower r_dim, or evaluation, keeps
+    'sdpa'. A model forced onto it on the CPU trains as on 'sdpa'."""
+    wide = {'r_dim': A.FUSED_MAX_WIDTH}  # 8 + 256 columns
+    m = tiny_model('xl', attn_backend='auto', pos_options=wide)
+    assert m.attention_backends('cuda') == ['sdpa_bias'] * 2
+    assert m.attention_backends('cuda', grad=False) == m.attention_backends('cpu') == ['sdpa'] * 2
+    assert tiny_model('xl', attn_backend='auto').attention_backends('cuda') == ['sdpa'] * 2
+    x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for forced in (False, True):
+        if forced:
+            forced_cuda_routes(monkeypatch)
+        m = tiny_model('xl', attn_backend='auto', pos_options=wide, dropout=0.0)
+        loss = m(x[:, :-1], x[:, 1:])[1]
+        loss.backward()
+        runs.append((loss.item(), {n: p.grad for n, p in m.named_parameters()}))
+    assert runs[1][0] == pytest.approx(runs[0][0], rel=1e-6)
+    for n, g in runs[0][1].items():
+        assert (runs[1][1][n] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-9, n
