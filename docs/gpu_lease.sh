@@ -125,12 +125,13 @@ for line in open('/tmp/run-$name/metrics.jsonl'):
     [ -f "/tmp/run-$name/profile.json" ] && cp "/tmp/run-$name/profile.json" "$OUT/$name.json"
 }
 
-# the bias family (attn_time), and the order of the pairs: the models no lease has timed against rope in one graph
-# first (the bias family, the own-attention and fla schemes), then every other scheme and preset
-BIAS=grape_a,t5,kerple_log,kerple_power,deberta,shaw,fire,alibi,sandwich
-FIRST=$BIAS,cope,xl,fox,path,path_fox,stick_breaking,wall
+# the bias family (attn_time, with the gpt_oss preset; xl has no bias to time there), and the order of the schemes' pairs (bench.py times the
+# presets after them): those whose route no lease has timed first (grape_a, fire and xl on sdpa_bias), then the fla
+# schemes (never timed in one graph), then the rest of the bias family, then every other scheme
+BIAS=grape_a,fire,sandwich,t5,kerple_log,kerple_power,deberta,shaw,alibi
+FIRST=grape_a,fire,xl,fox,path,path_fox,stick_breaking,wall,$BIAS,cope
 ORDER=$(python3 -c "import sys, positional; first = sys.argv[1].split(',')
-print(','.join(first + [n for n in sorted(positional.REGISTRY) if n not in first]))" "$FIRST")
+print(','.join(dict.fromkeys(first + sorted(positional.REGISTRY))))" "$FIRST")
 for s in $STAGES; do
     case $s in
         profile) train profile 150 --batch_size=16 --gradient_accumulation_steps=1 --max_iters=9 --profile=3 \
@@ -140,11 +141,11 @@ for s in $STAGES; do
         attn_time) bench attn_time 150 120 --parts=attn_time --schemes=$BIAS --presets=gpt_oss --scheme_limit=40 ;;
         pairs) bench pairs $((LEASE_S - SECONDS)) $((LEASE_S - SECONDS - 60)) --parts=pairs --schemes=$ORDER \
                    --presets=all --scheme_limit=75 ;;
-        grads_routes) check grads_routes 150 130 --schemes=t5,kerple_log,kerple_power,fire,sandwich,alibi,grape_a,shaw \
+        grads_routes) check grads_routes 150 130 --schemes=grape_a,fire,xl,t5,kerple_log,sandwich,alibi \
                           --presets= --parts=attn_grads --scheme_limit=30 ;;
         correct_fla) check correct_fla 130 110 --schemes=stick_breaking,wall --presets= --parts=correct,attn_grads \
                          --scheme_limit=60 ;;
-        long) bench long 100 80 --parts=long --schemes=rope,alibi,t5,fire --presets= --scheme_limit=40 ;;
+        long) bench long 100 80 --parts=long --schemes=rope,xl,fire --presets= --scheme_limit=40 ;;
         grads_rest) check grads_rest 300 270 --schemes=all --presets=all --parts=correct,attn_grads --scheme_limit=40 ;;
         *) echo "unknown stage $s" ;;
     esac
