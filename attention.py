@@ -72,6 +72,17 @@ FLEX_LSE_ON_CPU = False
 # afresh (page faults on each op); at T = 2048-8192 on CPU 16 MiB chunks ran 1.0-5.9x faster
 # than 256 MiB ones (docs/speed.md).
 DENSE_CHUNK_BYTES = 16 * 2**20
+# On CUDA the caching allocator reuses memory without page faults, and every chunk costs its kernel launches (FIRE's
+# MLP bias: dozens a chunk), so chunks are larger there: at 16 MiB, FIRE's no-grad forward at 8L (390 chunks a layer)
+# did not finish within 40 s on an H200 (results/gpu/2026-11-28-72e3812).
+DENSE_CHUNK_BYTES_CUDA = 512 * 2**20
+
+
+def dense_chunk_bytes(device_type):
+    """The most bytes one float32 [B, H, rows, Tk] tensor of a query chunk may take on this device."""
+    return DENSE_CHUNK_BYTES_CUDA if device_type == 'cuda' else DENSE_CHUNK_BYTES
+
+
 FLEX_BLOCK = 128  # FlexAttention's default sparse block size
 # The widest head of q and k SDPA's flash kernel takes (cuDNN's is no wider); a wider one (XL's 64 + 768 columns)
 # falls to the memory-efficient kernel at that width, with v padded to it: 0.097x rope's step on an H200
@@ -227,14 +238,14 @@ def chunk_queries(fn, q, k, v, att=None):
     gradients, fn runs on chunks of query rows s..e-1 with the keys and values they can see,
     [lo:e + Tk - Tq] (lo = the chunk's first visible key), and att.part(s, lo) (each chunk is the same
     problem, smaller), and the results are concatenated: when one float32 [B, H, Tq, Tk] tensor would
-    exceed DENSE_CHUNK_BYTES, or always for a bounded mask (window or chunk), whose chunks then cost time
+    exceed dense_chunk_bytes, or always for a bounded mask (window or chunk), whose chunks then cost time
     and memory linear in the length. Otherwise once, with att."""
     att = att or Attend()
     B, H, Tq, _ = q.shape
-    Tk, mask = k.size(2), att.mask
-    if torch.is_grad_enabled() or (not mask.bounded and B * H * Tq * Tk * 4 <= DENSE_CHUNK_BYTES):
+    Tk, mask, most = k.size(2), att.mask, dense_chunk_bytes(q.device.type)
+    if torch.is_grad_enabled() or (not mask.bounded and B * H * Tq * Tk * 4 <= most):
         return fn(q, k, v, att)
-    off, cap = Tk - Tq, DENSE_CHUNK_BYTES // (4 * B * H)
+    off, cap = Tk - Tq, most // (4 * B * H)
     if mask.bounded:  # rows r with r * (r + span) <= cap: a chunk sees at most r + span - 1 keys
         rows = max(1, (math.isqrt(mask.span ** 2 + 4 * cap) - mask.span) // 2)
         if rows >= Tq and mask.first_key(0, Tq, Tk) == 0:

@@ -209,11 +209,11 @@ def available_bytes(device):
 def peak_bytes(model, T, batch_tokens, device):
     """A rough upper estimate of one no-grad batch at length T: ~16 floats of activations per
     token and width, a 64 MB logit chunk, and the attention: O(T) on FlexAttention / SDPA, a
-    T-wide float32 bias chunk (about 3 copies of attention.DENSE_CHUNK_BYTES) where it runs dense."""
-    c = model.config
+    T-wide float32 bias chunk (about 3 copies of attention.dense_chunk_bytes) where it runs dense."""
+    c, dev = model.config, torch.device(device).type
     B = max(1, batch_tokens // T)
-    dense = c.attn_backend == 'dense' or (torch.device(device).type == 'cpu' and c.attn_backend != 'flex')
-    attn = 3 * min(attention.DENSE_CHUNK_BYTES, B * c.n_head * T * T * 4) if dense else 4 * B * T * c.n_embd * 4
+    dense = c.attn_backend == 'dense' or (dev == 'cpu' and c.attn_backend != 'flex')
+    attn = 3 * min(attention.dense_chunk_bytes(dev), B * c.n_head * T * T * 4) if dense else 4 * B * T * c.n_embd * 4
     return 16 * B * T * c.n_embd * 4 + attn + 64 * 2**20
 
 

@@ -1861,7 +1861,7 @@ class CoPE(PositionalEncoding):
     128 a count reaches 64 when half the gates are open. Option: npos_max.
     Where it runs: the gates, positions and bias are dense [B, H, Tq, Tk] float32 tensors
     built in PyTorch outside the kernel (O(T^2) memory; without gradients in query chunks,
-    attention.DENSE_CHUNK_BYTES), then attend() adds the bias through a score_mod that indexes it
+    attention.dense_chunk_bytes), then attend() adds the bias through a score_mod that indexes it
     once: FlexAttention on CUDA, the dense path on CPU."""
     content_position = True
 
@@ -1905,7 +1905,7 @@ class StickBreaking(PositionalEncoding):
     authors' kernel option, off by default).
     Computed in log space in float32 (log A_ij = log sigmoid(z_ij) - sum_{j<l<i}
     softplus(z_il), a reversed cumulative sum), O(T^2) memory, in query chunks without
-    gradients (attention.DENSE_CHUNK_BYTES). There is no FlexAttention path: `attention` computes
+    gradients (attention.dense_chunk_bytes). There is no FlexAttention path: `attention` computes
     the output itself, applies attention dropout to A while training (config.dropout;
     the remainder term is not dropped), and ignores attn_backend but 'fla'. A sliding window or chunk hides keys,
     which then break nothing off. No softmax, so no sink logits.
