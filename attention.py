@@ -207,6 +207,11 @@ class Attend:
     def __call__(self, q, k, v, mod=None, vmod=None):
         return attend(q, k, v, mod, vmod, self.backend, self.dropout_p, self.mask, self.sink_logits)
 
+    def run_fla(self, q, k, v, **inputs):
+        """This layer's fla kernel on q, k, v and the scheme's inputs by name (kernels.fla_attention), where
+        uses_fla says the forward runs it."""
+        return kernels.fla_attention(self.fla, q, k, v, self, **inputs)
+
     def uses_fla(self, q, cache):
         """Whether a scheme's `attention` hook runs its fla kernel in this forward (route: 'fla:<kernel>')."""
         if not route(q.device.type, self.backend, fla=self.fla, cache=cache).startswith('fla:'):
@@ -567,10 +572,10 @@ def wide_split(q, k, v, Dv):
 
 def _sdpa_bias(q, k, v, bias, dropout_p, mask, scale=None):
     """Attention of T queries over as many keys with a bias table [B|1, H, T, T] (float32, or the dtype q computes
-    in) in the dtype attention computes in: on CUDA SDPA's memory-efficient kernel, causal tiles skipped, whose backward returns the bias's
-    gradient; elsewhere (tests force the route on the CPU) SDPA with the table as its mask. Hidden logits get -inf
-    by masked_fill, whose backward zeroes their gradient: the kernel leaves the bias gradient of skipped tiles
-    unwritten. scale: the logits' factor (None: 1 / sqrt(q's head dim))."""
+    in) in the dtype attention computes in: on CUDA SDPA's memory-efficient kernel, causal tiles skipped, whose
+    backward returns the bias's gradient; elsewhere (tests force the route on the CPU) SDPA with the table as its
+    mask. Hidden logits get -inf by masked_fill, whose backward zeroes their gradient: the kernel leaves the bias
+    gradient of skipped tiles unwritten. scale: the logits' factor (None: 1 / sqrt(q's head dim))."""
     B, H, T, _ = q.shape
     dtype = compute_dtype(q)
     bias = bias.masked_fill(~mask.visibility(T, T, q.device), float('-inf')).to(dtype)

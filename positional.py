@@ -51,8 +51,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention import CAUSAL
-from kernels import (causal_conv, cumsum_tokens, fla_fox, fla_path, fla_stick_breaking, fla_wall, path_scores,
-                     wall_scores)
+from kernels import causal_conv, cumsum_tokens, path_scores, wall_scores
 from rope_scaling import EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, resolve_rope_scaling, rope_frequencies
 
 REGISTRY = {}
@@ -1821,7 +1820,7 @@ class FoX(PositionalEncoding):
         with torch.autocast(x.device.type, enabled=False):  # the bias stays float32
             log_f = F.logsigmoid(params.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
         if attend.uses_fla(q, cache):
-            return fla_fox(q, k, v, log_f, attend)
+            return attend.run_fla(q, k, v, log_f=log_f)
         if cache is not None:
             if 'fox_log_f' in cache.state:
                 log_f = torch.cat((cache.state['fox_log_f'], log_f), 2)  # [B, H, Tk]: every key's log f
@@ -1932,7 +1931,7 @@ class StickBreaking(PositionalEncoding):
 
     def attention(self, q, k, v, x, ctx, params, cache, attend):
         if attend.uses_fla(q, cache):
-            return fla_stick_breaking(q, k, v, self.attend_current, self.remainder)
+            return attend.run_fla(q, k, v, attend_current=self.attend_current, remainder=self.remainder)
         p = self.dropout if self.training else 0.0
 
         def run(q, k, v, a):
@@ -2013,7 +2012,7 @@ class PaTH(PositionalEncoding):
             w, beta = self.gates(xf, params, cache)
             log_f = F.logsigmoid(params.fgate(xf)).transpose(1, 2) if params.fgate is not None else None  # [B, H, T]
             if attend.uses_fla(q, cache):
-                return fla_path(q, k, v, w, beta, log_f)
+                return attend.run_fla(q, k, v, w=w, beta=beta, log_f=log_f)
             A, keys = path_scores(q.float(), k.float(), w, beta, cache[0].float() if n else None, self.chunk,
                                   keys=cache is not None)
             if log_f is not None:  # PaTH-FoX: G_i - G_j inside the scale, G the prefix sum of log f
@@ -2076,7 +2075,7 @@ class Wall(PositionalEncoding):
             g = F.logsigmoid(params.gate(xf)).view(B, T, H, d).transpose(1, 2)  # [B, H, T, d]
             gs = F.logsigmoid(params.scalar(xf)).transpose(1, 2) if params.scalar is not None else None
             if attend.uses_fla(q, cache):
-                return fla_wall(q, k, v, g, gs, attend)
+                return attend.run_fla(q, k, v, g=g, g_scalar=gs)
             if cache is not None:  # the gates of every key in the cache (its keys include the new ones)
                 for name, t in (('wall_g', g), ('wall_gs', gs)):
                     if t is not None:

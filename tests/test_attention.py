@@ -565,8 +565,8 @@ def test_sdpa_bias_equals_the_bias_path(name, opts, window):
 
 def test_sdpa_bias_is_the_cuda_training_route_of_a_whole_bias(monkeypatch):
     """route: 'sdpa_bias' on CUDA under 'auto' in training for a mod that hands its bias whole (T5, KERPLE, Sandwich:
-    the distance vector; FIRE: its table), FlexAttention (FIRE: dense) without gradients, with the logsumexp (sink logits), under
-    'flex', or where positions are not consecutive (randomized positions: the distance is not i - j); the
+    the distance vector; FIRE: its table), FlexAttention (FIRE: dense) without gradients, with the logsumexp (sink
+    logits), under 'flex', or where positions are not consecutive (randomized positions: the distance is not i - j); the
     dense path on the CPU. A model whose layers take it (forced on the CPU) trains as on the dense path."""
     for name in ('t5', 'kerple_log', 'kerple_power', 'sandwich', 'fire'):
         m = tiny_model(name, attn_backend='auto')
