@@ -125,9 +125,10 @@ for line in open('/tmp/run-$name/metrics.jsonl'):
     [ -f "/tmp/run-$name/profile.json" ] && cp "/tmp/run-$name/profile.json" "$OUT/$name.json"
 }
 
-# the bias family (attn_time, with the gpt_oss preset; xl has no bias to time there), and the order of the schemes' pairs (bench.py times the
-# presets after them): those whose route no lease has timed first (grape_a, fire and xl on sdpa_bias), then the fla
-# schemes (never timed in one graph), then the rest of the bias family, then every other scheme
+# the bias family (attn_time, with the gpt_oss preset; xl has no bias to time there), and the order of the schemes'
+# pairs (bench.py times the presets after them): those whose route no lease has timed first (grape_a, fire and xl on
+# sdpa_bias), then the fla schemes (never timed in one graph), then the rest of the bias family, then every other
+# scheme
 BIAS=grape_a,fire,sandwich,t5,kerple_log,kerple_power,deberta,shaw,alibi
 FIRST=grape_a,fire,xl,fox,path,path_fox,stick_breaking,wall,$BIAS,cope
 ORDER=$(python3 -c "import sys, positional; first = sys.argv[1].split(',')
