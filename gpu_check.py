@@ -19,7 +19,8 @@ In the device's dtype (bf16 autocast on CUDA), at config/bench_gpt2.py on CUDA (
   train       --steps compiled training steps on one repeated batch at CHECK_LR (--compile=False: eager): the
               loss of the first and the last, which must fall as the batch is learned (`learns`).
 Writes --json after each check and starts no scheme after --budget seconds; --scheme_limit stops one scheme
-after that many seconds and goes on. Exit status 1 if any failed a check, to train or to learn.
+after that many seconds and goes on. fla's kernels run their first autotune candidate untimed (--autotune=True:
+tune them as training does; kernels.AUTOTUNE). Exit status 1 if any failed a check, to train or to learn.
 """
 import copy
 import json
@@ -29,6 +30,7 @@ from contextlib import nullcontext
 
 import torch
 
+import kernels
 import positional
 import runtime
 from configurator import options
@@ -219,7 +221,7 @@ def main(argv):
     a = options(dict(schemes='all', preset='', n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,
                      device='auto', dtype='auto', steps=7, json='gpu_check.json', seed=0, budget=540.0,
                      presets='all', compile=True, backend='auto', parts=','.join(PARTS), scheme_limit=0.0,
-                     auto_only=False),
+                     auto_only=False, autotune=False),
                 argv, rules=dict(steps=(lambda v: v > 1, 'at least 2: a first loss and a later one'), budget='>0',
                                  scheme_limit='>=0',
                                  backend=(lambda b: b in ('auto', 'flex', 'dense'), "one of 'auto', 'flex', 'dense'"),
@@ -228,6 +230,7 @@ def main(argv):
     plans = preset_plans(a.presets, twins=False)
     exit_on_ctrl_c('gpu_check.py', f'{a.json} holds the schemes checked so far')
     rt = runtime.setup(a.device, a.dtype)
+    kernels.AUTOTUNE = a.autotune  # fla's kernels: the first candidate config, untimed (kernels.AUTOTUNE)
     preset = a.preset or ('gpt2' if rt.device_type == 'cuda' else 'default')
     size = model_size(a, preset)
     B = size.pop('batch_size')
@@ -235,7 +238,7 @@ def main(argv):
                    key=lambda n: (MAIN_SCHEMES.index(n) if n in MAIN_SCHEMES else 99, n)) + list(plans)
     out = {'meta': dict(torch=torch.__version__, device=runtime.device_name(rt), dtype=rt.dtype, preset=preset,
                         model=size, batch_size=B, argv=sys.argv, compile=a.compile, parts=sorted(parts),
-                        tolerance=tolerance(rt)), 'results': {}}
+                        tolerance=tolerance(rt), autotune=a.autotune), 'results': {}}
     path, t_start, tol = a.json or 'gpu_check.json', time.perf_counter(), tolerance(rt)
 
     def save():

@@ -253,10 +253,16 @@ def interpreting():
     return os.environ.get('TRITON_INTERPRET') == '1'
 
 
+# Whether fla's autotuned kernels time their candidate configs on first use (per input-size bucket) and keep the
+# fastest; False runs the first candidate untimed. gpu_check.py sets False: a correctness check needs a kernel, not
+# the fastest, and Wall's three kernels, 24 candidates each, each compiled, ran its check past 60 s on an H200.
+AUTOTUNE = True
+
+
 def _first_config_only():
-    """Under the interpreter, an autotuned kernel runs its first candidate config without timing it: choosing
-    among several benchmarks each on a GPU, which the interpreter has not ("0 active drivers"), and triton before
-    3.9 benchmarks even a single candidate."""
+    """From here on, an autotuned kernel runs its first candidate config without timing it: under the interpreter
+    (choosing among several benchmarks each on a GPU, which the interpreter has not: "0 active drivers", and triton
+    before 3.9 benchmarks even a single candidate), and where AUTOTUNE is False."""
     from triton.runtime.autotuner import Autotuner
     if getattr(Autotuner.prune_configs, 'first_only', False):
         return
@@ -272,7 +278,7 @@ def _first_config_only():
 @functools.cache
 def fla_op(kernel):
     """The fla function of FLA_KERNELS[kernel], imported once (triton with it)."""
-    if interpreting():
+    if interpreting() or not AUTOTUNE:
         _first_config_only()
     module, name = FLA_KERNELS[kernel].function.split(':')
     return getattr(importlib.import_module(module), name)

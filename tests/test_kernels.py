@@ -125,6 +125,24 @@ def test_fla_without_a_gpu_or_the_interpreter_or_fla_is_refused(monkeypatch):
         tiny_model('fox', attn_backend='fla')
 
 
+@pytest.mark.parametrize('autotune', [True, False])
+def test_autotune_false_runs_fla_kernels_first_config_untimed(autotune, monkeypatch):
+    """kernels.AUTOTUNE=False (gpu_check.py's default): once an fla kernel is loaded, every autotuned Triton kernel
+    keeps only its first candidate config and times none; with True (training) all candidates stay."""
+    if importlib.util.find_spec('triton') is None or importlib.util.find_spec('fla') is None:
+        pytest.skip('triton or fla-core is not installed')
+    from triton.runtime.autotuner import Autotuner
+    monkeypatch.setattr(Autotuner, 'prune_configs', lambda self, kwargs: ['first', 'second', 'third'])
+    monkeypatch.setattr(Autotuner, '_bench', Autotuner._bench)
+    monkeypatch.setattr(kernels, 'AUTOTUNE', autotune)
+    kernels.fla_op.cache_clear()
+    try:
+        kernels.fla_op('wall')
+    finally:
+        kernels.fla_op.cache_clear()
+    assert Autotuner.prune_configs(None, {}) == (['first', 'second', 'third'] if autotune else ['first'])
+
+
 def test_an_unknown_attn_backend_is_refused():
     with pytest.raises(ValueError, match="attn_backend='flash' is not one of 'auto', 'flex', 'dense', 'fla'"):
         tiny_model('fox', attn_backend='flash')
