@@ -255,7 +255,8 @@ def interpreting():
 
 # Whether fla's autotuned kernels time their candidate configs on first use (per input-size bucket) and keep the
 # fastest; False runs the first candidate untimed. gpu_check.py sets False: a correctness check needs a kernel, not
-# the fastest, and Wall's three kernels, 24 candidates each, each compiled, ran its check past 60 s on an H200.
+# the fastest; Wall's three kernels tune 24 candidates each, each compiled, and its check, tuning included, ran past
+# 60 s on an H200.
 AUTOTUNE = True
 
 
