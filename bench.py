@@ -62,6 +62,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn as nn
@@ -597,7 +598,8 @@ class Models:
 
 def check_attn_time(model, B, T, rt, clock, r, reps=10):
     """Where a bias layer's time goes: the model's first layer, its attention alone (projections included), forward
-    and backward at B x T, median of `reps` calls after two, in r['attn_time'] (ms), these ways:
+    and backward at B x T, in r['attn_time'] (ms), these ways, timed in `reps` rounds of one call each, the ways in
+    turn (after two calls each), so that a drift of the device's speed reaches every way alike; each way's median:
       built    as the model has it in training, by the route it takes there (r['attn_time']['route']);
       flex, dense  under attn_backend 'flex' or 'dense', on CUDA where built's route is another: what it saves;
       frozen   the scheme's parameters not trained: no captured tensor made from them needs a gradient, so
@@ -607,6 +609,7 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
       table_sdpa  that tensor handed whole (`mod.table`), on CUDA: route sdpa_bias, SDPA's memory-efficient kernel
                with the table as its bias, the materialised-bias route for any bias (DeBERTa's too);
       no_bias  the same layer with no score_mod or value term (SDPA): what attention without the bias costs.
+    `built_vs_no_bias` [q1, q3]: the median (quartiles) over rounds of built's time over no_bias's in that round.
     `table_err`, `table_sdpa_err`: their outputs against built's (runtime.rel_err: the same bias, rounding only)."""
     attn, scheme = model.transformer.h[0].attn, model.pe.at(0)
     model.train()
@@ -631,58 +634,73 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
         mod.table = lambda: bias
         return mod
 
+    @contextmanager
+    def backend(way):  # the layer on attn_backend `way`
+        saved, attn.backend = attn.backend, way
+        try:
+            yield
+        finally:
+            attn.backend = saved
+
+    @contextmanager
+    def frozen():  # the scheme's parameters not trained
+        ps = [p for n, p in model.named_parameters() if is_positional(n) and p.requires_grad]
+        try:
+            for p in ps:
+                p.requires_grad_(False)
+            yield
+        finally:
+            for p in ps:
+                p.requires_grad_(True)
+
+    @contextmanager
+    def hooked(hooks):  # this scheme instance's hooks replaced, until the finally
+        vars(scheme).update(hooks)
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                del vars(scheme)[hook]
+
     def run():
         with rt.autocast:
             y = attn(x, scheme, scheme.training_context(T, rt.device))
         y.backward(g)
         return y.detach().float()
-
-    def timed():
-        out = run()
-        run()
-        ts = []
-        for _ in range(reps):
-            t0 = clock.now()
-            run()
-            ts.append(clock.now() - t0)
-        attn.zero_grad(set_to_none=True)
-        return statistics.median(ts) * 1e3, out
     routes = r.get('attention_backends') or model.attention_backends(rt.device, dtype=rt.ptdtype)
     out = r['attn_time'] = {'route': routes[0]}
-    out['built'], y = timed()
     cuda = torch.device(rt.device).type == 'cuda'
-    for way in ('flex', 'dense'):
-        out[way] = None
-        if cuda and out['route'] != way:
-            backend, attn.backend = attn.backend, way
-            try:
-                out[way], _ = timed()
-            finally:
-                attn.backend = backend
-    frozen = [p for n, p in model.named_parameters() if is_positional(n) and p.requires_grad]
-    try:
-        for p in frozen:
-            p.requires_grad_(False)
-        out['frozen'], _ = timed()
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
     plain = type(scheme).value_mod is positional.PositionalEncoding.value_mod and attn.scaling is None
     none = (lambda *args: None)
-    for way, hooks in (('table', dict(score_mod=tabled) if plain else None),
-                       ('table_sdpa', dict(score_mod=tabled_whole) if plain and cuda else None),
-                       ('no_bias', dict(score_mod=none, value_mod=none))):
-        if hooks is None:
-            out[way] = None
-            continue
-        vars(scheme).update(hooks)  # this instance only, until the finally below
-        try:
-            out[way], got = timed()
-        finally:
-            for hook in hooks:
-                del vars(scheme)[hook]
-        if way.startswith('table'):
-            out[f'{way}_err'] = runtime.rel_err(got, y)
+    ways = {'built': nullcontext, 'flex': cuda and out['route'] != 'flex' and (lambda: backend('flex')),
+            'dense': cuda and out['route'] != 'dense' and (lambda: backend('dense')), 'frozen': frozen,
+            'table': plain and (lambda: hooked(dict(score_mod=tabled))),
+            'table_sdpa': plain and cuda and (lambda: hooked(dict(score_mod=tabled_whole))),
+            'no_bias': lambda: hooked(dict(score_mod=none, value_mod=none))}
+    for w in [w for w, setup in ways.items() if not setup]:  # a way that does not apply here
+        out[w] = None
+        del ways[w]
+    ys, ts = {}, {w: [] for w in ways}
+    for w, setup in ways.items():
+        with setup():
+            ys[w] = run()
+            run()
+    for _ in range(reps):
+        for w, setup in ways.items():
+            with setup():
+                t0 = clock.now()
+                run()
+                ts[w].append(clock.now() - t0)
+    attn.zero_grad(set_to_none=True)
+    x.grad = None
+    out.update({w: statistics.median(t) * 1e3 for w, t in ts.items()})
+    ratios = [a / b for a, b in zip(ts['built'], ts['no_bias'])]
+    out['built_vs_no_bias'] = statistics.median(ratios)
+    if len(ratios) > 1:
+        out['built_vs_no_bias_q1'], _, out['built_vs_no_bias_q3'] = statistics.quantiles(ratios, n=4)
+    for w in ('table', 'table_sdpa'):
+        if w in ys:
+            out[f'{w}_err'] = runtime.rel_err(ys[w], ys['built'])
 
 
 @torch.no_grad()
@@ -895,13 +913,17 @@ def table(paths):
         lines += [textwrap.fill(note, 120, initial_indent='- ', subsequent_indent='  ') for note in notes]
     if rows['attn_time']:
         lines += ['', "| model | layer 0's route | as built, ms | on flex | on dense | frozen | as one table | "
-                  "the table whole (sdpa_bias) | without bias | errors of the tables | run |", '|' + ' --- |' * 11]
+                  "the table whole (sdpa_bias) | without bias | as built / without, by round [q1, q3] | "
+                  "errors of the tables | run |", '|' + ' --- |' * 12]
     for n, (r, label) in rows['attn_time'].items():
         t = r.get('attn_time')
         ways = [f(t.get(k), '.2f') for k in ('built', 'flex', 'dense', 'frozen', 'table', 'table_sdpa', 'no_bias')] \
             if t else []
+        paired = f"{t['built_vs_no_bias']:.2f} [{f(t.get('built_vs_no_bias_q1'), '.2f')}, " \
+            f"{f(t.get('built_vs_no_bias_q3'), '.2f')}]" if t and 'built_vs_no_bias' in t else '—'
         errs = ', '.join(f(t.get(k), '.1e') for k in ('table_err', 'table_sdpa_err') if k in t) if t else ''
-        cells = [short(r['attn_time_error'])] + [''] * 9 if not t else [t.get('route', '—'), *ways, errs or '—']
+        cells = [short(r['attn_time_error'])] + [''] * 10 if not t else [t.get('route', '—'), *ways, paired,
+                                                                          errs or '—']
         lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
     if rows['long']:
         lines += ['', '| model | 8L tokens/s | 8L peak MiB | 16L tokens/s | 16L peak MiB | run |', '|' + ' --- |' * 6]

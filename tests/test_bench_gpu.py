@@ -278,6 +278,31 @@ def test_attn_time_probes_a_bias_layer_four_ways_and_leaves_the_model_as_it_was(
         assert not {'score_mod', 'value_mod'} & set(vars(model.pe.at(0))), name
 
 
+def test_attn_time_takes_its_ways_in_turn_each_round_and_pairs_built_with_no_bias():
+    """check_attn_time times its ways in rounds, one call of each way in turn (on CPU: built, frozen, table,
+    no_bias), so a device that slows from round to round (here 1x, 3x, 10x) slows every way alike: each way's time
+    is its median over rounds, and built_vs_no_bias the median of each round's quotient, exactly 2 here where the
+    quotient of two medians taken in separate runs would carry the drift."""
+    class Ticks:  # a clock whose readings around each call are `intervals` apart, in turn
+        def __init__(self, intervals):
+            self.left, self.t, self.started = iter(intervals), 0.0, False
+
+        def now(self):
+            if self.started:
+                self.t += next(self.left)
+            self.started = not self.started
+            return self.t
+    base = [2.0, 1.5, 4.0, 1.0]  # built, frozen, table, no_bias
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64, pos_encoding='t5'))
+    r = {}
+    bench.check_attn_time(model, 2, 32, runtime.setup('cpu', 'float32'), Ticks([b * f for f in (1, 3, 10)
+                                                                                 for b in base]), r, reps=3)
+    t = r['attn_time']
+    assert [t[w] for w in ('built', 'frozen', 'table', 'no_bias')] == [b * 3e3 for b in base]
+    assert t['built_vs_no_bias'] == t['built_vs_no_bias_q1'] == t['built_vs_no_bias_q3'] == 2.0
+
+
 def test_attn_time_and_long_parts_pick_their_models(tmp_path):
     """attn_time takes the models with a bias in their first layer (alibi, not rope); long takes every model, a
     length past a learned table noted instead of run; both resume as pairs do."""
@@ -331,12 +356,16 @@ def test_table_of_the_committed_json(tmp_path):
     other = write(tmp_path / '2026-12-02-1234567' / 'long.json', dict(meta=META, results=dict(
         t5=dict(goal_class='score_mod', goal=0.7, attn_time=dict(built=2.0, frozen=1.0, table=1.5, no_bias=0.5,
                                                                  table_err=1e-3)),
+        alibi=dict(goal_class='score_mod', goal=0.7, attn_time=dict(route='qk_lift', built=2.0, no_bias=1.0,
+                                                                    built_vs_no_bias=2.1, built_vs_no_bias_q1=2.0,
+                                                                    built_vs_no_bias_q3=2.25)),
         learned=dict(goal_class='no_bias', goal=0.9,
                      long={m: dict(error='no positions past 1024') for m in ('8L', '16L')}),
         fire=dict(goal_class='score_mod', goal=0.7, long_error='SchemeTimeout: stopped after --scheme_limit=40 s'))))
     parts = bench.table([old, new, other]).split('\n\n')  # a file of other parts leaves the pairs' rows as they were
-    assert parts[-2].splitlines()[2:] == ["| t5 | — | 2.00 | — | — | 1.00 | 1.50 | — | 0.50 | 1.0e-03 | "
-                                          "2026-12-02-1234567 |"]
+    assert parts[-2].splitlines()[2:] == [
+        "| t5 | — | 2.00 | — | — | 1.00 | 1.50 | — | 0.50 | — | 1.0e-03 | 2026-12-02-1234567 |",
+        "| alibi | qk_lift | 2.00 | — | — | — | — | — | 1.00 | 2.10 [2.00, 2.25] | — | 2026-12-02-1234567 |"]
     assert parts[-1].splitlines()[2:] == [
         '| learned | ' + ' | '.join(['failed: no positions past 1024'] * 4) + ' | 2026-12-02-1234567 |',
         '| fire | failed: SchemeTimeout: stopped after --scheme_limit=40 s |  |  |  | 2026-12-02-1234567 |']
