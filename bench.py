@@ -316,6 +316,7 @@ GOALS = {'no_bias': ('no logit bias: rotary, embedded or no positions (SDPA)', 0
          'fla': ("a scheme with an fla kernel (attn_backend 'fla' where 'auto' does not take it)", 0.6),
          'own_attention': ('its own attention, with no fla kernel', 0.4)}
 MFU_GOAL = (0.40, 16, 1024)  # rope's MFU at gpt2_124m's micro-batch, 16 x 1024, against the device's bf16 peak
+ATTN_GOAL = 2.0  # at most: a position-only bias layer's attention (fwd + bwd) over the same layer's without bias
 PAIR_LR = 1e-4  # AdamW's rate in the timed steps: gpu_check's CHECK_LR, at which every model tried stays finite
 
 
@@ -421,6 +422,10 @@ def goal_rows(results):
             v = r.get('vs_rope')
             rows.append(dict(figure=f"{name}: training throughput / {r['ref']}'s ({r['goal_class']})",
                              goal=r['goal'], measured=v, met=None if v is None else v >= r['goal']))
+        v = (r.get('attn_time') or {}).get('built_vs_no_bias')
+        if v is not None and r.get('goal_class') == 'score_mod':
+            rows.append(dict(figure=f"{name}: layer 0's attention / without bias, at most", goal=ATTN_GOAL,
+                             measured=v, met=v <= ATTN_GOAL))
     goal, B, T = MFU_GOAL
     rope = results.get('rope', {})
     v = rope.get('mfu') if rope.get('mfu_at') == [B, T] else None  # measured at that batch, or not at all

@@ -309,9 +309,13 @@ def test_attn_time_and_long_parts_pick_their_models(tmp_path):
     path = str(tmp_path / 'parts.json')
     assert bench.main(['--parts=attn_time,long', f'--json={path}', *TINY, '--schemes=rope,alibi,learned',
                        '--presets=', '--eval_batch_tokens=512']) == 0
-    res = json.load(open(path))['results']
+    out = json.load(open(path))
+    res = out['results']
     assert [n for n, r in res.items() if 'attn_time' in r] == ['alibi']
     assert res['alibi']['attn_time']['table_err'] < 1e-6
+    goal = [g for g in out['goals'] if g['figure'] == "alibi: layer 0's attention / without bias, at most"]
+    assert goal == [dict(figure=goal[0]['figure'], goal=2.0, measured=res['alibi']['attn_time']['built_vs_no_bias'],
+                         met=res['alibi']['attn_time']['built_vs_no_bias'] <= 2.0)]
     for name in ('rope', 'alibi'):
         long = res[name]['long']
         assert [long[m]['T'] for m in ('8L', '16L')] == [256, 512] and long['16L']['rows'] == 1
