@@ -126,21 +126,21 @@ def test_fla_without_a_gpu_or_the_interpreter_or_fla_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize('autotune', [True, False])
-def test_autotune_false_runs_fla_kernels_first_config_untimed(autotune, monkeypatch):
+def test_autotune_false_runs_fla_kernels_first_config_untimed(autotune):
     """kernels.AUTOTUNE=False (gpu_check.py's default): once an fla kernel is loaded, every autotuned Triton kernel
-    keeps only its first candidate config and times none; with True (training) all candidates stay."""
+    keeps only its first candidate config and times none; with True (training) all candidates stay. In a process
+    of its own: this one keeps fla unimported (test_auto_on_cpu_is_nanopes_path)."""
     if importlib.util.find_spec('triton') is None or importlib.util.find_spec('fla') is None:
         pytest.skip('triton or fla-core is not installed')
-    from triton.runtime.autotuner import Autotuner
-    monkeypatch.setattr(Autotuner, 'prune_configs', lambda self, kwargs: ['first', 'second', 'third'])
-    monkeypatch.setattr(Autotuner, '_bench', Autotuner._bench)
-    monkeypatch.setattr(kernels, 'AUTOTUNE', autotune)
-    kernels.fla_op.cache_clear()
-    try:
-        kernels.fla_op('wall')
-    finally:
-        kernels.fla_op.cache_clear()
-    assert Autotuner.prune_configs(None, {}) == (['first', 'second', 'third'] if autotune else ['first'])
+    code = ("import kernels\n"
+            "from triton.runtime.autotuner import Autotuner\n"
+            "Autotuner.prune_configs = lambda self, kwargs: ['first', 'second', 'third']\n"
+            f"kernels.AUTOTUNE = {autotune}\n"
+            "kernels.fla_op('wall')\n"
+            "print(Autotuner.prune_configs(None, {}))\n")
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split('\n')[-2] == str(['first', 'second', 'third'] if autotune else ['first'])
 
 
 def test_an_unknown_attn_backend_is_refused():
