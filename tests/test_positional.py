@@ -20,7 +20,7 @@ import model as M
 import positional
 import positional as P
 import rope_scaling
-from conftest import ROOT, tiny_config, tiny_model
+from conftest import ROOT, assert_kv_cache_matches_full_forward, tiny_config, tiny_model
 
 
 def dense_bias(pe, layer, q, q_pos, k_pos):
@@ -126,6 +126,26 @@ def test_rope_scores_depend_only_on_offset_and_partial_rotary_passes_through():
         diag = torch.diagonal(s, -off)
         assert torch.allclose(diag, diag[0].expand_as(diag), atol=1e-4)
     assert not torch.allclose(torch.diagonal(s, 0)[0], torch.diagonal(s, -3)[0])
+
+
+@pytest.mark.parametrize('opts', [{}, {'rotary_pct': 0.5}, {'p_rope': 0.5},
+                                  {'scaling': {'type': 'yarn', 'factor': 4.0}}])
+def test_rope_tables_give_the_cos_and_sin_it_computes(opts, monkeypatch):
+    """Where RoPE reads cos/sin from its build-time tables (positional.ROTARY_TABLES_ON: CUDA; forced onto the CPU
+    here), a forward equals the computed one bitwise (float32, the same ATen ops), for plain RoPE, partial rotary,
+    p-RoPE and YaRN's attention factor; the KV cache (new positions, cached keys from the tables) still equals the
+    full forward; and positions past the tables (n_pos > block_size) are computed: a model 4x past its length gives
+    the logits it gave before."""
+    x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
+    long = torch.randint(0, 37, (1, 64), generator=torch.Generator().manual_seed(1))
+    m = tiny_model('rope', pos_options=opts)
+    with torch.no_grad():
+        want, want_long = m(x)[0], m(long)[0]
+        monkeypatch.setattr(positional, 'ROTARY_TABLES_ON', ('cpu',))
+        ctx = m.pe.at(0).context(torch.arange(16), torch.arange(16), 16)
+        assert ctx.extra['tabled']
+        assert torch.equal(m(x)[0], want) and torch.equal(m(long)[0], want_long)
+    assert_kv_cache_matches_full_forward(m)
 
 
 def test_rope_rejects_odd_rotary_dim():
