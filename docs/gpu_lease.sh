@@ -5,7 +5,7 @@
 # what it measured. Two calls of the device tool, carrying .whl (fla-core and einops, which the GPU image lacks):
 #
 #   bash docs/gpu_lease.sh wheels    # here, once: download the wheels into .whl/ (git-ignored)
-#   bash docs/gpu_lease.sh first     # call 1, timeout_s=600: attn_time, grads_routes, pairs in 520 s
+#   bash docs/gpu_lease.sh first     # call 1, timeout_s=600: mfu16, attn_time, grads_routes, pairs in 520 s
 #   RESUME=results/gpu/DATE-COMMIT bash docs/gpu_lease.sh second
 #                                    # call 2, timeout_s=240: correct_fla, long, pairs (on from call 1's) in 220 s
 #   bash docs/gpu_lease.sh mfu       # where train.py's step changed: profile, mfu16, mfu64 in 400 s
@@ -38,7 +38,7 @@ if [ "${1:-}" = wheels ]; then  # pure-Python wheels; the device has Python 3.12
 fi
 CALL=${1:-}
 case "$CALL" in
-    first) STAGES="attn_time grads_routes pairs"; LEASE_S=${LEASE_S:-520} ;;
+    first) STAGES="mfu16 attn_time grads_routes pairs"; LEASE_S=${LEASE_S:-520} ;;
     mfu) STAGES="profile mfu16 mfu64"; LEASE_S=${LEASE_S:-400} ;;
     second) STAGES="correct_fla long pairs"; LEASE_S=${LEASE_S:-220} ;;
     '') echo "usage: bash docs/gpu_lease.sh wheels | first | second | mfu | STAGE..." >&2; exit 2 ;;
