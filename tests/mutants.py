@@ -76,6 +76,15 @@ MUTANTS = {
     'report_star': ('report.py', "a paired difference is starred when its interval includes 0",
                     "(' *' if p['excludes_zero'] else '')",
                     "(' *' if not p['excludes_zero'] else '')"),
+    'lift_grads': ('attention.py', "qk_lift takes factors that need a gradient in bfloat16 training (GRAPE-A's gates)",
+                   "grad and dtype == torch.bfloat16 and any(f.requires_grad for f in mod.factors())",
+                   "grad and dtype == torch.bfloat16 and False"),
+    'wide_scale': ('attention.py', "a wide head's split scales its bias columns by their own width",
+                   "k[..., w:].transpose(-1, -2)) * q.size(-1) ** -0.5",
+                   "k[..., w:].transpose(-1, -2)) * (q.size(-1) - w) ** -0.5"),
+    'rope_table': ('positional.py', "RoPE's cos/sin tables start at position 1",
+                   "cos, sin = self.cos_sin(torch.arange(self.block_size), inv_freq)",
+                   "cos, sin = self.cos_sin(torch.arange(1, self.block_size + 1), inv_freq)"),
 }
 
 
