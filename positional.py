@@ -386,9 +386,10 @@ class RoPE(PositionalEncoding):
     NoPE, p_rope=1 plain RoPE. The two options do not combine.
 
     cos/sin (float32, times the attention factor) are computed once per forward,
-    shared by all layers, from the positions themselves: T x rot_dim/2 angles cost
-    nothing next to attention, and a cached table mutated inside forward would make
-    torch.compile recompile. 'dynamic' recomputes its frequencies from the current
+    shared by all layers, from the positions themselves; on the devices of
+    ROTARY_TABLES_ON (CUDA) they are read from tables made at build for positions
+    below block_size (never mutated: a cache filled inside forward would make
+    torch.compile recompile). 'dynamic' recomputes its frequencies from the current
     length ctx.n_pos, 'longrope' switches from its short to its long list past
     original_max_len (with a KV cache, keys cached before the switch keep their
     rotation, as in HF); every other type keeps them in a buffer.
