@@ -34,8 +34,9 @@ registered scheme or a preset at its own depth, into one JSON, written after eve
              rope's median step in the two blocks beside each over the model's (pair_stats). Per model: its
              steps (median, min, max, quartiles, every one), compile time, peak memory, each layer's route
              (GPT.attention_backends), its goal class and goal (GOALS); per rope: its blocks alone, its MFU at
-             this batch, and its median step beside each partner (by_partner, partner_spread: whether a partner
-             moves it);
+             this batch, its median step beside each partner (by_partner, partner_spread: whether a partner
+             moves it), and its blocks alone again after the partners this process timed (alone_after_ms: beside
+             ms_median, whether its step moved with the time in the process rather than with a partner);
   attn_time  a bias scheme's first layer, forward and backward, as built (its route), on FlexAttention, frozen, as one
              table, without bias;
   long       no-grad forwards at 8L and 16L: tokens/s and peak memory.
@@ -525,6 +526,18 @@ class Models:
             raise ReferenceFailed(f"its reference {ref} failed: {self.res[ref]['error'][:200]}")
         return self.refs[ref]
 
+    def retime_references(self):
+        """Each reference that timed a partner in this process, alone again in as many blocks as at its build: its
+        entry's alone_after_ms, the median step, beside ms_median from before its partners."""
+        partnered = {r['ref'] for n, r in self.res.items() if r.get('ref') not in (None, n) and 'rope_ms_median' in r}
+        for ref, step in self.refs.items():
+            if ref in partnered and not isinstance(step, Exception):
+                timed = time_blocks([ref] * (self.a.blocks + 1), {ref: step}, self.a.block_steps, self.clock,
+                                    self.between)
+                self.res[ref]['alone_after_ms'] = step_stats([ts for _, ts in timed])['ms_median']
+                print(f"{ref}: alone again after its partners, ms_median {self.res[ref]['alone_after_ms']:.4g} "
+                      f"(before them {self.res[ref]['ms_median']:.4g})", flush=True)
+
     def summarize(self):
         """The references' spreads over their partners, and the goals' rows, into the JSON."""
         for ref in [n for n, r in self.res.items() if r.get('ref') == n]:
@@ -597,6 +610,8 @@ class Models:
                 if self.rt.device_type == 'cuda':
                     torch.cuda.empty_cache()
             print(line(name, self.res[name], part), flush=True)
+        if part == 'pairs':
+            self.retime_references()
         self.save()  # the skipped
         return failed
 
@@ -908,8 +923,10 @@ def table(paths):
             notes.append(f"{name}'s MFU: {r['mfu']:.3f} at {r['mfu_at'][0]} × {r['mfu_at'][1]} ({label}; the goal: "
                          f"{goal:.2f} at {B} × {T})")
         if 'by_partner' in r:
+            after = f"; alone {r['ms_median']:.1f} before its partners, {r['alone_after_ms']:.1f} after them" \
+                if 'alone_after_ms' in r else ''
             notes.append(f"{name}'s median step beside each partner, ms: " + ', '.join(
-                f"{p} {v:.1f}" for p, v in r['by_partner'].items()) + f" (max / min {r['partner_spread']:.3f})")
+                f"{p} {v:.1f}" for p, v in r['by_partner'].items()) + f" (max / min {r['partner_spread']:.3f}{after})")
     missed = [text for (p, n), text in skipped.items() if n not in rows[p]]
     if missed:
         notes.append(f"not reached (time budget): {', '.join(missed)}")

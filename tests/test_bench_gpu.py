@@ -109,7 +109,8 @@ def test_adjacent_blocks_cancel_a_device_that_slows_down():
 def test_rope_beside_a_partner_that_heats_the_device(tmp_path, monkeypatch):
     """A partner (alibi) after whose steps the device runs 1.5x slower until a cool one (none) runs: rope's median
     step beside each partner, in the JSON, shows it (10 ms beside none, 15 beside alibi: a spread of 1.5), and
-    alibi's vs_rope is taken against rope's steps as slow as its own conditions (1/3, not 10/45)."""
+    alibi's vs_rope is taken against rope's steps as slow as its own conditions (1/3, not 10/45). Timed alone again
+    after its partners, rope runs as hot as alibi, the last, left the device: 15 ms against 10 before them."""
     heat = {'v': 1.0}
 
     def after(name):
@@ -133,6 +134,7 @@ def test_rope_beside_a_partner_that_heats_the_device(tmp_path, monkeypatch):
     assert rounded(rope['ms_blocks']) == [[10.0] * 3] * 4  # alone
     assert rope['by_partner'] == pytest.approx({'none': 10.0, 'alibi': 15.0})
     assert rope['partner_spread_ms'] == pytest.approx([10.0, 15.0]) and rope['partner_spread'] == pytest.approx(1.5)
+    assert rope['ms_median'] == pytest.approx(10.0) and rope['alone_after_ms'] == pytest.approx(15.0)
     assert rounded(res['alibi']['rope_ms_blocks']) == [[10.0] * 3] + [[15.0] * 3] * 3
     assert res['alibi']['ms_max'] == pytest.approx(45.0)
     assert res['alibi']['vs_rope'] == pytest.approx(1 / 3) and res['none']['vs_rope'] == pytest.approx(1.0)
@@ -352,7 +354,7 @@ def test_table_of_the_committed_json(tmp_path):
             rope=dict(ref='rope', n_layer=12, goal_class='no_bias', goal=0.9, vs_rope=1.0, ms_median=20.9, ms_q1=20.7,
                       ms_q3=21.2, compile_s=31.1, peak_MiB=7001.3, attention_backends=['sdpa'] * 12, mfu=0.339,
                       mfu_at=[8, 1024], by_partner=dict(t5=21.0, irope=20.5), partner_spread_ms=[20.5, 21.0],
-                      partner_spread=21.0 / 20.5),
+                      partner_spread=21.0 / 20.5, alone_after_ms=26.25),
             t5=dict(ref='rope', n_layer=12, goal_class='score_mod', goal=0.7, error='InductorError: shared | memory'),
             irope=dict(ref='rope', n_layer=12, goal_class='no_bias', goal=0.9, vs_rope=0.95, vs_rope_q1=0.94,
                        vs_rope_q3=0.97, ms_median=22.0, ms_q1=21.5, ms_q3=22.5, rope_ms_median=20.5, compile_s=5.0,
@@ -389,7 +391,9 @@ def test_table_of_the_committed_json(tmp_path):
     assert rows['irope'] == ('| irope | no_bias | 0.9 | 0.950 [0.940, 0.970] | yes | 22.0 [21.5, 22.5] | 20.5 | 5.0 | '
                              '7,100 | sdpa ×3, flex, sdpa ×8 | 2026-12-01-abcdef1 |')
     assert "- rope's MFU: 0.339 at 8 × 1024 (2026-12-01-abcdef1; the goal: 0.40 at 16 × 1024)" in got
-    assert "- rope's median step beside each partner, ms: t5 21.0, irope 20.5 (max / min 1.024)" in got
+    note = got.index("- rope's median step beside each partner, ms: t5 21.0, irope 20.5 (max / min 1.024; alone 20.9 "
+                     "before its partners, 26.2")  # one note, folded at 120 characters
+    assert got[note + 1] == '  after them)'
     assert got[-1] == '- not reached (time budget): sssl (pairs, 2026-12-01-abcdef1)'  # irope: measured later
 
 
