@@ -32,7 +32,8 @@ def main():
                         '--target', os.path.join(tmp, 'target'), '--report', report, f'torch=={version}'],
                        check=True)
         meta = json.load(open(report))['install'][0]['metadata']
-    lines = [f"# torch=={meta['version']}: the Requires-Dist lines of its wheel for CPython {PYTHON} on {PLATFORM}, the",
+    lines = [f"# torch=={meta['version']}: the Requires-Dist lines of its wheel for CPython {PYTHON} on "
+             f"{PLATFORM}, the",
              "# CUDA build. Written by python .ci/torch_pins.py; read by tests/test_requirements.py",
              *meta.get('requires_dist', [])]
     with open(os.path.join(HERE, 'torch_pins.txt'), 'w') as f:
