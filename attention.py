@@ -287,9 +287,9 @@ def causal_block_mask(Tq, Tk, device):
 ROUTES = {'sdpa': "no logit bias: SDPA's fused kernels (flash or cuDNN on a GPU)",
           'qk_lift': "a bias fq_i . fk_j (ALiBi; GRAPE-A and FoX without gradients or in float32) as extra "
                      "columns of q and k, through SDPA's kernels",
-          'sdpa_bias': "a bias handed whole (T5, KERPLE, Sandwich by distance; GRAPE-A, FIRE; XL's columns past "
-                       "the fused kernels' width) as a [B|1, H, T, T] table in the compute dtype, through SDPA's "
-                       "memory-efficient kernel, whose backward returns its gradient without atomics",
+          'sdpa_bias': "a bias handed whole (T5, KERPLE, Sandwich by distance; GRAPE-A, FIRE, DeBERTa, CoPE; XL's "
+                       "columns past the fused kernels' width) as a [B|1, H, T, T] table in the compute dtype, "
+                       "through SDPA's memory-efficient kernel, whose backward returns its gradient without atomics",
           'flex': "FlexAttention, the bias evaluated at each logit in float32",
           'dense': "float32 attention with the bias as a tensor (the CPU's path; without gradients, per query chunk)",
           'fla': "flash-linear-attention's Triton kernel for the scheme",
@@ -297,7 +297,7 @@ ROUTES = {'sdpa': "no logit bias: SDPA's fused kernels (flash or cuDNN on a GPU)
 
 
 def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2, fla=None, cache=None, dtype=None,
-          width=None):
+          width=None, logits=False):
     """The one choice of how an attention runs, by name. A layer whose scheme has a flash-linear-attention kernel
     (fla: kernels.fla_plan's answer for the layer) runs it, 'fla:<kernel>', under 'fla', or 'auto' on CUDA,
     without a KV cache (decoding stays on nanoPE's path); its scheme's `attention` hook asks (Attend.uses_fla).
@@ -311,15 +311,18 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
                small differences of sums as large as the positions, which SDPA's backward returns in bfloat16): the
                factors ride as extra columns of q and k through SDPA's fused kernels (FlashBias, arXiv 2505.12044;
                lift_qk), attention dropout SDPA's own
-      'sdpa_bias' a bias the mod hands whole, `mod.table()` -> [B|1, H, T, T] (GRAPE-A) or `mod.distance` [H, >= T]
-               (the bias at each distance i - j: T5, KERPLE, Sandwich), or no bias on heads of q and k wider than
-               SDPA's fused kernels take (`width` > FUSED_MAX_WIDTH: XL's 64 + 768 columns), whose columns past v's
-               then give the table as their product (wide_split), with as many queries as keys, in training on
-               CUDA under 'auto', no logsumexp: SDPA's memory-efficient kernel with the table as its bias in the dtype
-               attention computes in (bfloat16 rounds a bias of size b by up to b * 2^-9), causal tiles skipped
-               (_sdpa_bias), attention dropout SDPA's own. Its backward writes the table's gradient whole, where
-               FlexAttention adds each logit's into a small table with atomics; a distance's gradient is then the sum
-               along its diagonal (toeplitz)
+      'sdpa_bias' a bias the mod hands whole, `mod.table()` -> [B|1, H, T, T] (GRAPE-A, FIRE, DeBERTa) or
+               `mod.distance` [H, >= T] (the bias at each distance i - j: T5, KERPLE, Sandwich), a bias tensor as
+               wide as it is tall (CoPE's; not whole logits, `logits`: PaTH's and Wall's, which bfloat16 would
+               round by 0.01 at 5 nats, as large as the error that keeps Wall off fla's kernel), or no bias on heads
+               of q and k wider than SDPA's fused kernels take (`width` > FUSED_MAX_WIDTH: XL's 64 + 768 columns),
+               whose columns past v's then give the table as their product (wide_split), with as many queries as
+               keys, in training on CUDA under 'auto', no logsumexp: SDPA's memory-efficient kernel with the table as
+               its bias in the dtype attention computes in (bfloat16 rounds a bias of size b by up to b * 2^-9), causal
+               tiles skipped (_sdpa_bias), attention dropout SDPA's own. Its backward writes the table's gradient
+               whole, where FlexAttention adds each logit's into a small table with atomics; a distance's gradient
+               is then the sum along its diagonal (toeplitz), and a term per query or key and distance gets its own
+               back through a strided view (query_distance_table, key_distance_table)
       'flex'   FlexAttention: 'flex'; or 'auto' on CUDA with more than one query. Not without gradients for a
                score_mod marked `tabulate` under 'auto' (FIRE's MLP per logit, which FlexAttention would unroll
                into every logit of its kernel: the dense path evaluates it as a table per chunk of queries), and
@@ -342,7 +345,8 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
     if getattr(mod, 'factors', None) is not None and not need_lse and dtype != torch.float16 and not (
             grad and dtype == torch.bfloat16 and any(f.requires_grad for f in mod.factors())):
         return 'qk_lift'
-    whole = getattr(mod, 'table', None) is not None or getattr(mod, 'distance', None) is not None
+    whole = (mod.size(-2) == mod.size(-1) and not logits if torch.is_tensor(mod) else
+             getattr(mod, 'table', None) is not None or getattr(mod, 'distance', None) is not None)
     if whole and grad and not need_lse:
         return 'sdpa_bias'
     return 'dense' if getattr(mod, 'tabulate', False) and not grad else 'flex'
@@ -553,11 +557,32 @@ def toeplitz(vec, T):
     return row[:, None].expand(H, T, T + 1).reshape(H, T * (T + 1))[:, T:].view(H, T, T)
 
 
+def query_distance_table(A):
+    """[..., T, T] with t[..., i, j] = A[..., i, i - j] for j <= i (above the diagonal other entries, which the mask
+    hides) from A [..., T, T] whose row i holds a term of query i at distances 0..T-1 (DeBERTa's c2p), by a flip and
+    one strided view of the table padded by a column (Transformer-XL's relative shift): the view's backward is a
+    view too, so A gets each entry's gradient back with no scatter."""
+    T = A.size(-1)
+    flat = F.pad(A.flip(-1), (0, 1)).flatten(-2)  # row i: A[i, T - 1], ..., A[i, 0], 0
+    # t[i, j] is flat[T - 1 + i * T + j]: row i, column T - 1 - i + j, which holds A[i, i - j]
+    return flat[..., T - 1:T - 1 + T * T].unflatten(-1, (T, T))
+
+
+def key_distance_table(A):
+    """[..., T, T] with t[..., i, j] = A[..., j, i - j] for j <= i from A [..., T, T] whose row j holds a term of key j
+    at distances 0..T-1 (DeBERTa's p2c), by one strided view of the table padded by a column, transposed."""
+    T = A.size(-1)
+    flat = F.pad(A, (0, 1)).flatten(-2)  # row j: A[j, 0], ..., A[j, T - 1], 0
+    # t[i, j] is flat[j * T + i]: row j, column i - j
+    return flat[..., :T * T].unflatten(-1, (T, T)).transpose(-1, -2)
+
+
 def bias_table(mod, T):
-    """The float32 table [B|1, H, T, T] of a mod that hands its bias whole (route 'sdpa_bias'), built when asked."""
+    """The float32 table [B|1, H, T, T] of a bias tensor or of a mod that hands its bias whole (route 'sdpa_bias'),
+    built when asked."""
     if getattr(mod, 'distance', None) is not None:
         return toeplitz(mod.distance.float(), T)[None]
-    table = mod.table().float()
+    table = (mod if torch.is_tensor(mod) else mod.table()).float()
     return table if table.dim() == 4 else table[None]
 
 
@@ -597,10 +622,11 @@ def compute_dtype(q):
     return q.dtype
 
 
-def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=None):
+def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=None, logits=False):
     """Attention of the queries over the keys `mask` lets them see, with an optional score bias
-    `mod(score, b, h, i, j)`, an optional value term `vmod(lse) -> [B, H, Tq, Dv]` added to the
-    output (lse = each row's logsumexp) and optional sink logits `sink_logits` [H]."""
+    `mod(score, b, h, i, j)` or a bias tensor [B|1, H|1, Tq, Tk] (`logits`: the whole logits, attend_logits), an
+    optional value term `vmod(lse) -> [B, H, Tq, Dv]` added to the output (lse = each row's logsumexp) and optional
+    sink logits `sink_logits` [H]."""
     if k.size(1) != q.size(1):  # grouped keys and values: query head h reads key/value head h // g
         g = q.size(1) // k.size(1)
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
@@ -611,10 +637,11 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
     att = Attend(mask, backend, dropout_p, sink_logits)
     width = q.size(-1) if q.size(2) == k.size(2) else None  # (a wide head's split needs as many queries as keys)
     way = route(q.device.type, backend, mod, need_lse, torch.is_grad_enabled(), q.size(2), dtype=compute_dtype(q),
-                width=width)
+                width=width, logits=logits)
     if RouteProbe.active is not None:  # (a Python check: a compiled graph keeps no trace of it)
         p = RouteProbe.active
-        p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2), dtype=p.dtype, width=width))
+        p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2), dtype=p.dtype, width=width,
+                     logits=logits))
         way = 'dense' if way == 'flex' else way
     if way == 'qk_lift':  # SDPA's scale stays that of q's own head dim
         q, k, v, scale = *lift_qk(q, k, v, *mod.factors()), 1 / math.sqrt(q.size(-1))
@@ -648,7 +675,7 @@ def attend_logits(A, v, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=
     kernels take a query and keys: they get zero ones, so that q.k = 0 and the logits are A."""
     B, H, Tq, Tk = A.shape
     q, k = v.new_zeros(B, H, Tq, v.size(-1)), v.new_zeros(B, H, Tk, v.size(-1))
-    return attend(q, k, v, A, None, backend, dropout_p, mask, sink_logits)
+    return attend(q, k, v, A, None, backend, dropout_p, mask, sink_logits, logits=True)
 
 
 # --- length-dependent logit scaling (attn_scaling), applied on the model's path before attend

@@ -50,7 +50,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import CAUSAL
+from attention import CAUSAL, key_distance_table, query_distance_table
 from kernels import causal_conv, cumsum_tokens, path_scores, wall_scores
 from rope_scaling import EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, resolve_rope_scaling, rope_frequencies
 
@@ -1374,7 +1374,8 @@ class DeBERTa(PositionalEncoding):
     Realisation: transform_qk divides q by sqrt(3), so the usual q.k / sqrt(d) is the
     content term over sqrt(3d); score_mod adds the two position terms from tables
     Q_i . K^r_m / sqrt(3d) [B, H, Tq, 2k] and K_j . Q^r_m / sqrt(3d) [B, H, Tk, 2k] (float32,
-    each indexed once) through bucket indices tabulated per distance in context().
+    each indexed once) through bucket indices tabulated per distance in context(). In training on CUDA both
+    terms come whole (table: two products per distance, laid out by query and key) to SDPA's bias (sdpa_bias).
     Options: position_buckets, max_relative_positions."""
     content_position = True
 
@@ -1415,7 +1416,21 @@ class DeBERTa(PositionalEncoding):
             r = ctx.dist(i, j)
             return score + c2p[b, h, i, ci[r]] + p2c[b, h, j, pi[r]]
         mod.reads_table = True  # two float32 tables read at every logit: FlexAttention's small tiles
+        if ctx.consecutive and ctx.q_pos.numel() == ctx.k_pos.numel():  # the distance of query i to key j is i - j
+            mod.table = lambda: self.table(q, k, k_r, q_r, ci, pi)
         return mod
+
+    def table(self, q, k, k_r, q_r, ci, pi):
+        """Both position terms whole, [B, H, T, T] float32, for T queries over as many keys at consecutive
+        positions (attention's sdpa_bias route): c2p and p2c at each distance by two products with the position
+        projections gathered per distance (O(T) rows: no gather per logit, so no scatter in the backward), then
+        laid out by query and key (attention.query_distance_table, key_distance_table)."""
+        T, d = q.size(2), self.head_dim
+        r = torch.arange(T, device=q.device)
+        with torch.autocast(q.device.type, enabled=False):
+            c2p = q.float() @ k_r[:, ci[r]].transpose(-1, -2) / math.sqrt(d)  # [B, H, T, T]: query i at distance r
+            p2c = k.float() @ q_r[:, pi[r]].transpose(-1, -2) / math.sqrt(3 * d)  # key j at distance r
+        return query_distance_table(c2p) + key_distance_table(p2c)
 
 
 class _GrapeALayer(nn.Module):
@@ -1880,8 +1895,8 @@ class CoPE(PositionalEncoding):
     128 a count reaches 64 when half the gates are open. Option: npos_max.
     Where it runs: the gates, positions and bias are dense [B, H, Tq, Tk] float32 tensors
     built in PyTorch outside the kernel (O(T^2) memory; without gradients in query chunks,
-    attention.dense_chunk_bytes), then attend() adds the bias through a score_mod that indexes it
-    once: FlexAttention on CUDA, the dense path on CPU."""
+    attention.dense_chunk_bytes), then attend() adds the bias: in training on CUDA as SDPA's bias table (route
+    sdpa_bias), else through a score_mod that indexes it once (FlexAttention on CUDA, the dense path on CPU)."""
     content_position = True
 
     def __init__(self, config, npos_max=64):

@@ -85,6 +85,12 @@ MUTANTS = {
     'rope_table': ('positional.py', "RoPE's cos/sin tables start at position 1",
                    "cos, sin = self.cos_sin(torch.arange(self.block_size), inv_freq)",
                    "cos, sin = self.cos_sin(torch.arange(1, self.block_size + 1), inv_freq)"),
+    'p2c_table': ('positional.py', "DeBERTa's table lays its p2c term out by query, like c2p",
+                  "return query_distance_table(c2p) + key_distance_table(p2c)",
+                  "return query_distance_table(c2p) + query_distance_table(p2c)"),
+    'logits_table': ('attention.py', "whole logits (Wall's, PaTH's) take sdpa_bias, rounded to bfloat16",
+                    "mod.size(-2) == mod.size(-1) and not logits if",
+                    "mod.size(-2) == mod.size(-1) if"),
 }
 
 

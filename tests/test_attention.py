@@ -498,7 +498,8 @@ def test_qk_lift_is_the_cuda_route_of_a_factored_bias_and_trains_a_model(monkeyp
 
 
 WHOLE = [('t5', {}), ('kerple_log', {}), ('kerple_power', {}), ('sandwich', {}), ('fire', {'init_L': 4.0}),
-         ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('grape_a', {'variant': 'query'})]
+         ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('grape_a', {'variant': 'query'}),
+         ('deberta', {'position_buckets': 4, 'max_relative_positions': 9})]
 
 
 def test_toeplitz_table_and_its_gradient_per_diagonal():
@@ -519,6 +520,24 @@ def test_toeplitz_table_and_its_gradient_per_diagonal():
     assert (vec.grad - want).abs().max() < 1e-12
 
 
+def test_tables_of_a_term_per_query_or_key_and_distance_and_their_gradients():
+    """query_distance_table(A)[b, i, j] = A[b, i, i - j] and key_distance_table(A)[b, i, j] = A[b, j, i - j] on and
+    below the diagonal, read one by one; the gradient each gives A is the table's at the entry that read it, and 0 at
+    the distances no pair reaches (row i of a query term has distances 0..i, row j of a key term 0..T-1-j)."""
+    T = 7
+    A_ = torch.randn(2, T, T, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, T, T, dtype=torch.float64).tril()
+    for fn, row in ((A.query_distance_table, lambda i, j: i), (A.key_distance_table, lambda i, j: j)):
+        t = fn(A_)
+        want = torch.zeros(2, T, T, dtype=torch.float64)
+        for i in range(T):
+            for j in range(i + 1):
+                assert torch.equal(t[:, i, j], A_[:, row(i, j), i - j])
+                want[:, row(i, j), i - j] += g[:, i, j]
+        grad, = torch.autograd.grad(t, A_, g)
+        assert torch.equal(grad, want), fn.__name__
+
+
 @pytest.mark.parametrize('name, opts', WHOLE)
 @pytest.mark.parametrize('window', [None, 5])
 def test_sdpa_bias_equals_the_bias_path(name, opts, window):
@@ -534,7 +553,8 @@ def test_sdpa_bias_equals_the_bias_path(name, opts, window):
     ctx = pe.context(pos, pos)
     ctx.consecutive = True
     w = torch.randn(B, H, T, d, dtype=torch.float64)
-    leaves = [q, k, v, *(layer.parameters() if layer is not None else [])]
+    pe.double()  # (DeBERTa's relative embeddings are the scheme's own)
+    leaves = [q, k, v, *(layer.parameters() if layer is not None else []), *pe.parameters()]
     sdpa, outs = A.F.scaled_dot_product_attention, []
 
     def garbage_above(q, k, v, attn_mask, dropout_p, scale=None):  # NaN in the mask's gradient wherever it is -inf
@@ -565,22 +585,24 @@ def test_sdpa_bias_equals_the_bias_path(name, opts, window):
 
 def test_sdpa_bias_is_the_cuda_training_route_of_a_whole_bias(monkeypatch):
     """route: 'sdpa_bias' on CUDA under 'auto' in training for a mod that hands its bias whole (T5, KERPLE, Sandwich:
-    the distance vector; FIRE: its table), FlexAttention (FIRE: dense) without gradients, with the logsumexp (sink
-    logits), under 'flex', or where positions are not consecutive (randomized positions: the distance is not i - j); the
-    dense path on the CPU. A model whose layers take it (forced on the CPU) trains as on the dense path."""
-    for name in ('t5', 'kerple_log', 'kerple_power', 'sandwich', 'fire'):
+    the distance vector; FIRE, DeBERTa: its table) or a bias tensor (CoPE's), FlexAttention (FIRE: dense) without
+    gradients, with the logsumexp (sink logits), under 'flex', for whole logits (Wall's), or where positions are not
+    consecutive (randomized positions: the distance is not i - j); the dense path on the CPU. A model whose layers take
+    it (forced on the CPU) trains as on the dense path."""
+    for name in ('t5', 'kerple_log', 'kerple_power', 'sandwich', 'fire', 'deberta', 'cope'):
         m = tiny_model(name, attn_backend='auto')
         assert m.attention_backends('cuda') == ['sdpa_bias'] * 2, name
         assert m.attention_backends('cuda', grad=False) == ['dense' if name == 'fire' else 'flex'] * 2, name
         assert m.attention_backends('cpu') == ['dense'] * 2, name
     assert tiny_model('t5', attn_backend='flex').attention_backends('cuda') == ['flex'] * 2
     assert tiny_model('t5', attn_backend='auto', sink_logits=True).attention_backends('cuda') == ['flex'] * 2
+    assert tiny_model('wall', attn_backend='auto').attention_backends('cuda') == ['flex'] * 2
     t5 = positional.REGISTRY['t5'](tiny_config('t5'))
     pos = torch.tensor([0, 2, 3, 7, 8, 11])  # randomized positions: the mod offers no distance vector
     mod = t5.score_mod(None, None, t5.context(pos, pos), None)
     assert getattr(mod, 'distance', None) is None and A.route('cuda', 'auto', mod) == 'flex'
     x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
-    for name in ('t5', 'kerple_log', 'fire'):
+    for name in ('t5', 'kerple_log', 'fire', 'deberta', 'cope'):
         losses = {}
         for forced in (False, True):
             m = tiny_model(name, attn_backend='auto', dropout=0.0)
