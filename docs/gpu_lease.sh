@@ -5,20 +5,22 @@
 # what it measured. Two calls of the device tool, carrying .whl (fla-core and einops, which the GPU image lacks):
 #
 #   bash docs/gpu_lease.sh wheels    # here, once: download the wheels into .whl/ (git-ignored)
-#   bash docs/gpu_lease.sh first     # call 1, timeout_s=600: mfu16, attn_time, grads_routes, pairs in 520 s
+#   bash docs/gpu_lease.sh first     # call 1, timeout_s=600: mfu16, attn_time, pairs in 520 s
 #   RESUME=results/gpu/DATE-COMMIT bash docs/gpu_lease.sh second
-#                                    # call 2, timeout_s=240: correct_fla, long, pairs (on from call 1's) in 220 s
+#                                    # call 2, timeout_s=240: grads_routes, correct_fla, long, pairs (on from call
+#                                    # 1's) in 220 s
 #   bash docs/gpu_lease.sh mfu       # where train.py's step changed: profile, mfu16, mfu64 in 400 s
 #   bash docs/gpu_lease.sh STAGE...  # any stages by name, in LEASE_S seconds (default 540)
 #
-# Stages, in priority order (call 2 runs the last two before going on with the pairs, which take what time is left:
+# Stages, in priority order (call 2 runs the checks and long before going on with the pairs, which take what is left:
 # the rope they are timed against compiles again in a new process, and the pairs of every model do not fit a lease):
 #   profile, mfu16, mfu64  train.py on config/gpt2_124m.py: its step's profile at 16 x 1024, its MFU at 16 x 1024
 #                          (the config) and 64 x 1024 (train.jsonl, profile.json);
 #   attn_time              the bias family's first layer timed by its route and on FlexAttention, frozen, as one
 #                          table and without bias (bench.py --parts=attn_time);
-#   grads_routes           each bias route's dq, dk, dv and parameter gradients against float64 dense (gpu_check.py
-#                          --parts=attn_grads: sdpa_bias, qk_lift, flex), 30 s a scheme at most;
+#   grads_routes           each bias route's dq, dk, dv and parameter gradients against float64 dense, eager and
+#                          with the layer compiled (gpu_check.py --parts=attn_grads: sdpa_bias, qk_lift, flex), 40 s
+#                          a scheme at most;
 #   pairs                  every scheme and preset against rope of its depth (bench.py --parts=pairs), the models no
 #                          lease has timed first; RESUME=DIR starts from DIR/pairs.json (call 1's, copied there from
 #                          the device tool's files), so that call 2 goes on with the models call 1 did not reach;
@@ -38,9 +40,9 @@ if [ "${1:-}" = wheels ]; then  # pure-Python wheels; the device has Python 3.12
 fi
 CALL=${1:-}
 case "$CALL" in
-    first) STAGES="mfu16 attn_time grads_routes pairs"; LEASE_S=${LEASE_S:-520} ;;
+    first) STAGES="mfu16 attn_time pairs"; LEASE_S=${LEASE_S:-520} ;;
     mfu) STAGES="profile mfu16 mfu64"; LEASE_S=${LEASE_S:-400} ;;
-    second) STAGES="correct_fla long pairs"; LEASE_S=${LEASE_S:-220} ;;
+    second) STAGES="grads_routes correct_fla long pairs"; LEASE_S=${LEASE_S:-220} ;;
     '') echo "usage: bash docs/gpu_lease.sh wheels | first | second | mfu | STAGE..." >&2; exit 2 ;;
     *) STAGES="$*"; LEASE_S=${LEASE_S:-540}; CALL=stages ;;
 esac
@@ -126,11 +128,11 @@ for line in open('/tmp/run-$name/metrics.jsonl'):
 }
 
 # the bias family (attn_time, with the gpt_oss preset; xl has no bias to time there), and the order of the schemes'
-# pairs (bench.py times the presets after them): those whose route no lease has timed first (grape_a, fire and xl on
-# sdpa_bias), then the fla schemes (never timed in one graph), then the rest of the bias family, then every other
-# scheme
-BIAS=grape_a,fire,sandwich,t5,kerple_log,kerple_power,deberta,shaw,alibi
-FIRST=grape_a,fire,xl,fox,path,path_fox,stick_breaking,wall,$BIAS,cope
+# pairs (bench.py times the presets after them): those whose route no lease has timed first (grape_a, fire, xl,
+# deberta and cope on sdpa_bias), then the fla schemes (never timed in one graph), then the rest of the bias family,
+# then every other scheme
+BIAS=deberta,grape_a,fire,shaw,sandwich,t5,kerple_log,kerple_power,alibi
+FIRST=grape_a,fire,xl,deberta,cope,fox,path,path_fox,stick_breaking,wall,$BIAS
 ORDER=$(python3 -c "import sys, positional; first = sys.argv[1].split(',')
 print(','.join(dict.fromkeys(first + sorted(positional.REGISTRY))))" "$FIRST")
 for s in $STAGES; do
@@ -142,8 +144,8 @@ for s in $STAGES; do
         attn_time) bench attn_time 150 120 --parts=attn_time --schemes=$BIAS --presets=gpt_oss --scheme_limit=40 ;;
         pairs) bench pairs $((LEASE_S - SECONDS)) $((LEASE_S - SECONDS - 60)) --parts=pairs --schemes=$ORDER \
                    --presets=all --scheme_limit=75 ;;
-        grads_routes) check grads_routes 150 130 --schemes=grape_a,fire,xl,t5,kerple_log,sandwich,alibi \
-                          --presets= --parts=attn_grads --scheme_limit=30 ;;
+        grads_routes) check grads_routes 150 130 --schemes=t5,deberta,cope,grape_a,fire,xl,kerple_log,alibi \
+                          --presets= --parts=attn_grads --scheme_limit=40 ;;
         correct_fla) check correct_fla 130 110 --schemes=stick_breaking,wall --presets= --parts=correct,attn_grads \
                          --scheme_limit=60 ;;
         long) bench long 100 80 --parts=long --schemes=rope,xl,fire --presets= --scheme_limit=40 ;;

@@ -128,7 +128,8 @@ def test_attn_grads_match_float64_and_see_a_dropped_logsumexp_gradient(tmp_path,
     import attention
     import gpu_check
     path = str(tmp_path / 'grads.json')
-    argv = ['--parts=attn_grads', '--schemes=rope,shaw', '--presets=gpt_oss', f'--json={path}'] + GPU_CHECK_TINY
+    argv = ['--parts=attn_grads', '--schemes=rope,shaw', '--presets=gpt_oss', '--compile=False',
+            f'--json={path}'] + GPU_CHECK_TINY
     assert gpu_check.main(argv) == 0
     res = json.load(open(path))['results']
     assert list(res['gpt_oss']['attn_grads']) == ['layer 0', 'layer 1']  # its sliding and its full layer
@@ -149,6 +150,35 @@ def test_attn_grads_match_float64_and_see_a_dropped_logsumexp_gradient(tmp_path,
     for name in ('shaw', 'gpt_oss'):
         for e in res[name]['attn_grads'].values():
             assert min(e['dq'], e['dk']) > 0.05 and e['dv'] < 1e-5, (name, e)
+
+
+def test_attn_grads_compiled_sees_a_compiler_that_loses_a_table_gradient(tmp_path, monkeypatch):
+    """--parts=attn_grads compiles each layer too (--compile, the default) and checks its parameter gradients against
+    float64: a compiled layer that loses the gradient of T5's table on route sdpa_bias (routes forced as on CUDA, the
+    compiler stood in for by one whose graph lays the table out from a detached vector) fails the check, one that
+    keeps it passes, and dq, dk, dv are checked compiled as well."""
+    import json
+    import attention
+    import gpu_check
+    real_route, real_toeplitz = attention.route, attention.toeplitz
+    monkeypatch.setattr(attention, 'route', lambda dev, *a, **kw: real_route('cuda' if dev == 'cpu' else dev, *a, **kw))
+    path = str(tmp_path / 'grads.json')
+    argv = ['--parts=attn_grads', '--schemes=t5', '--presets=', f'--json={path}'] + GPU_CHECK_TINY
+    for lossy in (False, True):
+        def compiled(module, lossy=lossy):
+            def run(*args):
+                if lossy:
+                    monkeypatch.setattr(attention, 'toeplitz', lambda vec, T: real_toeplitz(vec.detach(), T))
+                try:
+                    return module(*args)
+                finally:
+                    monkeypatch.setattr(attention, 'toeplitz', real_toeplitz)
+            return run
+        monkeypatch.setattr(torch, 'compile', compiled)
+        assert gpu_check.main(argv) == int(lossy)
+        e = json.load(open(path))['results']['t5']['attn_grads']['layer 0']
+        assert e['backend'] == 'sdpa_bias' and max(e[f'd{n}_compiled'] for n in 'qkv') < 1e-5, e
+        assert e['compiled_ok'] != lossy and (e['param_worst_compiled_err'] == 1.0) == lossy, e
 
 
 # --- portable out_dirs ------------------------------------------------------------
