@@ -287,9 +287,10 @@ def causal_block_mask(Tq, Tk, device):
 ROUTES = {'sdpa': "no logit bias: SDPA's fused kernels (flash or cuDNN on a GPU)",
           'qk_lift': "a bias fq_i . fk_j (ALiBi; GRAPE-A and FoX without gradients or in float32) as extra "
                      "columns of q and k, through SDPA's kernels",
-          'sdpa_bias': "a bias handed whole (T5, KERPLE, Sandwich by distance; GRAPE-A, FIRE, DeBERTa, CoPE; XL's "
-                       "columns past the fused kernels' width) as a [B|1, H, T, T] table in the compute dtype, "
-                       "through SDPA's memory-efficient kernel, whose backward returns its gradient without atomics",
+          'sdpa_bias': "a bias handed whole (T5, KERPLE, Sandwich by distance; GRAPE-A, FIRE, DeBERTa, Shaw's key "
+                       "term, CoPE; XL's columns past the fused kernels' width) as a [B|1, H, T, T] table in the "
+                       "compute dtype, through SDPA's memory-efficient kernel, whose backward returns its gradient "
+                       "without atomics (and the logsumexp's, which Shaw's value term and sink logits read)",
           'flex': "FlexAttention, the bias evaluated at each logit in float32",
           'dense': "float32 attention with the bias as a tensor (the CPU's path; without gradients, per query chunk)",
           'fla': "flash-linear-attention's Triton kernel for the scheme",
@@ -297,7 +298,7 @@ ROUTES = {'sdpa': "no logit bias: SDPA's fused kernels (flash or cuDNN on a GPU)
 
 
 def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2, fla=None, cache=None, dtype=None,
-          width=None, logits=False):
+          width=None, logits=False, dropout=False):
     """The one choice of how an attention runs, by name. A layer whose scheme has a flash-linear-attention kernel
     (fla: kernels.fla_plan's answer for the layer) runs it, 'fla:<kernel>', under 'fla', or 'auto' on CUDA,
     without a KV cache (decoding stays on nanoPE's path); its scheme's `attention` hook asks (Attend.uses_fla).
@@ -311,18 +312,20 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
                small differences of sums as large as the positions, which SDPA's backward returns in bfloat16): the
                factors ride as extra columns of q and k through SDPA's fused kernels (FlashBias, arXiv 2505.12044;
                lift_qk), attention dropout SDPA's own
-      'sdpa_bias' a bias the mod hands whole, `mod.table()` -> [B|1, H, T, T] (GRAPE-A, FIRE, DeBERTa) or
+      'sdpa_bias' a bias the mod hands whole, `mod.table()` -> [B|1, H, T, T] (GRAPE-A, FIRE, DeBERTa, Shaw) or
                `mod.distance` [H, >= T] (the bias at each distance i - j: T5, KERPLE, Sandwich), a bias tensor as
                wide as it is tall (CoPE's; not whole logits, `logits`: PaTH's and Wall's, which bfloat16 would
                round by 0.01 at 5 nats, as large as the error that keeps Wall off fla's kernel), or no bias on heads
                of q and k wider than SDPA's fused kernels take (`width` > FUSED_MAX_WIDTH: XL's 64 + 768 columns),
                whose columns past v's then give the table as their product (wide_split), with as many queries as
-               keys, in training on CUDA under 'auto', no logsumexp: SDPA's memory-efficient kernel with the table as
-               its bias in the dtype attention computes in (bfloat16 rounds a bias of size b by up to b * 2^-9), causal
-               tiles skipped (_sdpa_bias), attention dropout SDPA's own. Its backward writes the table's gradient
-               whole, where FlexAttention adds each logit's into a small table with atomics; a distance's gradient
-               is then the sum along its diagonal (toeplitz), and a term per query or key and distance gets its own
-               back through a strided view (query_distance_table, key_distance_table)
+               keys, in training on CUDA under 'auto', the logsumexp only without attention dropout: SDPA's
+               memory-efficient kernel with the table as its bias in the dtype attention computes in (bfloat16 rounds
+               a bias of size b by up to b * 2^-9), causal tiles skipped (_sdpa_bias), attention dropout SDPA's own.
+               Its backward writes the table's gradient whole, where FlexAttention adds each logit's into a small
+               table with atomics; a distance's gradient is then the sum along its diagonal (toeplitz), and a term
+               per query or key and distance gets its own back through a strided view (query_distance_table,
+               key_distance_table). The logsumexp's gradient enters the same backward as one more column
+               (BiasedLse)
       'flex'   FlexAttention: 'flex'; or 'auto' on CUDA with more than one query. Not without gradients for a
                score_mod marked `tabulate` under 'auto' (FIRE's MLP per logit, which FlexAttention would unroll
                into every logit of its kernel: the dense path evaluates it as a table per chunk of queries), and
@@ -347,7 +350,7 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
         return 'qk_lift'
     whole = (mod.size(-2) == mod.size(-1) and not logits if torch.is_tensor(mod) else
              getattr(mod, 'table', None) is not None or getattr(mod, 'distance', None) is not None)
-    if whole and grad and not need_lse:
+    if whole and grad and not (need_lse and dropout):
         return 'sdpa_bias'
     return 'dense' if getattr(mod, 'tabulate', False) and not grad else 'flex'
 
@@ -595,21 +598,73 @@ def wide_split(q, k, v, Dv):
     return q[..., :w], k[..., :w], v[..., :w], bias
 
 
-def _sdpa_bias(q, k, v, bias, dropout_p, mask, scale=None):
+def _sdpa_bias(q, k, v, bias, dropout_p, mask, scale=None, need_lse=False):
     """Attention of T queries over as many keys with a bias table [B|1, H, T, T] (float32, or the dtype q computes
     in) in the dtype attention computes in: on CUDA SDPA's memory-efficient kernel, causal tiles skipped, whose
     backward returns the bias's gradient; elsewhere (tests force the route on the CPU) SDPA with the table as its
     mask. Hidden logits get -inf by masked_fill, whose backward zeroes their gradient: the kernel leaves the bias
-    gradient of skipped tiles unwritten. scale: the logits' factor (None: 1 / sqrt(q's head dim))."""
-    B, H, T, _ = q.shape
+    gradient of skipped tiles unwritten. scale: the logits' factor (None: 1 / sqrt(q's head dim)). -> y; with
+    need_lse (no dropout) (y, each row's logsumexp in float32), both differentiable (BiasedLse)."""
+    B, H, T, D = q.shape
     dtype = compute_dtype(q)
     bias = bias.masked_fill(~mask.visibility(T, T, q.device), float('-inf')).to(dtype)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    if q.device.type != 'cuda':
+    cuda = q.device.type == 'cuda'
+    if cuda:
+        bias = F.pad(bias, (0, -T % 16))[..., :T].expand(B, H, T, T)  # the kernel reads rows 16-element aligned
+    if need_lse:
+        return BiasedLse.apply(q, k, v, bias, scale or D ** -0.5)
+    if not cuda:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
-    bias = F.pad(bias, (0, -T % 16))[..., :T].expand(B, H, T, T)  # the kernel reads rows 16-element aligned
     return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, dropout_p, True,
                                                                   scale=scale)[0]
+
+
+class BiasedLse(torch.autograd.Function):
+    """Attention with a bias table through a fused kernel -> (y, lse), the gradient of each row's logsumexp taken
+    too (a value term or sink logits read it), which the kernels return but whose gradient their backward does not
+    take. That gradient, g_i, adds g_i p_ij to each logit's, and the kernels' backward forms a logit's gradient as
+    p_ij (dO_i . v_j - D_i) with D_i = dO_i . out_i from the out it is handed: one more column, 0 in v, 1 in dO and
+    -g_i in out, makes D_i - g_i and leaves each dO_i . v_j as it was (q and k get zero columns: one width). On
+    CUDA SDPA's memory-efficient kernel, whose backward also returns the bias's gradient; on the CPU (tests force
+    the route) the CPU flash kernel, and the bias's gradient from the same terms. q, k, v [B, H, T, D] in one
+    dtype, bias [B, H, T, T] in it, -inf where hidden."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, scale):
+        if q.is_cuda:
+            y, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0,
+                                                                                          True, scale=scale)
+        else:
+            (y, lse), seed, offset = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, attn_mask=bias, scale=scale), None, None
+        ctx.save_for_backward(q, k, v, bias, y, lse)
+        ctx.scale, ctx.philox = scale, (seed, offset)
+        return y, lse[..., :q.size(2)]  # (CUDA's rows of lse are padded to a multiple of 32)
+
+    @staticmethod
+    def backward(ctx, gy, glse):
+        q, k, v, bias, y, lse = ctx.saved_tensors
+        T, scale = q.size(2), ctx.scale
+        glse = torch.zeros_like(lse[..., :T]) if glse is None else glse
+        one = torch.ones_like(glse).unsqueeze(-1)
+        q2, k2, v2 = (F.pad(t, (0, 8)) for t in (q, k, v))
+        y2 = F.pad(torch.cat((y, -glse.unsqueeze(-1).to(y.dtype)), -1), (0, 7))
+        g2 = F.pad(torch.cat((gy.to(y.dtype), one.to(y.dtype)), -1), (0, 7))
+        if q.is_cuda:
+            gq, gk, gv, gb = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+                g2, q2, k2, v2, bias, y2, lse, *ctx.philox, 0.0, [True, True, True, ctx.needs_input_grad[3]], True,
+                scale=scale)
+        else:
+            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                g2, q2, k2, v2, y2, lse, 0.0, False, attn_mask=bias, scale=scale)
+            gb = None
+            if ctx.needs_input_grad[3]:  # p_ij (dO_i . v_j - D_i + g_i)
+                p = (torch.matmul(q, k.transpose(-1, -2)) * scale + bias - lse.unsqueeze(-1)).exp()
+                delta = (gy * y).sum(-1, keepdim=True)
+                gb = (p * (torch.matmul(gy.to(v.dtype), v.transpose(-1, -2)) - delta + glse.unsqueeze(-1)))
+        w = q.size(-1)
+        return gq[..., :w], gk[..., :w], gv[..., :w], gb, None
 
 
 def compute_dtype(q):
@@ -637,17 +692,17 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
     att = Attend(mask, backend, dropout_p, sink_logits)
     width = q.size(-1) if q.size(2) == k.size(2) else None  # (a wide head's split needs as many queries as keys)
     way = route(q.device.type, backend, mod, need_lse, torch.is_grad_enabled(), q.size(2), dtype=compute_dtype(q),
-                width=width, logits=logits)
+                width=width, logits=logits, dropout=dropout_p > 0)
     if RouteProbe.active is not None:  # (a Python check: a compiled graph keeps no trace of it)
         p = RouteProbe.active
         p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2), dtype=p.dtype, width=width,
-                     logits=logits))
+                     logits=logits, dropout=dropout_p > 0))
         way = 'dense' if way == 'flex' else way
     if way == 'qk_lift':  # SDPA's scale stays that of q's own head dim
         q, k, v, scale = *lift_qk(q, k, v, *mod.factors()), 1 / math.sqrt(q.size(-1))
     if way == 'sdpa_bias' and mod is None:
         return _sdpa_bias(*wide_split(q, k, v, Dv), dropout_p, mask, q.size(-1) ** -0.5)[..., :Dv].to(q.dtype)
-    if way == 'sdpa_bias':
+    if way == 'sdpa_bias' and not need_lse:
         return _sdpa_bias(q, k, v, bias_table(mod, q.size(2)), dropout_p, mask)[..., :Dv].to(q.dtype)
     if way in ('sdpa', 'qk_lift'):
         if mask.bounded:
@@ -657,7 +712,9 @@ def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAU
         return y[..., :Dv]
     # a fresh dropout seed per call from torch's RNG: on the device, no host sync, restored on resume
     seed = torch.randint(0, 2**31 - 1, (), device=q.device) if dropout_p else None
-    if way == 'flex':
+    if way == 'sdpa_bias':  # with the logsumexp (a value term, sink logits), without dropout
+        y, lse = _sdpa_bias(q, k, v, bias_table(mod, q.size(2)), 0.0, mask, need_lse=True)
+    elif way == 'flex':
         y, lse = _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask)
     else:
         y, lse = chunk_queries(lambda q, k, v, a: _dense(q, k, v, mod, dropout_p, seed, need_lse, a), q, k, v, att)

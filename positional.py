@@ -1138,7 +1138,9 @@ class Shaw(PositionalEncoding):
     from each row's logsumexp: a_ij = exp(e_ij - lse_i) (the value_mod hook), so
     FlexAttention can run this scheme too. Those k logits are q_i.k_{i-r} on a
     sliding-window view of the keys (no copies kept for backward) plus the key term,
-    read through score_mod itself. Attention dropout is not applied to the value term."""
+    read through score_mod itself. Attention dropout is not applied to the value term. In training on CUDA
+    without dropout the key term comes whole (table) to SDPA's bias, and the logsumexp from its kernel
+    (attention's sdpa_bias route)."""
     content_position = True
 
     def __init__(self, config, max_distance=16):
@@ -1150,12 +1152,24 @@ class Shaw(PositionalEncoding):
 
     def score_mod(self, q, k, ctx, params):
         with torch.autocast(q.device.type, enabled=False):  # a bias: float32 even under autocast
-            qa = (q.float() @ params.rel_k.t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i . aK[r] / sqrt(d)
+            qa = (q.float() @ params.rel_k.float().t()) / math.sqrt(self.head_dim)  # [B, H, Tq, k+1]: q_i.aK[r]/sqrt(d)
         kmax = self.k
 
         def mod(score, b, h, i, j):
             return score + qa[b, h, i, ctx.dist(i, j).clamp(max=kmax)]
+        if ctx.consecutive and ctx.q_pos.numel() == ctx.k_pos.numel():  # the distance of query i to key j is i - j
+            mod.table = lambda: self.table(q, params)
         return mod
+
+    def table(self, q, params):
+        """The key term whole, [B, H, T, T] float32, for T queries over as many keys at consecutive positions
+        (attention's sdpa_bias route): q_i . aK[min(r, k)] / sqrt(d) at each distance r by one product with aK
+        gathered per distance (no gather per logit, so no scatter in the backward), laid out by query
+        (attention.query_distance_table)."""
+        r = torch.arange(q.size(2), device=q.device).clamp(max=self.k)
+        with torch.autocast(q.device.type, enabled=False):
+            a = q.float() @ params.rel_k.float()[r].t() / math.sqrt(self.head_dim)  # [B, H, T, T]: query i, distance r
+        return query_distance_table(a)
 
     def value_mod(self, q, k, ctx, params, score_mod, attend):
         B, H, Tq, d = q.shape

@@ -499,7 +499,7 @@ def test_qk_lift_is_the_cuda_route_of_a_factored_bias_and_trains_a_model(monkeyp
 
 WHOLE = [('t5', {}), ('kerple_log', {}), ('kerple_power', {}), ('sandwich', {}), ('fire', {'init_L': 4.0}),
          ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('grape_a', {'variant': 'query'}),
-         ('deberta', {'position_buckets': 4, 'max_relative_positions': 9})]
+         ('deberta', {'position_buckets': 4, 'max_relative_positions': 9}), ('shaw', {'max_distance': 4})]
 
 
 def test_toeplitz_table_and_its_gradient_per_diagonal():
@@ -536,6 +536,32 @@ def test_tables_of_a_term_per_query_or_key_and_distance_and_their_gradients():
                 want[:, row(i, j), i - j] += g[:, i, j]
         grad, = torch.autograd.grad(t, A_, g)
         assert torch.equal(grad, want), fn.__name__
+
+
+@pytest.mark.parametrize('window', [None, 5])
+def test_sdpa_bias_returns_the_logsumexp_with_its_gradient(window):
+    """_sdpa_bias(need_lse=True) (BiasedLse, the CPU flash kernel and its backward here, as the memory-efficient
+    kernel on CUDA) -> each row's output and logsumexp, against softmax written out in float64: both values, and
+    the gradients of q, k, v and the bias [1, H, T, T] under a loss that reads both, the logsumexp's through the
+    extra column its backward takes; and without a gradient of the logsumexp (glse None)."""
+    g = torch.Generator().manual_seed(0)
+    B, H, T, d = 2, 3, 12, 8
+    q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
+    bias = torch.randn(1, H, T, T, dtype=torch.float64, generator=g, requires_grad=True)
+    mask = A.Mask(window, None) if window else A.CAUSAL
+    gy, gl = torch.randn(B, H, T, d, dtype=torch.float64, generator=g), torch.randn(B, H, T, dtype=torch.float64,
+                                                                                   generator=g)
+    for with_lse in (True, False):
+        s = (q @ k.transpose(-1, -2) / math.sqrt(d) + bias).masked_fill(~mask.visibility(T, T, 'cpu'), float('-inf'))
+        lse_want = s.logsumexp(-1)
+        y_want = (s - lse_want[..., None]).exp() @ v
+        y, lse = A._sdpa_bias(q, k, v, bias, 0.0, mask, need_lse=True)
+        assert (y - y_want).abs().max() < 1e-12 and (lse - lse_want).abs().max() < 1e-12
+        loss = (y * gy).sum() + ((lse * gl).sum() if with_lse else 0)
+        want = (y_want * gy).sum() + ((lse_want * gl).sum() if with_lse else 0)
+        got = torch.autograd.grad(loss, (q, k, v, bias))
+        for a, b in zip(got, torch.autograd.grad(want, (q, k, v, bias))):
+            assert a.shape == b.shape and (a - b).abs().max() < 1e-12 * (1 + b.abs().max()), (with_lse, a - b)
 
 
 @pytest.mark.parametrize('name, opts', WHOLE)
@@ -585,31 +611,37 @@ def test_sdpa_bias_equals_the_bias_path(name, opts, window):
 
 def test_sdpa_bias_is_the_cuda_training_route_of_a_whole_bias(monkeypatch):
     """route: 'sdpa_bias' on CUDA under 'auto' in training for a mod that hands its bias whole (T5, KERPLE, Sandwich:
-    the distance vector; FIRE, DeBERTa: its table) or a bias tensor (CoPE's), FlexAttention (FIRE: dense) without
-    gradients, with the logsumexp (sink logits), under 'flex', for whole logits (Wall's), or where positions are not
-    consecutive (randomized positions: the distance is not i - j); the dense path on the CPU. A model whose layers take
-    it (forced on the CPU) trains as on the dense path."""
-    for name in ('t5', 'kerple_log', 'kerple_power', 'sandwich', 'fire', 'deberta', 'cope'):
+    the distance vector; FIRE, DeBERTa, Shaw: its table) or a bias tensor (CoPE's), with the logsumexp too (Shaw's
+    value term, sink logits) where there is no attention dropout; FlexAttention (FIRE: dense) without gradients, with
+    the logsumexp and dropout, under 'flex', for whole logits (Wall's), or where positions are not consecutive
+    (randomized positions: the distance is not i - j); the dense path on the CPU. A model whose layers take it (forced
+    on the CPU) trains as on the dense path."""
+    for name in ('t5', 'kerple_log', 'kerple_power', 'sandwich', 'fire', 'deberta', 'cope', 'shaw'):
         m = tiny_model(name, attn_backend='auto')
         assert m.attention_backends('cuda') == ['sdpa_bias'] * 2, name
         assert m.attention_backends('cuda', grad=False) == ['dense' if name == 'fire' else 'flex'] * 2, name
         assert m.attention_backends('cpu') == ['dense'] * 2, name
     assert tiny_model('t5', attn_backend='flex').attention_backends('cuda') == ['flex'] * 2
-    assert tiny_model('t5', attn_backend='auto', sink_logits=True).attention_backends('cuda') == ['flex'] * 2
+    assert tiny_model('t5', attn_backend='auto', sink_logits=True).attention_backends('cuda') == ['sdpa_bias'] * 2
+    for name in ('t5', 'shaw'):
+        m = tiny_model(name, attn_backend='auto', sink_logits=True, dropout=0.1)
+        assert m.attention_backends('cuda') == ['flex'] * 2, name
     assert tiny_model('wall', attn_backend='auto').attention_backends('cuda') == ['flex'] * 2
     t5 = positional.REGISTRY['t5'](tiny_config('t5'))
     pos = torch.tensor([0, 2, 3, 7, 8, 11])  # randomized positions: the mod offers no distance vector
     mod = t5.score_mod(None, None, t5.context(pos, pos), None)
     assert getattr(mod, 'distance', None) is None and A.route('cuda', 'auto', mod) == 'flex'
     x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
-    for name in ('t5', 'kerple_log', 'fire', 'deberta', 'cope'):
+    for name, kw in (('t5', {}), ('kerple_log', {}), ('fire', {}), ('deberta', {}), ('cope', {}), ('shaw', {}),
+                     ('t5', {'sink_logits': True})):
         losses = {}
         for forced in (False, True):
-            m = tiny_model(name, attn_backend='auto', dropout=0.0)
+            m = tiny_model(name, attn_backend='auto', dropout=0.0, **kw)
             if forced:
                 forced_cuda_routes(monkeypatch)
             seen = []
-            monkeypatch.setattr(A, '_sdpa_bias', lambda *a, real_fn=A._sdpa_bias: seen.append(1) or real_fn(*a))
+            real_fn = A._sdpa_bias
+            monkeypatch.setattr(A, '_sdpa_bias', lambda *a, **kw: seen.append(1) or real_fn(*a, **kw))
             loss = m(x[:, :-1], x[:, 1:])[1]
             loss.backward()
             assert bool(seen) == forced
