@@ -129,10 +129,10 @@ for line in open('/tmp/run-$name/metrics.jsonl'):
 
 # the bias family (attn_time, with the gpt_oss preset; xl has no bias to time there), and the order of the schemes'
 # pairs (bench.py times the presets after them): those whose route no lease has timed first (grape_a, fire, xl,
-# deberta and cope on sdpa_bias), then the fla schemes (never timed in one graph), then the rest of the bias family,
-# then every other scheme
-BIAS=deberta,grape_a,fire,shaw,sandwich,t5,kerple_log,kerple_power,alibi
-FIRST=grape_a,fire,xl,deberta,cope,fox,path,path_fox,stick_breaking,wall,$BIAS
+# deberta, shaw and cope on sdpa_bias), then the fla schemes (never timed in one graph), then the rest of the bias
+# family, then every other scheme
+BIAS=deberta,shaw,grape_a,fire,sandwich,t5,kerple_log,kerple_power,alibi
+FIRST=grape_a,fire,xl,deberta,shaw,cope,fox,path,path_fox,stick_breaking,wall,$BIAS
 ORDER=$(python3 -c "import sys, positional; first = sys.argv[1].split(',')
 print(','.join(dict.fromkeys(first + sorted(positional.REGISTRY))))" "$FIRST")
 for s in $STAGES; do
@@ -144,7 +144,7 @@ for s in $STAGES; do
         attn_time) bench attn_time 150 120 --parts=attn_time --schemes=$BIAS --presets=gpt_oss --scheme_limit=40 ;;
         pairs) bench pairs $((LEASE_S - SECONDS)) $((LEASE_S - SECONDS - 60)) --parts=pairs --schemes=$ORDER \
                    --presets=all --scheme_limit=75 ;;
-        grads_routes) check grads_routes 150 130 --schemes=t5,deberta,cope,grape_a,fire,xl,kerple_log,alibi \
+        grads_routes) check grads_routes 150 130 --schemes=shaw,t5,deberta,cope,grape_a,fire,xl,alibi \
                           --presets= --parts=attn_grads --scheme_limit=40 ;;
         correct_fla) check correct_fla 130 110 --schemes=stick_breaking,wall --presets= --parts=correct,attn_grads \
                          --scheme_limit=60 ;;
