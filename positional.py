@@ -25,7 +25,9 @@ i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; 
 are the last Tq keys. A score_mod has no host syncs, indexes each tensor that needs gradients
 once, and stays float32; one that reads a float32 table at each logit's (i, j) says so with
 f.reads_table = True (FlexAttention's smaller tiles on CUDA); one too costly to unroll into every logit of a kernel
-says f.tabulate = True (without gradients it is then evaluated as a table per chunk of queries, on CUDA too).
+says so with f.tabulate, True or a function (i, j) -> its [H, Tq, Tk] table for query rows i and keys j (without
+gradients it is then evaluated as a table per chunk of queries, on CUDA too; by that function on
+attention.TABULATE_ON's devices).
 Attributes the scripts read are declared on PositionalEncoding. The full contract, with shapes and the rules the
 tests check, is in docs/schemes.md.
 
@@ -1265,7 +1267,8 @@ class FIRE(PositionalEncoding):
     without gradients (evaluation at any length) score_mod sums `width` scalar ReLU
     units, marked `tabulate`: the dense path evaluates it as a table per chunk of
     queries (also on CUDA, where FlexAttention would unroll the 32 units into every
-    logit; attn_backend='flex' still does, in O(T) memory); with gradients it is
+    logit; attn_backend='flex' still does, in O(T) memory; on CUDA the table comes from
+    `grid`, the hidden units of every pair and one product); with gradients it is
     tabulated as [H, Tq, Tk] once per layer, all units in one expression (the
     paper's dense bias; the unit loop there took torch.compile 3x longer), because
     FlexAttention's backward can only scatter a score's gradient into a tensor it indexes once;
@@ -1288,6 +1291,13 @@ class FIRE(PositionalEncoding):
         rel = torch.log(torch.abs(c * r.float()) + 1)
         return rel / (torch.log(torch.abs(c * torch.maximum(qp.float(), thr)) + 1) + 1e-6)
 
+    def grid(self, params, ctx, i, j):
+        """The bias of query rows i [Tq] and keys j [Tk] as one table [H, Tq, Tk]: every pair's hidden units, then
+        the output layer as one product (attention.dense_bias's `tabulate` on CUDA)."""
+        x = self.normalised(params, ctx.q_pos[i][:, None], ctx.dist(i[:, None], j))  # [Tq, Tk]
+        hidden = torch.relu(x[..., None] * params.fc1.weight[:, 0] + params.fc1.bias)  # [Tq, Tk, width]
+        return (hidden @ params.fc2.weight.t() + params.fc2.bias).permute(2, 0, 1)
+
     def score_mod(self, q, k, ctx, params):
         w1, b1, w2, b2 = params.fc1.weight[:, 0], params.fc1.bias, params.fc2.weight, params.fc2.bias
         if not torch.is_grad_enabled():
@@ -1296,7 +1306,8 @@ class FIRE(PositionalEncoding):
                 for u in range(w1.size(0)):  # the MLP on a scalar, one hidden unit at a time
                     score = score + w2[h, u] * torch.relu(w1[u] * x + b1[u])
                 return score + b2[h]
-            mod.tabulate = True  # 32 units a logit: a table per chunk of queries, not a FlexAttention kernel
+            # 32 units a logit: a table per chunk of queries, not a FlexAttention kernel (on CUDA by one product)
+            mod.tabulate = lambda i, j: self.grid(params, ctx, i, j)
             return mod
         i, j = torch.arange(q.size(2), device=q.device)[:, None], torch.arange(k.size(2), device=q.device)
         x = self.normalised(params, ctx.q_pos[i], ctx.dist(i, j))  # [Tq, Tk]

@@ -247,6 +247,35 @@ def test_a_tabulated_score_mod_runs_dense_without_gradients_on_cuda(monkeypatch)
     assert seen == [fire]
 
 
+@pytest.mark.parametrize('window', [None, 5])
+def test_a_tabulated_mod_gives_its_table_per_chunk_as_at_each_logit(window, monkeypatch):
+    """FIRE without gradients on the dense path, its bias from `tabulate` (FIRE.grid: the hidden units of every pair
+    and one product; on attention.TABULATE_ON's devices, the CPU here) against its score_mod at each logit: the same
+    attention output, in chunks of query rows (dense_chunk_bytes made small) past the training length, where the
+    normaliser moves with the query; and the table itself, the rows' constant included (the output layer's bias,
+    which softmax cancels)."""
+    pe = positional.REGISTRY['fire'](tiny_config('fire'), init_L=4.0)
+    layer, T = pe.new_layer(), 40
+    pos = torch.arange(T)
+    q, k, v = qkv(2, 4, T, T, 8)
+    mask = A.Mask(window, None) if window else A.CAUSAL
+    monkeypatch.setattr(A, 'DENSE_CHUNK_BYTES', 4 * 2 * 4 * 8 * T)
+    calls, ys, tables = [], {}, {}
+    for on in ((), ('cpu',)):
+        monkeypatch.setattr(A, 'TABULATE_ON', on)
+        with torch.no_grad():
+            mod = pe.score_mod(q, k, pe.context(pos, pos), layer)
+            grid = mod.tabulate
+            mod.tabulate = lambda i, j: calls.append(len(i)) or grid(i, j)
+            ys[on] = A.attend(q, k, v, mod, backend='dense', mask=mask)
+            tables[on] = A.dense_bias(mod, 2, 4, T, T, 'cpu', mask)
+    assert len(calls) > 2 and sum(calls) == 2 * T  # each chunk of rows once, and the whole table
+    assert (ys[('cpu',)] - ys[()]).abs().max() < 1e-5 * ys[()].abs().max()
+    seen = tables[()] > float('-inf')
+    assert torch.equal(seen, tables[('cpu',)] > float('-inf'))
+    assert (tables[('cpu',)][seen] - tables[()][seen]).abs().max() < 1e-5 * tables[()][seen].abs().max()
+
+
 def test_flex_attention_starts_a_graph_of_its_own_on_cuda(monkeypatch):
     """Under torch.compile on CUDA a FlexAttention layer breaks the model's graph before its kernel (what compiled
     on an H200, attention.FLEX_OWN_GRAPH); on the CPU, and with the flag off, the model stays one graph. The
