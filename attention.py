@@ -320,9 +320,9 @@ def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2
                lift_qk), attention dropout SDPA's own
       'sdpa_bias' a bias the mod hands whole, `mod.table()` -> [B|1, H, T, T] (GRAPE-A, FIRE, DeBERTa, Shaw) or
                `mod.distance` [H, >= T] (the bias at each distance i - j: T5, KERPLE, Sandwich), a bias tensor as
-               wide as it is tall (CoPE's; not whole logits, `logits`: PaTH's and Wall's, which bfloat16 would
-               round by 0.01 at 5 nats, as large as the error that keeps Wall off fla's kernel), or no bias on heads
-               of q and k wider than SDPA's fused kernels take (`width` > FUSED_MAX_WIDTH: XL's 64 + 768 columns),
+               wide as it is tall (CoPE's; not whole logits, `logits`: PaTH's and Wall's, which stay float32 on
+               FlexAttention, where bfloat16 would move a logit of 5 by up to 0.01), or no bias on heads of q and k
+               wider than SDPA's fused kernels take (`width` > FUSED_MAX_WIDTH: XL's 64 + 768 columns),
                whose columns past v's then give the table as their product (wide_split), with as many queries as
                keys, in training on CUDA under 'auto', the logsumexp only without attention dropout: SDPA's
                memory-efficient kernel with the table as its bias in the dtype attention computes in (bfloat16 rounds
