@@ -652,8 +652,7 @@ class BiasedLse(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, glse):
         q, k, v, bias, y, lse = ctx.saved_tensors
-        T, scale = q.size(2), ctx.scale
-        glse = torch.zeros_like(lse[..., :T]) if glse is None else glse
+        scale = ctx.scale  # (glse is zeros where the logsumexp went unused: autograd's materialize_grads)
         one = torch.ones_like(glse).unsqueeze(-1)
         q2, k2, v2 = (F.pad(t, (0, 8)) for t in (q, k, v))
         y2 = F.pad(torch.cat((y, -glse.unsqueeze(-1).to(y.dtype)), -1), (0, 7))

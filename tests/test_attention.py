@@ -572,7 +572,7 @@ def test_sdpa_bias_returns_the_logsumexp_with_its_gradient(window):
     """_sdpa_bias(need_lse=True) (BiasedLse, the CPU flash kernel and its backward here, as the memory-efficient
     kernel on CUDA) -> each row's output and logsumexp, against softmax written out in float64: both values, and
     the gradients of q, k, v and the bias [1, H, T, T] under a loss that reads both, the logsumexp's through the
-    extra column its backward takes; and without a gradient of the logsumexp (glse None)."""
+    extra column its backward takes; and under a loss that reads the output alone."""
     g = torch.Generator().manual_seed(0)
     B, H, T, d = 2, 3, 12, 8
     q, k, v = (torch.randn(B, H, T, d, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
