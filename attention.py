@@ -627,6 +627,9 @@ def _sdpa_bias(q, k, v, bias, dropout_p, mask, scale=None, need_lse=False):
                                                                   scale=scale)[0]
 
 
+KERNEL_DEVICES = ('cuda', 'meta')  # BiasedLse's memory-efficient kernel: CUDA's, or its shape checks on the meta device
+
+
 class BiasedLse(torch.autograd.Function):
     """Attention with a bias table through a fused kernel -> (y, lse), the gradient of each row's logsumexp taken
     too (a value term or sink logits read it), which the kernels return but whose gradient their backward does not
@@ -639,27 +642,27 @@ class BiasedLse(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, scale):
-        if q.is_cuda:
+        if q.device.type in KERNEL_DEVICES:
             y, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0,
                                                                                           True, scale=scale)
         else:
             (y, lse), seed, offset = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, attn_mask=bias, scale=scale), None, None
-        ctx.save_for_backward(q, k, v, bias, y, lse)
-        ctx.scale, ctx.philox = scale, (seed, offset)
+        ctx.save_for_backward(q, k, v, bias, y, lse, seed, offset)
+        ctx.scale = scale
         return y, lse[..., :q.size(2)]  # (CUDA's rows of lse are padded to a multiple of 32)
 
     @staticmethod
     def backward(ctx, gy, glse):
-        q, k, v, bias, y, lse = ctx.saved_tensors
+        q, k, v, bias, y, lse, seed, offset = ctx.saved_tensors
         scale = ctx.scale  # (glse is zeros where the logsumexp went unused: autograd's materialize_grads)
         one = torch.ones_like(glse).unsqueeze(-1)
         q2, k2, v2 = (F.pad(t, (0, 8)) for t in (q, k, v))
         y2 = F.pad(torch.cat((y, -glse.unsqueeze(-1).to(y.dtype)), -1), (0, 7))
         g2 = F.pad(torch.cat((gy.to(y.dtype), one.to(y.dtype)), -1), (0, 7))
-        if q.is_cuda:
+        if q.device.type in KERNEL_DEVICES:
             gq, gk, gv, gb = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-                g2, q2, k2, v2, bias, y2, lse, *ctx.philox, 0.0, [True, True, True, ctx.needs_input_grad[3]], True,
+                g2, q2, k2, v2, bias, y2, lse, seed, offset, 0.0, [True, True, True, ctx.needs_input_grad[3]], True,
                 scale=scale)
         else:
             gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(

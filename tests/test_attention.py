@@ -593,6 +593,21 @@ def test_sdpa_bias_returns_the_logsumexp_with_its_gradient(window):
             assert a.shape == b.shape and (a - b).abs().max() < 1e-12 * (1 + b.abs().max()), (with_lse, a - b)
 
 
+def test_the_logsumexp_route_calls_cudas_kernels_as_their_checks_allow():
+    """BiasedLse's calls of CUDA's memory-efficient kernel, forward and backward, on the meta device (the kernels'
+    own shape and argument checks, run on a CPU): at a length that is no multiple of 32 (the kernel pads each row's
+    logsumexp) with a bias broadcast over the batch and its rows padded to 16, the output, the logsumexp and every
+    gradient come back in their inputs' shapes."""
+    B, H, T, d = 2, 4, 1000, 64
+    q, k, v = (torch.empty(B, H, T, d, device='meta', dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    b0 = torch.empty(1, H, T, T, device='meta', dtype=torch.bfloat16, requires_grad=True)
+    bias = A.F.pad(b0, (0, -T % 16))[..., :T].expand(B, H, T, T)
+    y, lse = A.BiasedLse.apply(q, k, v, bias, d ** -0.5)
+    assert y.shape == q.shape and lse.shape == (B, H, T) and lse.dtype == torch.float32
+    grads = torch.autograd.grad((y.float().sum(), lse.sum()), (q, k, v, b0))
+    assert [g.shape for g in grads] == [t.shape for t in (q, k, v, b0)]
+
+
 @pytest.mark.parametrize('name, opts', WHOLE)
 @pytest.mark.parametrize('window', [None, 5])
 def test_sdpa_bias_equals_the_bias_path(name, opts, window):
