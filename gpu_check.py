@@ -14,8 +14,8 @@ In the device's dtype (bf16 autocast on CUDA), at config/bench_gpt2.py on CUDA (
   correct     flex == dense logits and KV cache == full forward at T = 256, flex == dense gradients of the whole
               model at T = L, the training length, where windows and chunks cut the block mask as in training
               (CUDA only), each as runtime.rel_err against a tolerance (tolerance: bf16's, TF32's or float32's);
-  attn_grads  each kind of layer's attention alone: dq, dk and dv on the model's own backend against the dense
-              path in float64 (check_attn_grads);
+  attn_grads  each kind of layer's attention alone: dq, dk, dv and its parameters' gradients on the model's own
+              route against the dense path in float64, eager and (--compile) compiled (check_attn_grads);
   train       --steps compiled training steps on one repeated batch at CHECK_LR (--compile=False: eager): the
               loss of the first and the last, which must fall as the batch is learned (`learns`).
 Writes --json after each check and starts no scheme after --budget seconds; --scheme_limit stops one scheme
