@@ -696,6 +696,21 @@ def test_sdpa_bias_is_the_cuda_training_route_of_a_whole_bias(monkeypatch):
             assert (losses[True][1][n] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-9, (name, n)
 
 
+@pytest.mark.parametrize('name, kw', [('t5', {}), ('deberta', {}), ('shaw', {}), ('cope', {}),
+                                      ('t5', {'sink_logits': True})])
+def test_the_sdpa_bias_routes_trace_into_one_graph(name, kw, monkeypatch):
+    """A training forward on route sdpa_bias (forced on the CPU as on CUDA) traces into one graph with no break:
+    the tables' strided views and BiasedLse's autograd.Function (Shaw's value term, sink logits) included."""
+    forced_cuda_routes(monkeypatch)
+    m = tiny_model(name, attn_backend='auto', dropout=0.0, **kw)
+    assert m.attention_backends('cuda') == ['sdpa_bias'] * 2
+    x = torch.randint(0, 37, (2, 17), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    ex = torch._dynamo.explain(m)(x[:, :-1], x[:, 1:])
+    torch._dynamo.reset()
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), [str(b.reason)[:200] for b in ex.break_reasons]
+
+
 def test_bfloat16_parts_survive_torch_compile():
     """round_bf16 is torch's own rounding to bfloat16 (ties to even, negative values too), and under torch.compile
     the parts of split_bf16 stay bfloat16-exact and sum to x, with x's gradient whole: Inductor folds
