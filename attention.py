@@ -659,6 +659,7 @@ class BiasedLse(torch.autograd.Function):
         one = torch.ones_like(glse).unsqueeze(-1)
         q2, k2, v2 = (F.pad(t, (0, 8)) for t in (q, k, v))
         y2 = F.pad(torch.cat((y, -glse.unsqueeze(-1).to(y.dtype)), -1), (0, 7))
+        y2 = y2.transpose(1, 2).contiguous().transpose(1, 2)  # CUDA's kernel reads out's rows H * D apart: [B, T, H, D]
         g2 = F.pad(torch.cat((gy.to(y.dtype), one.to(y.dtype)), -1), (0, 7))
         if q.device.type in KERNEL_DEVICES:
             gq, gk, gv, gb = torch.ops.aten._scaled_dot_product_efficient_attention_backward(

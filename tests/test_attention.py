@@ -6,6 +6,7 @@ import copy
 import math
 import os
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -604,8 +605,18 @@ def test_the_logsumexp_route_calls_cudas_kernels_as_their_checks_allow():
     bias = A.F.pad(b0, (0, -T % 16))[..., :T].expand(B, H, T, T)
     y, lse = A.BiasedLse.apply(q, k, v, bias, d ** -0.5)
     assert y.shape == q.shape and lse.shape == (B, H, T) and lse.dtype == torch.float32
-    grads = torch.autograd.grad((y.float().sum(), lse.sum()), (q, k, v, b0))
+    backward, handed = torch.ops.aten._scaled_dot_product_efficient_attention_backward, []
+
+    def record(grad_out, q, k, v, bias, out, *args, **kwargs):
+        handed.append(out)
+        return backward(grad_out, q, k, v, bias, out, *args, **kwargs)
+    with mock.patch.object(torch.ops.aten, '_scaled_dot_product_efficient_attention_backward', record):
+        grads = torch.autograd.grad((y.float().sum(), lse.sum()), (q, k, v, b0))
     assert [g.shape for g in grads] == [t.shape for t in (q, k, v, b0)]
+    # the kernel takes out's batch and head strides but reads its rows head_dim_value * num_heads apart
+    # (kernel_backward.h, o_strideM): out must be laid out as [B, T, H, D]
+    out, = handed
+    assert out.stride(-1) == 1 and out.stride(2) == out.size(1) * out.size(3), out.stride()
 
 
 @pytest.mark.parametrize('name, opts', WHOLE)
