@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import attention as A
+import kvcache
 import model as M
 import positional
 import positional as P
@@ -45,13 +46,13 @@ def run_hooks(pe, layer, q, k, v, x, q_pos, k_pos, cache=None, backend='dense'):
     """What CausalSelfAttention does with a scheme: context, transform_qk, the attention hook."""
     ctx = pe.context(q_pos, k_pos)
     qq, kk = pe.transform_qk(q, k, ctx, layer)
-    return pe.attention(qq, kk, v, x, ctx, layer, cache, A.Attend(backend=backend))
+    return pe.attention(qq, kk, v, x, ctx, layer, cache, A.Attender(backend=backend))
 
 
 def run_hooks_in_two_calls(pe, layer, q, k, v, x, split):
     """The same tokens in two forwards through one KV cache (tokens :split, then split:): both outputs, joined
     along time, and the cache, whose state holds what the scheme carried from the first call to the second."""
-    pos, cache = torch.arange(q.size(2)), M.LayerKV()
+    pos, cache = torch.arange(q.size(2)), kvcache.LayerKV()
     k1, v1 = cache.append(k[:, :, :split], v[:, :, :split])
     a = run_hooks(pe, layer, q[:, :, :split], k1, v1, x[:, :split], pos[:split], pos[:split], cache)
     k2, v2 = cache.append(k[:, :, split:], v[:, :, split:])
@@ -416,7 +417,7 @@ def shaw_reference(q, k, v, aK, aV, K, q_pos, k_pos):
 def shaw_attention(pe, layer, q, k, v, q_pos, k_pos, backend='dense'):
     ctx = pe.context(q_pos, k_pos)
     mod = pe.score_mod(q, k, ctx, layer)
-    return A.attend(q, k, v, mod, pe.value_mod(q, k, ctx, layer, mod, A.Attend()), backend)
+    return A.attend(q, k, v, mod, pe.value_mod(q, k, ctx, layer, mod, A.Attender()), backend)
 
 
 @pytest.mark.parametrize('q0', [0, 6])  # 6: the last queries of a cached sequence
@@ -826,7 +827,7 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
             qq, kk = pe.transform_qk(q[:, :, qp], k, ctx, layer)  # xPos: all keys (cache_keys='raw')
             with torch.no_grad():
                 mod = pe.score_mod(qq, kk, ctx, layer)
-                vmod = pe.value_mod(qq, kk, ctx, layer, mod, A.Attend())
+                vmod = pe.value_mod(qq, kk, ctx, layer, mod, A.Attender())
                 dense = A.attend(qq, kk, v, mod, vmod, 'dense')
                 flex = A.attend(qq, kk, v, mod, vmod, 'flex')
             assert torch.allclose(flex, dense, atol=1e-5), name
@@ -954,7 +955,7 @@ def test_grape_m_contextual_phases_per_pair_and_through_a_cache():
     ang = -phi.permute(0, 2, 1)[..., None] * f  # [B, H, T, d/2]: the authors' -angle
     assert torch.allclose(qq.double(), turn_planes(q, ang), atol=1e-5)
     assert torch.allclose(kk.double(), turn_planes(k, ang), atol=1e-5)
-    cache = M.LayerKV()
+    cache = kvcache.LayerKV()
     (q1, k1), _ = layer_hooks(pe, layer, q[:, :, :4], k[:, :, :4], x[:, :4], pos[:4], pos[:4], cache)
     cache.append(k1, k1)
     (q2, k2), _ = layer_hooks(pe, layer, q[:, :, 4:], k[:, :, 4:], x[:, 4:], pos[4:], pos, cache)
@@ -1276,7 +1277,7 @@ def test_selective_rope_angles_per_pair_and_through_a_cache(opts):
         ang = selective_reference(layer, x, bias=opts.get('bias', False), gate=opts.get('phase_gate', False))
         assert torch.allclose(qq.double(), turn_planes(q, ang), atol=1e-4)
         assert torch.allclose(kk.double(), turn_planes(k, ang), atol=1e-4)
-        cache, outs = M.LayerKV(), []
+        cache, outs = kvcache.LayerKV(), []
         for a, b in ((0, 2), (2, 3), (3, T)):
             (q1, k1), _ = layer_hooks(pe, layer, q[:, :, a:b], k[:, :, a:b], x[:, a:b], pos[a:b], pos[:b], cache)
             cache.append(k1, k1)
