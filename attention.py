@@ -177,9 +177,11 @@ class Bias:
     Tq of Tk keys), b and h its batch rows and heads; T queries over as many keys at consecutive positions is a
     training forward without a KV cache.
 
-      mod(score, b, h, i, j) -> score + bias   the bias at each logit (FlexAttention's score_mod): float32, no host
-                     syncs, each tensor that needs gradients indexed once (FlexAttention's backward scatters into
-                     it); the dense path evaluates it on broadcast index tensors               'flex', 'dense'
+      mod(score, b, h, i, j) -> score + bias   the bias at each logit (FlexAttention's score_mod): float32 (a
+                     bfloat16 bias would not equal the kernel's float32 one), no host syncs (.item(), int() of a
+                     tensor: a sync and a graph break), each tensor that needs gradients indexed once and never bare
+                     (FlexAttention's backward scatters each logit's gradient into it); the dense path evaluates it
+                     on broadcast index tensors                                                'flex', 'dense'
       distance       [H, >= T]: the bias at each distance i - j, T queries over T keys (T5, KERPLE, Sandwich)
                                                                                          'sdpa_bias' in training
       table()        -> [B|1, H, T, T]: the bias whole, T queries over T keys (GRAPE-A, FIRE, DeBERTa, Shaw)

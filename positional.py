@@ -24,18 +24,10 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
 i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; the queries are the last Tq keys.
 Attributes the scripts read are declared on PositionalEncoding; docs/schemes.md has the hooks with their shapes.
 
-Contents, one section per row of the README's "how positions enter" table, in its order (tested against the
-registry and the README):
-  the contract     Context, PositionalEncoding (the base class); option checks and small helpers
-  not at all       none
-  embed            learned, sinusoidal
-  transform_qk     rope (+ ExtendedRoPE: Self-Extend, ReRoPE, STRING), xpos, mrope, rope2d, pope, xl, fope, grape_m,
-                   ropepp
-  score_mod        alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta, grape_a (+ GrapeAP)
-  layer_context    selective_rope, grape_m contextual (GrapeMContextual)
-  attention        fox, cope, stick_breaking, path, path_fox, wall
-The maths of RoPE context extension (config.rope_scaling) is in rope_scaling.py.
-Adding a scheme = a subclass here decorated with @register('name'), config/name.py and a test.
+Sections, one per row of the README's "how positions enter" table, in its order (each scheme's class sits in the
+section of its row; tested): the contract (Context, PositionalEncoding), helpers (option checks, small modules), not
+at all, embed, transform_qk, score_mod, layer_context, attention. The maths of RoPE context extension
+(config.rope_scaling) is in rope_scaling.py. Adding a scheme: the README's "Adding a scheme".
 """
 
 import math

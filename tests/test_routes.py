@@ -423,3 +423,23 @@ def test_the_sdpa_bias_routes_trace_into_one_graph(name, kw, monkeypatch):
     ex = torch._dynamo.explain(m)(x[:, :-1], x[:, 1:])
     torch._dynamo.reset()
     assert (ex.graph_count, ex.graph_break_count) == (1, 0), [str(b.reason)[:200] for b in ex.break_reasons]
+
+
+def test_routes_py_prints_each_layers_route_on_cuda_from_a_cpu():
+    """`python routes.py CONFIG` (the README's) resolves a training config as train.py does and prints each layer's
+    route on CUDA in training, a line on each route and on each layer the memory budget moved, and the routes in
+    evaluation; a bad option is train.py's one line."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    run = lambda *a: subprocess.run([sys.executable, 'routes.py', *a], cwd=ROOT, capture_output=True, text=True)  # noqa
+    r = run('config/t5.py', '--n_layer=2', '--batch_size=8', '--block_size=8192')
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == 't5 on cuda (bfloat16), training at batch 8 x 8192:'
+    assert [line.split('; attention ')[1] for line in lines[1:3]] == ['flex', 'flex']
+    assert lines[3] == '  route flex: ' + A.ROUTES['flex'].what
+    assert lines[4].startswith("  layer 0: sdpa_bias's bias table [8, 4, 8192, 8192] would take 4.0 GiB")
+    assert lines[-1] == 'evaluation (no gradients): flex, flex'
+    r = run('config/t5.py', '--n_layr=2')
+    assert r.returncode != 0 and "unknown config key 'n_layr'" in r.stderr and 'Traceback' not in r.stderr
