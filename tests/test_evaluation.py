@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import tiny_model, tiny_config
+from conftest import TINY, fork_run, tiny_config, tiny_model
 
 import evaluation as E
 import passkey as P
@@ -301,9 +301,13 @@ def test_compare_report_from_fixture_jsons(tmp_path):
     (tmp_path / 'rope' / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
     yarn = dict(runs['rope'][0], rope_scaling={'type': 'yarn', 'factor': 4}, nonoverlap=[1.6, 1.7, 1.8])
     (tmp_path / 'rope' / 'eval_yarn_x4.json').write_text(json.dumps(yarn))
+    quick = {k: runs['rope'][0][k] for k in ('scheme', 'rope_scaling', 'block_size', 'mults', 'lengths')}
+    quick.update(nonoverlap=[1.55, 1.8, 2.2], quick=True)  # eval.py --quick=True: its own file, its own row
+    (tmp_path / 'rope' / 'eval_quick.json').write_text(json.dumps(quick))
     path = report.make_report(dirs, str(tmp_path / 'report'))
     md = open(path).read()
     assert '| rope | 1 | 1.500 | 1.750 | 2.125 |' in md
+    assert '| rope +quick | 1 | 1.550 | 1.800 | 2.200 |' in md
     assert '| rope +yarn_x4 | 1 | 1.600 | 1.700 | 1.800 |' in md
     assert '| learned | 1 | 1.400 | — | — |' in md
     assert '| rope | 1 | 1.250 | 1.500 | 3.000 |' in md           # sliding table
@@ -609,3 +613,34 @@ def test_readme_leaderboards_are_what_compare_prints_from_results(capsys, monkey
             compare.main(cmd.split())
             table = '\n'.join(line for line in capsys.readouterr().out.splitlines() if line.startswith('|'))
             assert table.count('\n') > 2 and table in pages[page], f"{page}: the table of `{cmd}` is not what it prints"
+
+
+@pytest.mark.e2e
+def test_a_quick_eval_never_replaces_a_full_one(data, tmp_path):
+    """eval.py --quick=True next to train.py's full eval.json writes eval_quick.json and leaves eval.json byte for
+    byte; a --name that points a quick eval at a full result is refused before any work; a full eval.py that
+    replaces eval.json keeps what train.py recorded of the run (seed, name, timing)."""
+    out = str(tmp_path / 'out')
+    r = fork_run(['train.py', f'--data_dir={data}', f'--out_dir={out}', '--max_iters=2', '--eval_interval=2',
+                  '--seed=7'] + TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    full = os.path.join(out, 'eval.json')
+    before = open(full, 'rb').read()
+    trained = json.loads(before)
+    assert 'sliding' in trained and 'timing' in trained and trained['seed'] == 7
+    r = fork_run(['eval.py', f'--out_dir={out}', '--quick=True', '--tokens=64', '--mults=[1,2]'])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert open(full, 'rb').read() == before
+    quick = json.load(open(os.path.join(out, 'eval_quick.json')))
+    assert quick['quick'] is True and 'sliding' not in quick and len(quick['nonoverlap']) == 2
+    assert f"wrote {os.path.join(out, 'eval_quick.json')}" in r.stdout
+    r = fork_run(['eval.py', f'--out_dir={out}', '--quick=True', '--name=eval', '--tokens=64'])
+    assert r.returncode != 0 and r.stderr.strip() == (
+        f"eval.py: {full} holds a full evaluation, which a quick one would replace; nothing was written: pass "
+        f"another --name, or drop --quick=True"), r.stderr[-2000:]
+    assert open(full, 'rb').read() == before and 'scheme' not in r.stdout  # refused before evaluating
+    r = fork_run(['eval.py', f'--out_dir={out}', '--tokens=64', '--mults=[1,2]'])
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = json.load(open(full))
+    assert again['tokens'] == 64 and 'sliding' in again and 'quick' not in again
+    assert {k: again[k] for k in ('seed', 'name', 'timing')} == {k: trained[k] for k in ('seed', 'name', 'timing')}

@@ -202,7 +202,7 @@ def test_out_dir_moved_with_its_data_gone(char_data, tmp_path):
     assert r.returncode != 0 and '--data_dir' in r.stderr and 'Traceback' not in r.stderr
     r = fork_run(['eval.py', f'--out_dir={b}', f'--data_dir={moved}', '--mults=[1]', '--tokens=64', '--quick=True'])
     assert r.returncode == 0, r.stderr[-2000:]
-    assert os.path.exists(os.path.join(b, 'eval.json'))
+    assert os.path.exists(os.path.join(b, 'eval_quick.json'))
 
 
 # --- Hugging Face GPT-2 -------------------------------------------------------------

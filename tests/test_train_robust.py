@@ -445,7 +445,7 @@ def test_smaller_ones(data, trained, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     r = fork_run(['eval.py', f'--out_dir={ft}', '--quick=True', '--mults=[1]', '--tokens=64', '--rope_scaling=None'])
     assert r.returncode == 0 and 'evaluating with rope_scaling=None' in r.stdout, r.stderr[-2000:]
-    assert os.path.exists(os.path.join(ft, 'eval_noscaling.json'))
+    assert os.path.exists(os.path.join(ft, 'eval_noscaling_quick.json'))
 
 
 # --- bad data, bad checkpoints, damaged logs: one line each, nothing already written lost ------
