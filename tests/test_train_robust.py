@@ -192,7 +192,8 @@ def test_model_config_errors_in_process():
         GPT(GPTConfig(n_embd=30, n_head=4, vocab_size=10))
     with pytest.raises(ValueError, match=r'rotary dimension .* must be a positive even integer; change rotary_pct'):
         GPT(GPTConfig(n_embd=24, n_head=4, vocab_size=10, pos_options={'rotary_pct': 0.5}))  # 6 * 0.5 = 3
-    with pytest.raises(ValueError, match=r"unknown pos_encoding 'rop'; valid schemes: " + ', '.join(SCHEMES)):
+    with pytest.raises(ValueError, match=re.escape("unknown pos_encoding 'rop'; did you mean rope, mrope, ropepp? "
+                                                   "valid schemes: " + ', '.join(SCHEMES))):
         GPT(GPTConfig(pos_encoding='rop', vocab_size=10))
     m = GPT(GPTConfig(pos_encoding='learned', block_size=8, n_embd=16, n_head=2, n_layer=1, vocab_size=10))
     with pytest.raises(ValueError, match=r'learned position embeddings have 8 positions, but position 8 was '
@@ -210,7 +211,8 @@ def write_corpus(d, n_train, n_val):
 BAD_TRAIN = {  # name: (extra args, fragments the error must contain)
     'unknown key': (['--n_layers=2'], ["unknown config key 'n_layers'", 'did you mean n_layer']),
     'wrong type': (['--n_layer=2.5'], ["'n_layer' expects int (default 1), got 2.5 (float)", '--n_layer=1']),
-    'unknown scheme': (['--pos_encoding=rop'], ["unknown pos_encoding 'rop'; valid schemes: " + ', '.join(SCHEMES)]),
+    'unknown scheme': (['--pos_encoding=rop'], ["unknown pos_encoding 'rop'; did you mean rope, mrope, ropepp? "
+                                                "valid schemes: " + ', '.join(SCHEMES)]),
     'n_embd % n_head': (['--n_embd=30', '--n_head=4'], ['n_embd=30 is not divisible by n_head=4', 'Use an n_head']),
     'odd rotary dim': (['--n_embd=24', '--n_head=4', "--pos_options={'rotary_pct': 0.5}"],
                        ['rotary dimension', 'change rotary_pct or n_embd/n_head']),
