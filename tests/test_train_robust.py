@@ -558,6 +558,44 @@ def test_eval_split_shorter_than_a_window_is_one_line(trained, tmp_path):
 
 # --- logs a person can read ---------------------------------------------------------------------
 
+@pytest.mark.parametrize('extra', [[], ['--window=4', '--sink=2', '--start=to be or not to be'], ['--use_cache=False']],
+                         ids=['cache', 'sinks after a long prompt', 'no cache'])
+def test_sample_shows_progress_and_draws_the_same_tokens(trained, extra):
+    """sample.py counts its new tokens on stderr (in a log: a line when a sample is done) however the prompt goes
+    in, and prints the text model.generate draws without any progress."""
+    import checkpoint
+    r = fork_run(['sample.py', f'--out_dir={trained}', '--max_new_tokens=40', '--num_samples=2'] + extra)
+    assert r.returncode == 0, r.stderr[-2000:]
+    stages = [line.split(' in ')[0] for line in r.stderr.splitlines() if ' token(s) in ' in line]
+    assert stages == ['sample 1/2: 40 token(s)', 'sample 2/2: 40 token(s)'], r.stderr[-2000:]
+    assert '%|' not in r.stderr and '\r' not in r.stderr
+    opts = dict(a[2:].split('=') for a in extra)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the forked child
+    try:
+        torch.manual_seed(1337)  # as sample.py: before the model is built
+        model, ckpt = checkpoint.load('resume', trained, 'cpu')
+        encode, decode = checkpoint.tokenizer(ckpt, '')
+        x = torch.tensor([encode(opts.get('start', '\n'))])
+        texts = [decode(model.generate(x, 40, temperature=0.8, top_k=200, use_cache=opts.get('use_cache') != 'False',
+                                       recent=int(opts.get('window', 0)) or None,
+                                       sink_tokens=int(opts.get('sink', 4)))[0].tolist()) for _ in range(2)]
+    finally:
+        torch.set_num_threads(threads)
+    assert r.stdout.endswith(''.join(t + '\n---------------\n' for t in texts))
+
+
+def test_a_stage_in_a_log_says_how_far_it_is_while_it_runs(capsys):
+    """Off a terminal, progress(every=...) adds a line per interval while the stage runs, then the stage's line."""
+    from console import progress
+    with progress(3, 'sample 1/1', 'token', every=1e-9) as bar:
+        for _ in range(3):
+            bar.update()
+    lines = [line.split(', ')[0] for line in capsys.readouterr().err.splitlines()]
+    assert lines == ['sample 1/1: 1/3 token(s) so far', 'sample 1/1: 2/3 token(s) so far',
+                     'sample 1/1: 3/3 token(s) so far', 'sample 1/1: 3 token(s) in 0.0s'], lines
+
+
 def test_log_file_gets_one_line_per_stage_and_no_bars(trained, tmp_path):
     """Off a terminal (a log file, CI, nohup), eval.py prints one line per finished stage and
     no progress bar residue."""
