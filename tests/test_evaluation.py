@@ -644,3 +644,28 @@ def test_a_quick_eval_never_replaces_a_full_one(data, tmp_path):
     again = json.load(open(full))
     assert again['tokens'] == 64 and 'sliding' in again and 'quick' not in again
     assert {k: again[k] for k in ('seed', 'name', 'timing')} == {k: trained[k] for k in ('seed', 'name', 'timing')}
+
+
+def test_compare_writes_its_report_beside_the_runs(tmp_path, monkeypatch, capsys):
+    """Without --report_dir, compare.py writes report/ in the folder its runs share (one run: inside it), never
+    into the folder it was started from; --report_dir still chooses."""
+    import compare
+    for name, loss in (('rope', 1.5), ('alibi', 1.25)):
+        d = tmp_path / 'runs' / name
+        d.mkdir(parents=True)
+        (d / 'eval.json').write_text(json.dumps({'scheme': name, 'block_size': 8, 'mults': [1, 2], 'lengths': [8, 16],
+                                                 'nonoverlap': [loss, loss + 1], 'position': [[loss] * 8, None]}))
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    runs = [str(tmp_path / 'runs' / 'rope'), str(tmp_path / 'runs' / 'alibi')]
+    cases = [(runs, tmp_path / 'runs' / 'report'), (runs[:1], tmp_path / 'runs' / 'rope' / 'report'),
+             (runs + [f'--report_dir={tmp_path / "mine"}'], tmp_path / 'mine')]
+    for argv, where in cases:
+        compare.main(argv)
+        assert capsys.readouterr().out == f"wrote {where / 'report.md'}\n"
+        assert '| alibi |' in (where / 'report.md').read_text() or len(argv) == 1
+    assert os.listdir(elsewhere) == []
+    monkeypatch.chdir(tmp_path / 'runs')  # runs given relative to here: the report's path is too
+    compare.main(['rope', 'alibi'])
+    assert capsys.readouterr().out == f"wrote {os.path.join('.', 'report', 'report.md')}\n"
