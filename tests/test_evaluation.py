@@ -669,3 +669,22 @@ def test_compare_writes_its_report_beside_the_runs(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path / 'runs')  # runs given relative to here: the report's path is too
     compare.main(['rope', 'alibi'])
     assert capsys.readouterr().out == f"wrote {os.path.join('.', 'report', 'report.md')}\n"
+
+
+def test_a_stopped_final_suite_never_replaces_a_complete_one(tmp_path, capsys):
+    """train.py's final suite stopped half way keeps what it had in eval.json (complete: false) when there was
+    none, but leaves a complete eval.json (a finished run resumed to evaluate again) byte for byte."""
+    m, data = tiny_model('rope').eval(), rand_data(4000)
+    head = {'scheme': 'rope', 'name': 'rope', 'seed': 1, 'iter': 2}
+    first, again = tmp_path / 'first', tmp_path / 'again'
+    first.mkdir()
+    again.mkdir()
+    E.final_suite(m, str(first), head, data, 16, (1, 2), 512, stop=lambda: 'SIGINT')
+    assert json.load(open(first / 'eval.json'))['complete'] is False
+    assert 'what it had computed is in' in capsys.readouterr().out
+    assert E.final_suite(m, str(again), head, data, 16, (1, 2), 512) is None
+    before = (again / 'eval.json').read_bytes()
+    assert json.loads(before)['complete'] is True
+    E.final_suite(m, str(again), head, data, 16, (1, 2), 512, stop=lambda: 'SIGINT')
+    assert (again / 'eval.json').read_bytes() == before
+    assert f"{again}/eval.json keeps the complete evaluation it had, and this one is not saved" in capsys.readouterr().out
