@@ -24,6 +24,21 @@ RULES = {
 }
 
 
+def closest(word, choices):
+    """The (at most 3) choices closest to a misspelt word, by difflib: the one rule every unknown name is met with."""
+    return difflib.get_close_matches(word, sorted(choices), n=3)
+
+
+def unknown_names(what, words, choices, listing='valid'):
+    """One line for names that are not among `choices`: each one's closest choices, then all of them, e.g.
+    "unknown pos_encoding 'ropee'; did you mean rope, mrope, ropepp? valid schemes: alibi, ..." """
+    words = [words] if isinstance(words, str) else list(words)
+    near = [(w, closest(w, choices)) for w in words]
+    hint = '; '.join(', '.join(c) + (f" for {w!r}" if len(words) > 1 else '') for w, c in near if c)
+    return (f"unknown {what} {', '.join(map(repr, words))}; " + (f"did you mean {hint}? " if hint else '')
+            + f"{listing}: {', '.join(sorted(choices))}")
+
+
 def _fail(problems):
     sys.exit('\n'.join(problems))
 
@@ -71,7 +86,7 @@ def configure(defaults, argv, rules=None, positional=None, keys=None):
 
     def set_key(k, v, where):
         if k not in keys:
-            close = difflib.get_close_matches(k, keys, n=3)
+            close = closest(k, keys)
             problems.append(f"unknown config key {k!r}{where}" + (f"; did you mean {', '.join(close)}?" if close
                             else f"; valid keys: {', '.join(keys)}"))
             return

@@ -12,13 +12,19 @@ import time
 
 
 class _StageLine:
-    """tqdm's interface, minus the bar: one line when the stage ends (if it ran to its end)."""
+    """tqdm's interface, minus the bar: one line when the stage ends (if it ran to its end), and with `every`
+    a line each `every` seconds while it runs (a stage of minutes, such as sampling, must not look hung)."""
 
-    def __init__(self, total, desc, unit):
+    def __init__(self, total, desc, unit, every=None):
         self.n, self.total, self.desc, self.unit, self.t0, self.post = 0, total, desc, unit, time.time(), ''
+        self.every, self.said = every, self.t0
 
     def update(self, k=1):
         self.n += k
+        if self.every and self.desc is not None and time.time() - self.said >= self.every:
+            self.said = time.time()
+            print(f"{self.desc}: {self.n:,}" + (f"/{self.total:,}" if self.total else '') + f" {self.unit}(s) so far, "
+                  f"{self.said - self.t0:.0f}s", file=sys.stderr, flush=True)
 
     def set_postfix_str(self, s):
         self.post = s
@@ -37,14 +43,14 @@ class _StageLine:
             self.close()
 
 
-def progress(total=None, desc=None, unit='it'):
-    """A tqdm bar on stderr when it is a terminal; else one line per finished stage. desc=None or
-    a single step: silent."""
+def progress(total=None, desc=None, unit='it', every=None):
+    """A tqdm bar on stderr when it is a terminal; else one line per finished stage (and one each `every`
+    seconds while it runs, if given). desc=None or a single step: silent."""
     quiet = desc is None or (total is not None and total <= 1)
     if sys.stderr.isatty():
         from tqdm import tqdm  # here: only a terminal gets a bar
         return tqdm(total=total, desc=desc, unit=unit, disable=quiet, leave=False, dynamic_ncols=True)
-    return _StageLine(total, None if quiet else desc, unit)
+    return _StageLine(total, None if quiet else desc, unit, every)
 
 
 def exit_on_ctrl_c(script, hint=''):

@@ -1,10 +1,10 @@
 """
 Length-extrapolation evaluation of a checkpoint: evaluation.py's suite (its protocols are described there) on the
-val split, printed and written to out_dir/eval[_tag].json.
+val split, printed and written to out_dir/eval[_tag].json; a quick one to eval[_tag]_quick.json, never over a full one.
 
   python eval.py --out_dir=out-rope              # full suite at L, 2L, 4L, 8L, 16L -> out-rope/eval.json
   python eval.py --out_dir=out-rope --rope_scaling="{'type':'yarn','factor':16,'original_max_len':128}"
-  python eval.py --out_dir=out-rope --quick=True # non-overlapping loss only
+  python eval.py --out_dir=out-rope --quick=True # non-overlapping loss only -> out-rope/eval_quick.json
   python eval.py --out_dir=out-rope --longppl_short=64   # LongPPL's short context (default L)
   python eval.py --init_from=gpt2 --data_dir=data/shakespeare --out_dir=out-gpt2  # Hugging Face GPT-2
 """
@@ -19,6 +19,10 @@ import runtime
 from configurator import options
 from console import exit_on_ctrl_c
 from evaluation import evaluate, flat_metrics, log_wandb, scaling_tag
+from files import read_json
+
+# what train.py's eval.json says of the run rather than of its evaluation: a full eval.py result replacing it keeps them
+RUN_RECORD = ('seed', 'name', 'timing')
 
 
 if __name__ == '__main__':
@@ -39,6 +43,14 @@ if __name__ == '__main__':
     checkpoint.check_writable(o.out_dir)  # before the work, not after it
     checkpoint.lock_out_dir(o.out_dir, 'eval.py', hint=f"to evaluate a run while it trains: "
                             f"--init_from={os.path.join(o.out_dir, 'ckpt.pt')} --out_dir=ANOTHER_DIR")
+    tag = '_'.join(t for t in (scaling_tag(o.rope_scaling), (o.attn_scaling or {}).get('type')) if t)
+    tag = tag or ('noscaling' if 'rope_scaling' in o.explicit and ckpt['model_args'].get('rope_scaling') else '')
+    path = os.path.join(o.out_dir, (o.name or ('eval' + (f'_{tag}' if tag else '') + ('_quick' if o.quick else '')))
+                        + '.json')
+    old, _ = read_json(path)  # (a damaged file holds nothing to keep: it is replaced)
+    if o.quick and isinstance(old, dict) and not old.get('quick'):
+        sys.exit(f"eval.py: {path} holds a full evaluation, which a quick one would replace; nothing was written: "
+                 f"pass another --name, or drop --quick=True")
     folder = checkpoint.data_dir(ckpt, o.data_dir)
     data = np.memmap(os.path.join(folder, 'val.bin'), dtype=np.uint16, mode='r')
     L = model.config.block_size
@@ -65,9 +77,10 @@ if __name__ == '__main__':
         res = {'name': o.label, **res}
     for k, v in flat_metrics(res).items():
         print(f"{k:22s} {v:.4f}  (ppl {math.exp(v):.2f})")
-    tag = '_'.join(t for t in (scaling_tag(o.rope_scaling), (o.attn_scaling or {}).get('type')) if t)
-    tag = tag or ('noscaling' if 'rope_scaling' in o.explicit and ckpt['model_args'].get('rope_scaling') else '')
-    path = os.path.join(o.out_dir, (o.name or ('eval' + (f'_{tag}' if tag else ''))) + '.json')
+    if o.quick:
+        res['quick'] = True  # report.py labels it '+quick'; sweep.py never counts it as a run's evaluation
+    elif isinstance(old, dict):
+        res.update({k: old[k] for k in RUN_RECORD if k in old and k not in res})
     checkpoint.atomic_json(res, path)
     print(f"wrote {path}")
     if o.wandb_log:

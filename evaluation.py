@@ -39,7 +39,7 @@ import attention
 import tasks
 from console import progress
 from data.common import document_windows
-from files import atomic_json
+from files import atomic_json, read_json
 
 
 # --- windows --------------------------------------------------------------------
@@ -405,12 +405,18 @@ def final_suite(model, out_dir, head, data=None, L=0, mults=(), tokens=0, task='
     res = {**head, **res}
     if timing is not None:
         res['timing'] = {**timing, 'final_eval_s': round(time.time() - te, 3)}
-    failure = None
+    failure, old = None, read_json(os.path.join(out_dir, 'eval.json'))[0]
+    # a stopped suite never replaces a complete one (a finished run resumed to evaluate it again)
+    keep = not res['complete'] and isinstance(old, dict) and old.get('complete') is not False
     try:
-        atomic_json(res, os.path.join(out_dir, 'eval.json'))
+        if not keep:
+            atomic_json(res, os.path.join(out_dir, 'eval.json'))
     except OSError as e:
         failure = f"writing {out_dir}/eval.json failed: {e.strerror}"
-    if not res['complete']:
+    if keep:
+        print(f"final eval interrupted by {stop()} ({time.time() - te:.0f}s): {out_dir}/eval.json keeps the complete "
+              f"evaluation it had, and this one is not saved", flush=True)
+    elif not res['complete']:
         print(f"final eval interrupted by {stop()} ({time.time() - te:.0f}s): what it had computed is in "
               f"{out_dir}/eval.json (complete: false); python train.py --out_dir={out_dir} --init_from=resume runs it "
               f"again", flush=True)

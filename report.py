@@ -3,8 +3,8 @@ The comparison report: read the eval/passkey JSONs of several out_dirs and write
 tables and PNG plots (make_report), the task suite's report (make_task_report), one leaderboard over sweeps'
 reports (sweeps_leaderboard), and result files read defensively (read_result). compare.py and sweep.py run it.
 
-Reads, in each out_dir, every eval*.json (eval.py / the end of train.py; one per
-rope_scaling variant) and passkey*.json (passkey.py). Writes to report_dir:
+Reads, in each out_dir, every eval*.json (eval.py / the end of train.py; one per rope_scaling variant; eval.py
+--quick's eval_quick.json as its own '+quick' row) and passkey*.json (passkey.py). Writes to report_dir:
   report.md                 a leaderboard (loss at L and at the longest length, paired against rope, places
                             with ties); tables: non-overlapping and sliding loss at each eval length,
                             loss on the last k tokens vs context, passkey accuracy
@@ -29,9 +29,12 @@ from stats import paired_interval, rank, summarize
 
 
 def label_of(res):
+    """A result's row: its name, or its scheme with its run-time scalings; '+quick' on eval.py's quick results
+    (non-overlapping loss only), so that one is never read as a run's full evaluation."""
     tag = scaling_tag(res.get('rope_scaling'))
     attn = (res.get('attn_scaling') or {}).get('type')
-    return res.get('name') or res.get('scheme', '?') + (f" +{tag}" if tag else '') + (f" +{attn}" if attn else '')
+    label = res.get('name') or res.get('scheme', '?') + (f" +{tag}" if tag else '') + (f" +{attn}" if attn else '')
+    return label + (' +quick' if res.get('quick') else '')
 
 
 def load_runs(dirs):

@@ -7,7 +7,8 @@ Sample from a trained nanoPE model, as far past the training length as you like.
 
 Decoding uses a KV cache: each new token costs one position. A scheme with a
 finite position table (learned) cannot address positions past it: it falls back
-to a sliding window over its last max_len tokens, and says so.
+to a sliding window over its last max_len tokens, and says so. Progress goes to
+stderr (a bar on a terminal, a line every 30 s in a log); the samples to stdout.
 """
 import sys
 
@@ -16,7 +17,24 @@ import torch
 import checkpoint
 import runtime
 from configurator import configure
-from console import exit_on_ctrl_c
+from console import exit_on_ctrl_c, progress
+
+
+def generate(model, x, max_new_tokens, desc, **kw):
+    """model.generate with progress over its new tokens, counted by a forward hook that reads and draws nothing."""
+    with progress(max_new_tokens, desc, 'token', every=30) as bar:
+        def count(module, args, kwargs, out):
+            # a KV cache's length says how many tokens are drawn (a long prompt may take several forwards); without
+            # one (learned past its table), each forward draws one
+            cache = kwargs.get('cache')
+            done = cache.length - x.size(1) + 1 if cache is not None else bar.n + 1
+            bar.update(max(0, done - bar.n))
+        hook = model.register_forward_hook(count, with_kwargs=True)
+        try:
+            return model.generate(x, max_new_tokens, **kw)
+        finally:
+            hook.remove()
+
 
 out_dir = 'out'
 init_from = 'resume'      # 'resume' (out_dir/ckpt.pt) | path to a .pt | 'gpt2', 'gpt2-medium', ... (Hugging Face)
@@ -76,11 +94,11 @@ elif total > cfg.block_size:
     print(f"note: generating {total} positions, {total / cfg.block_size:.1f}x the training length "
           f"{cfg.block_size}" + (", with a KV cache" if use_cache else ""))
 x = torch.tensor(ids, dtype=torch.long, device=rt.device)[None, ...]
-for _ in range(num_samples):
+for i in range(num_samples):
     with rt.autocast:
         try:
-            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, use_cache=use_cache,
-                               recent=window or None, sink_tokens=sink)
+            y = generate(model, x, max_new_tokens, f"sample {i + 1}/{num_samples}", temperature=temperature,
+                         top_k=top_k, use_cache=use_cache, recent=window or None, sink_tokens=sink)
         except ValueError as e:  # e.g. sinks asked of a scheme with absolute positions
             sys.exit(str(e))
     print(decode(y[0].tolist()))

@@ -12,6 +12,7 @@ attention-side settings (attn_scaling, a window) at run time.
 
 import torch.nn as nn
 
+from configurator import unknown_names
 from positional import REGISTRY, NoPE, PositionalEncoding
 
 
@@ -19,7 +20,7 @@ def make_scheme(config, name, options, where=''):
     """An instance of scheme `name` with `options` (its pos_options); the scheme picks its class for
     them (rope with a Self-Extend or ReRoPE rope_scaling builds ExtendedRoPE)."""
     if name not in REGISTRY:
-        raise ValueError(f"unknown pos_encoding {name!r}; valid schemes: {', '.join(sorted(REGISTRY))}")
+        raise ValueError(unknown_names('pos_encoding', name, REGISTRY, 'valid schemes'))
     cls = REGISTRY[name].variant(config, options)
     try:
         return cls(config, **options)

@@ -67,7 +67,7 @@ import rope_scaling  # noqa: E402
 import runtime  # noqa: E402
 import tasks  # noqa: E402
 from checkpoint import lock_out_dir  # noqa: E402
-from configurator import configure, read_config_file  # noqa: E402
+from configurator import configure, read_config_file, unknown_names  # noqa: E402
 from evaluation import scaling_tag  # noqa: E402
 from files import atomic_json, open_no_follow, read_json  # noqa: E402
 from presets import preset_args  # noqa: E402
@@ -350,7 +350,7 @@ def main(argv):
     schemes = scheme_list(sweep['schemes'] or ('' if presets else 'all'))
     bad = [s for s in schemes if s not in positional.REGISTRY]
     if bad:
-        sys.exit(f"unknown scheme(s) {bad}; registered: {', '.join(sorted(positional.REGISTRY))}")
+        sys.exit(unknown_names('scheme(s)', bad, positional.REGISTRY, 'registered'))
     base = config_args(GPU_CONFIG) if sweep['gpu'] else {}
     # runs log to wandb as single runs do (offline without a login; --wandb_log=False turns it off), in one group
     base.update({'seed': '1337', 'wandb_group': os.path.basename(out)})

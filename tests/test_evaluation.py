@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import tiny_model, tiny_config
+from conftest import TINY, fork_run, tiny_config, tiny_model
 
 import evaluation as E
 import passkey as P
@@ -301,9 +301,13 @@ def test_compare_report_from_fixture_jsons(tmp_path):
     (tmp_path / 'rope' / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
     yarn = dict(runs['rope'][0], rope_scaling={'type': 'yarn', 'factor': 4}, nonoverlap=[1.6, 1.7, 1.8])
     (tmp_path / 'rope' / 'eval_yarn_x4.json').write_text(json.dumps(yarn))
+    quick = {k: runs['rope'][0][k] for k in ('scheme', 'rope_scaling', 'block_size', 'mults', 'lengths')}
+    quick.update(nonoverlap=[1.55, 1.8, 2.2], quick=True)  # eval.py --quick=True: its own file, its own row
+    (tmp_path / 'rope' / 'eval_quick.json').write_text(json.dumps(quick))
     path = report.make_report(dirs, str(tmp_path / 'report'))
     md = open(path).read()
     assert '| rope | 1 | 1.500 | 1.750 | 2.125 |' in md
+    assert '| rope +quick | 1 | 1.550 | 1.800 | 2.200 |' in md
     assert '| rope +yarn_x4 | 1 | 1.600 | 1.700 | 1.800 |' in md
     assert '| learned | 1 | 1.400 | — | — |' in md
     assert '| rope | 1 | 1.250 | 1.500 | 3.000 |' in md           # sliding table
@@ -609,3 +613,78 @@ def test_readme_leaderboards_are_what_compare_prints_from_results(capsys, monkey
             compare.main(cmd.split())
             table = '\n'.join(line for line in capsys.readouterr().out.splitlines() if line.startswith('|'))
             assert table.count('\n') > 2 and table in pages[page], f"{page}: the table of `{cmd}` is not what it prints"
+
+
+@pytest.mark.e2e
+def test_a_quick_eval_never_replaces_a_full_one(data, tmp_path):
+    """eval.py --quick=True next to train.py's full eval.json writes eval_quick.json and leaves eval.json byte for
+    byte; a --name that points a quick eval at a full result is refused before any work; a full eval.py that
+    replaces eval.json keeps what train.py recorded of the run (seed, name, timing)."""
+    out = str(tmp_path / 'out')
+    r = fork_run(['train.py', f'--data_dir={data}', f'--out_dir={out}', '--max_iters=2', '--eval_interval=2',
+                  '--seed=7'] + TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    full = os.path.join(out, 'eval.json')
+    before = open(full, 'rb').read()
+    trained = json.loads(before)
+    assert 'sliding' in trained and 'timing' in trained and trained['seed'] == 7
+    r = fork_run(['eval.py', f'--out_dir={out}', '--quick=True', '--tokens=64', '--mults=[1,2]'])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert open(full, 'rb').read() == before
+    quick = json.load(open(os.path.join(out, 'eval_quick.json')))
+    assert quick['quick'] is True and 'sliding' not in quick and len(quick['nonoverlap']) == 2
+    assert f"wrote {os.path.join(out, 'eval_quick.json')}" in r.stdout
+    r = fork_run(['eval.py', f'--out_dir={out}', '--quick=True', '--name=eval', '--tokens=64'])
+    assert r.returncode != 0 and r.stderr.strip() == (
+        f"eval.py: {full} holds a full evaluation, which a quick one would replace; nothing was written: pass "
+        f"another --name, or drop --quick=True"), r.stderr[-2000:]
+    assert open(full, 'rb').read() == before and 'scheme' not in r.stdout  # refused before evaluating
+    r = fork_run(['eval.py', f'--out_dir={out}', '--tokens=64', '--mults=[1,2]'])
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = json.load(open(full))
+    assert again['tokens'] == 64 and 'sliding' in again and 'quick' not in again
+    assert {k: again[k] for k in ('seed', 'name', 'timing')} == {k: trained[k] for k in ('seed', 'name', 'timing')}
+
+
+def test_compare_writes_its_report_beside_the_runs(tmp_path, monkeypatch, capsys):
+    """Without --report_dir, compare.py writes report/ in the folder its runs share (one run: inside it), never
+    into the folder it was started from; --report_dir still chooses."""
+    import compare
+    for name, loss in (('rope', 1.5), ('alibi', 1.25)):
+        d = tmp_path / 'runs' / name
+        d.mkdir(parents=True)
+        (d / 'eval.json').write_text(json.dumps({'scheme': name, 'block_size': 8, 'mults': [1, 2], 'lengths': [8, 16],
+                                                 'nonoverlap': [loss, loss + 1], 'position': [[loss] * 8, None]}))
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    runs = [str(tmp_path / 'runs' / 'rope'), str(tmp_path / 'runs' / 'alibi')]
+    cases = [(runs, tmp_path / 'runs' / 'report'), (runs[:1], tmp_path / 'runs' / 'rope' / 'report'),
+             (runs + [f'--report_dir={tmp_path / "mine"}'], tmp_path / 'mine')]
+    for argv, where in cases:
+        compare.main(argv)
+        assert capsys.readouterr().out == f"wrote {where / 'report.md'}\n"
+        assert '| alibi |' in (where / 'report.md').read_text() or len(argv) == 1
+    assert os.listdir(elsewhere) == []
+    monkeypatch.chdir(tmp_path / 'runs')  # runs given relative to here: the report's path is too
+    compare.main(['rope', 'alibi'])
+    assert capsys.readouterr().out == f"wrote {os.path.join('.', 'report', 'report.md')}\n"
+
+
+def test_a_stopped_final_suite_never_replaces_a_complete_one(tmp_path, capsys):
+    """train.py's final suite stopped half way keeps what it had in eval.json (complete: false) when there was
+    none, but leaves a complete eval.json (a finished run resumed to evaluate again) byte for byte."""
+    m, data = tiny_model('rope').eval(), rand_data(4000)
+    head = {'scheme': 'rope', 'name': 'rope', 'seed': 1, 'iter': 2}
+    first, again = tmp_path / 'first', tmp_path / 'again'
+    first.mkdir()
+    again.mkdir()
+    E.final_suite(m, str(first), head, data, 16, (1, 2), 512, stop=lambda: 'SIGINT')
+    assert json.load(open(first / 'eval.json'))['complete'] is False
+    assert 'what it had computed is in' in capsys.readouterr().out
+    assert E.final_suite(m, str(again), head, data, 16, (1, 2), 512) is None
+    before = (again / 'eval.json').read_bytes()
+    assert json.loads(before)['complete'] is True
+    E.final_suite(m, str(again), head, data, 16, (1, 2), 512, stop=lambda: 'SIGINT')
+    assert (again / 'eval.json').read_bytes() == before
+    assert f"{again}/eval.json keeps the complete evaluation it had, and this one is not saved" in capsys.readouterr().out

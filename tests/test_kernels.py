@@ -233,4 +233,4 @@ def test_train_log_and_eval_json_say_which_route_each_layer_ran(char_data, tmp_p
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = fork_run(quick + ['--attn_backend=dense'])
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.load(open(os.path.join(out, 'eval.json')))['routes'] == ['dense', 'dense']
+    assert json.load(open(os.path.join(out, 'eval_quick.json')))['routes'] == ['dense', 'dense']

@@ -9,7 +9,7 @@ import torch
 
 import configurator
 import evaluation as E
-from conftest import ROOT, fork_run, tiny_model
+from conftest import ROOT, SCHEMES, fork_run, tiny_model
 
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=8', '--eval_tokens=256',
         '--wandb_log=False', '--compile=False', '--eval_mults=[1]', '--final_eval=False']
@@ -30,6 +30,24 @@ def test_configure_types_rules_and_files(tmp_path):
     lines = str(e.value).splitlines()
     assert len(lines) == 4 and "unknown config key 'nn'; did you mean n?" in lines[0]
     assert "'name' expects str" in lines[1] and lines[2] == '--n=0: must be a positive number'
+
+
+def test_an_unknown_name_gets_its_closest_valid_ones(tmp_path):
+    """A misspelt scheme (model config, sweep.py --schemes) is met as a misspelt key is: the closest valid names
+    first, by the one difflib rule, then every valid one; a name close to none gets the list alone."""
+    from model import GPT, GPTConfig
+    every = ', '.join(SCHEMES)
+    with pytest.raises(ValueError) as e:
+        GPT(GPTConfig(pos_encoding='ropee', vocab_size=10))
+    assert str(e.value) == f"unknown pos_encoding 'ropee'; did you mean rope, mrope, ropepp? valid schemes: {every}"
+    with pytest.raises(ValueError) as e:
+        GPT(GPTConfig(pos_encoding='qqq', vocab_size=10))
+    assert str(e.value) == f"unknown pos_encoding 'qqq'; valid schemes: {every}"
+    r = fork_run(['sweep.py', '--schemes=rope,alibii,kerple', f'--out={tmp_path}/sw'])
+    assert r.returncode != 0 and r.stderr.strip() == (
+        f"unknown scheme(s) 'alibii', 'kerple'; did you mean alibi for 'alibii'; kerple_log, kerple_power, rope for "
+        f"'kerple'? registered: {every}"), r.stderr[-2000:]
+    assert not os.path.exists(tmp_path / 'sw')
 
 
 def test_config_file_errors_name_the_file_and_line(tmp_path):
@@ -203,7 +221,7 @@ def test_out_dir_moved_with_its_data_gone(char_data, tmp_path):
     assert r.returncode != 0 and '--data_dir' in r.stderr and 'Traceback' not in r.stderr
     r = fork_run(['eval.py', f'--out_dir={b}', f'--data_dir={moved}', '--mults=[1]', '--tokens=64', '--quick=True'])
     assert r.returncode == 0, r.stderr[-2000:]
-    assert os.path.exists(os.path.join(b, 'eval.json'))
+    assert os.path.exists(os.path.join(b, 'eval_quick.json'))
 
 
 # --- Hugging Face GPT-2 -------------------------------------------------------------

@@ -192,7 +192,8 @@ def test_model_config_errors_in_process():
         GPT(GPTConfig(n_embd=30, n_head=4, vocab_size=10))
     with pytest.raises(ValueError, match=r'rotary dimension .* must be a positive even integer; change rotary_pct'):
         GPT(GPTConfig(n_embd=24, n_head=4, vocab_size=10, pos_options={'rotary_pct': 0.5}))  # 6 * 0.5 = 3
-    with pytest.raises(ValueError, match=r"unknown pos_encoding 'rop'; valid schemes: " + ', '.join(SCHEMES)):
+    with pytest.raises(ValueError, match=re.escape("unknown pos_encoding 'rop'; did you mean rope, mrope, ropepp? "
+                                                   "valid schemes: " + ', '.join(SCHEMES))):
         GPT(GPTConfig(pos_encoding='rop', vocab_size=10))
     m = GPT(GPTConfig(pos_encoding='learned', block_size=8, n_embd=16, n_head=2, n_layer=1, vocab_size=10))
     with pytest.raises(ValueError, match=r'learned position embeddings have 8 positions, but position 8 was '
@@ -210,7 +211,8 @@ def write_corpus(d, n_train, n_val):
 BAD_TRAIN = {  # name: (extra args, fragments the error must contain)
     'unknown key': (['--n_layers=2'], ["unknown config key 'n_layers'", 'did you mean n_layer']),
     'wrong type': (['--n_layer=2.5'], ["'n_layer' expects int (default 1), got 2.5 (float)", '--n_layer=1']),
-    'unknown scheme': (['--pos_encoding=rop'], ["unknown pos_encoding 'rop'; valid schemes: " + ', '.join(SCHEMES)]),
+    'unknown scheme': (['--pos_encoding=rop'], ["unknown pos_encoding 'rop'; did you mean rope, mrope, ropepp? "
+                                                "valid schemes: " + ', '.join(SCHEMES)]),
     'n_embd % n_head': (['--n_embd=30', '--n_head=4'], ['n_embd=30 is not divisible by n_head=4', 'Use an n_head']),
     'odd rotary dim': (['--n_embd=24', '--n_head=4', "--pos_options={'rotary_pct': 0.5}"],
                        ['rotary dimension', 'change rotary_pct or n_embd/n_head']),
@@ -445,7 +447,7 @@ def test_smaller_ones(data, trained, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     r = fork_run(['eval.py', f'--out_dir={ft}', '--quick=True', '--mults=[1]', '--tokens=64', '--rope_scaling=None'])
     assert r.returncode == 0 and 'evaluating with rope_scaling=None' in r.stdout, r.stderr[-2000:]
-    assert os.path.exists(os.path.join(ft, 'eval_noscaling.json'))
+    assert os.path.exists(os.path.join(ft, 'eval_noscaling_quick.json'))
 
 
 # --- bad data, bad checkpoints, damaged logs: one line each, nothing already written lost ------
@@ -555,6 +557,44 @@ def test_eval_split_shorter_than_a_window_is_one_line(trained, tmp_path):
 
 
 # --- logs a person can read ---------------------------------------------------------------------
+
+@pytest.mark.parametrize('extra', [[], ['--window=4', '--sink=2', '--start=to be or not to be'], ['--use_cache=False']],
+                         ids=['cache', 'sinks after a long prompt', 'no cache'])
+def test_sample_shows_progress_and_draws_the_same_tokens(trained, extra):
+    """sample.py counts its new tokens on stderr (in a log: a line when a sample is done) however the prompt goes
+    in, and prints the text model.generate draws without any progress."""
+    import checkpoint
+    r = fork_run(['sample.py', f'--out_dir={trained}', '--max_new_tokens=40', '--num_samples=2'] + extra)
+    assert r.returncode == 0, r.stderr[-2000:]
+    stages = [line.split(' in ')[0] for line in r.stderr.splitlines() if ' token(s) in ' in line]
+    assert stages == ['sample 1/2: 40 token(s)', 'sample 2/2: 40 token(s)'], r.stderr[-2000:]
+    assert '%|' not in r.stderr and '\r' not in r.stderr
+    opts = dict(a[2:].split('=') for a in extra)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the forked child
+    try:
+        torch.manual_seed(1337)  # as sample.py: before the model is built
+        model, ckpt = checkpoint.load('resume', trained, 'cpu')
+        encode, decode = checkpoint.tokenizer(ckpt, '')
+        x = torch.tensor([encode(opts.get('start', '\n'))])
+        texts = [decode(model.generate(x, 40, temperature=0.8, top_k=200, use_cache=opts.get('use_cache') != 'False',
+                                       recent=int(opts.get('window', 0)) or None,
+                                       sink_tokens=int(opts.get('sink', 4)))[0].tolist()) for _ in range(2)]
+    finally:
+        torch.set_num_threads(threads)
+    assert r.stdout.endswith(''.join(t + '\n---------------\n' for t in texts))
+
+
+def test_a_stage_in_a_log_says_how_far_it_is_while_it_runs(capsys):
+    """Off a terminal, progress(every=...) adds a line per interval while the stage runs, then the stage's line."""
+    from console import progress
+    with progress(3, 'sample 1/1', 'token', every=1e-9) as bar:
+        for _ in range(3):
+            bar.update()
+    lines = [line.split(', ')[0] for line in capsys.readouterr().err.splitlines()]
+    assert lines == ['sample 1/1: 1/3 token(s) so far', 'sample 1/1: 2/3 token(s) so far',
+                     'sample 1/1: 3/3 token(s) so far', 'sample 1/1: 3 token(s) in 0.0s'], lines
+
 
 def test_log_file_gets_one_line_per_stage_and_no_bars(trained, tmp_path):
     """Off a terminal (a log file, CI, nohup), eval.py prints one line per finished stage and
