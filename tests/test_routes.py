@@ -260,8 +260,8 @@ def test_a_new_scheme_of_each_form_takes_its_route_and_equals_the_dense_path(for
     test: on CUDA it takes the route its form gives (FORMS), with attention scaling too (every form scaled); forced
     there on the CPU, in float64, its loss and every gradient equal the dense path's, and in evaluation (FlexAttention
     eager on the CPU) its logits. A form the route ignored, or scaled wrong, would not."""
-    cls = type(f'Throwaway_{form}', (_Throwaway,), {'FORMS': ('mod', form)})
-    monkeypatch.setitem(P.REGISTRY, 'throwaway', P.register('throwaway')(cls))
+    cls = type(f'Throwaway_{form}', (_Throwaway,), {'FORMS': ('mod', form), 'name': 'throwaway'})
+    monkeypatch.setitem(P.REGISTRY, 'throwaway', cls)  # (registered for this test alone)
     monkeypatch.setitem(A._compiled, 'flex', fa.flex_attention)  # eager FlexAttention: no compile on the CPU
     monkeypatch.setattr(fa, '_validate_device', lambda *a: None)
 
