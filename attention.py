@@ -1,59 +1,32 @@
 """
-Attention for nanoPE: one layer's attention as the layer plan says (CausalSelfAttention, at the end of the
-file: project, QK-norm, the scheme's hooks, the KV cache, attend), what a query may see (a Mask), how logits
-become weights (a softmax, with optional sink logits and logit scaling), and one entry point that runs it on
-SDPA, FlexAttention or a dense path:
+Attention for nanoPE: one layer's attention as the layer plan says (CausalSelfAttention, at the end of the file:
+project, QK-norm, the scheme's hooks, the KV cache, attend), what a query may see (Mask: causal, a window, a chunk),
+what a scheme adds to the logits (Bias: the bias contract, in the forms it can hand over), and one entry point that
+runs it by the fastest route those forms allow:
 
-    y = attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=None)
+    y = attend(q, k, v, bias=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=None)
 
-q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv] -> y [B, H, Tq, Dv]. The queries are the last Tq of the
-Tk keys (a KV cache holds the first Tk - Tq), and `mask` says which keys each query sees (Mask: causal, a
-sliding window, a chunk). k and v may have fewer heads than q, H / g each (grouped keys, RoPE++): query
-head h then reads key/value head h // g (HF's repeat_kv).
-  mod(score, b, h, i, j)  an additive logit bias in FlexAttention's score_mod form, or the bias itself as a
-                          float32 tensor [B, H, Tq, Tk] (a scheme's own logits): the dense path adds it
-                          as it is, where indexing it per element would copy it (and scatter its gradient)
-  vmod(lse)               a term [B, H, Tq, Dv] added to the output, given each row's logsumexp
-  sink_logits [H]         sink logits (gpt-oss): one logit per head in every row's softmax denominator, with
-                          no value: p_ij = exp(z_ij) / (exp(s_h) + sum_j' exp(z_ij')), i.e. the softmax output
-                          times sigmoid(lse - s_h); not scaled by 1/sqrt(d), never masked
-Paths (same logits on all of them), each a named route chosen by `route`:
-  - no bias, no value term, no sinks -> F.scaled_dot_product_attention (is_causal, or a boolean mask): 'sdpa'
-  - a bias fq_i . fk_j + a term of the query alone (ALiBi, GRAPE-A, FoX: the mod's `factors`) on CUDA -> SDPA with the
-    factors as extra columns of q and k, each split in three bfloat16-exact parts under bf16 (lift_qk):
-    'qk_lift'. The dropped term of the query leaves the softmax as it is; the logits are then as large as the
-    bias's key term (ALiBi: m * j), so float32 rounds them to about 2^-24 of that (3e-5 at m = 0.5, j = 1024).
-    In bfloat16 only for factors that need no gradient (their gradients through the kernel cancel: GRAPE-A, FoX)
-  - a bias the mod hands whole as a table (GRAPE-A, FIRE), or as a vector of the distance (T5, KERPLE, Sandwich), or
-    no bias on a head wider than the fused kernels take (XL: the columns past v's width give the table), in
-    training on CUDA -> SDPA's memory-efficient kernel with the table as its bias, whose backward returns the table's
-    gradient with no atomics: 'sdpa_bias'
-  - bias, FlexAttention       -> compiled flex_attention(score_mod, block mask of the Mask, which skips the
-    blocks no query of a block can see); CUDA by default, CPU only without gradients (torch 2.13 has no
-    FlexAttention backward on CPU); without gradients a score_mod marked `tabulate` (an MLP per logit:
-    FIRE) runs dense on CUDA too, unless attn_backend is 'flex'
-  - bias, dense               -> the score_mod evaluated once on broadcast index tensors into a
-    float32 [B|1, H, Tq, Tk] additive mask, attention in float32 (a bf16 bias would not equal
-    the kernel's float32 one: -500.3 becomes -500); float64 inputs stay float64 (`wide`)
-  - value term or sinks       -> need each row's logsumexp: FlexAttention returns it on CUDA;
-    compiled flex on CPU cannot in torch 2.13, so these run dense on CPU
-  - a scheme's own fla kernel -> not through attend: the scheme's `attention` hook calls kernels.py's adapter
-    where route says so ('fla:<kernel>': attn_backend 'fla', or 'auto' on CUDA; no KV cache)
-Without gradients, the dense path and every windowed or chunked layer go through in query chunks
-(chunk_queries) that slice in only the keys the chunk's queries can see: a windowed layer then costs
-time and memory linear in the length.
-When v's head dim is smaller than q's, v is padded with zero columns so that SDPA's fused
-kernels run (they need equal head dims) and the output is cut back to Dv.
-Attention dropout with a bias: the dropped keys come from a hash of (seed, b, h, i, j), so
-FlexAttention and the dense path drop the same ones; FlexAttention then rescales by
-exp(lse_kept - lse_all), which turns its softmax over the kept keys into dropout's softmax
-over all of them.
-Length-dependent logit scaling (attn_scaling: log-n, SSMax, Llama 4's temperature) is computed here
-(logit_scale) and applied to q and the bias before attend (scale_logits).
+q [B, H, Tq, D], k [B, H, Tk, D], v [B, H, Tk, Dv] -> y [B, H, Tq, Dv]. The queries are the last Tq of the Tk keys
+(a KV cache holds the first Tk - Tq), and `mask` says which keys each query sees. k and v may have fewer heads than
+q, H / g each (grouped keys, RoPE++): query head h then reads key/value head h // g (HF's repeat_kv).
+  bias           a Bias (or a bare score_mod function or bias tensor, a Bias of that one form)
+  vmod(lse)      a term [B, H, Tq, Dv] added to the output, given each row's logsumexp
+  sink_logits    [H], one logit per head in every row's softmax denominator, with no value (gpt-oss):
+                 p_ij = exp(z_ij) / (exp(s_h) + sum_j' exp(z_ij')), the softmax output times sigmoid(lse - s_h)
+Each route is one entry of ROUTES, its rule beside its call: route() takes the first whose rule accepts the call
+(a Call: device, attn_backend, the bias's forms, grad mode, sizes, dtype), and attend runs it. Every route gives the
+same logits. Without gradients, the dense path and every windowed or chunked layer go through in query chunks
+(chunk_queries) that slice in only the keys a chunk's queries can see: a windowed layer costs time and memory linear
+in the length. When v's head dim is smaller than q's, v is padded with zero columns for SDPA's fused kernels (they
+need equal head dims) and the output is cut back to Dv. Attention dropout with a bias drops the keys a hash of
+(seed, b, h, i, j) names, so FlexAttention and the dense path drop the same ones. Length-dependent logit scaling
+(attn_scaling: log-n, SSMax, Llama 4's temperature) is computed here (logit_scale) and applied to q and the bias
+before attend (scale_logits), every form of the bias scaled alike.
 """
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -196,22 +169,96 @@ class Mask:
 CAUSAL = Mask()
 
 
-class Attend:
-    """A layer's attention for one forward, and what a scheme's `attention` hook receives: call it as
-    attend(q, k, v, mod=None, vmod=None), with this layer's mask, sink logits, backend and dropout
-    bound; ask it which keys each query sees (visibility); or run a function over chunks of query rows
-    without gradients (rows), each chunk with the keys it can see. A chunk's Attend has `row0` and `key0`:
-    its first query row and first key in the whole problem. `fla`: the flash-linear-attention kernel the
-    layer may run (kernels.fla_plan; uses_fla says whether a forward does), or None."""
+class Bias:
+    """What a scheme adds to a layer's logits, in the forms it can hand over: the bias contract, stated here once.
+    A scheme's score_mod hook returns one (or None: no bias), and a scheme with its own attention hands one to
+    attend. The first form every bias has; each other form it may add lets a faster route run, which route() picks
+    by the forms present (never by the scheme). i and j index the call's queries and keys (the queries are the last
+    Tq of Tk keys), b and h its batch rows and heads; T queries over as many keys at consecutive positions is a
+    training forward without a KV cache.
+
+      mod(score, b, h, i, j) -> score + bias   the bias at each logit (FlexAttention's score_mod): float32 (a
+                     bfloat16 bias would not equal the kernel's float32 one), no host syncs (.item(), int() of a
+                     tensor: a sync and a graph break), each tensor that needs gradients indexed once and never bare
+                     (FlexAttention's backward scatters each logit's gradient into it); the dense path evaluates it
+                     on broadcast index tensors                                                'flex', 'dense'
+      distance       [H, >= T]: the bias at each distance i - j, T queries over T keys (T5, KERPLE, Sandwich)
+                                                                                         'sdpa_bias' in training
+      table()        -> [B|1, H, T, T]: the bias whole, T queries over T keys (GRAPE-A, FIRE, DeBERTa, Shaw)
+                                                                                         'sdpa_bias' in training
+      tensor         [B|1, H|1, Tq, Tk]: the bias as a tensor (CoPE's)        'sdpa_bias' in training where Tq = Tk
+      logits         True: `tensor` is the whole logits, scaled (PaTH's, Wall's), kept float32: 'flex', 'dense'
+      factors()      -> (fq [B|1, H|1, Tq|1, r], fk [B|1, H|1, Tk|1, r]), float32: the bias is fq_i . fk_j plus a
+                     term of query i alone, which softmax cancels (ALiBi, GRAPE-A, FoX)       'qk_lift' on CUDA
+      grad           whether the factors need gradients (default: whether autograd is on). In bfloat16 training a
+                     factor's gradient through qk_lift is a small difference of bfloat16 sums as large as the
+                     positions, so factors with gradients take another route there
+      grid(i, j)     -> [H, Tq, Tk]: the bias of query rows i [Tq] and keys j [Tk] as one table, for a bias too
+                     costly to unroll into every logit of a kernel (FIRE's MLP): without gradients the dense path
+                     takes it a chunk of queries at a time (by grid on TABULATE_ON's devices, by mod elsewhere)
+      reads_table    True where mod reads a float32 table at each logit's (i, j): FlexAttention's smaller tiles
+    A bias keeps its forms through every wrapper: attention scaling (scaled), query chunks (dense_bias evaluates
+    any form at a chunk's rows and keys), windows and sink logits (the routes apply the mask and the sinks)."""
+
+    def __init__(self, mod=None, distance=None, table=None, tensor=None, logits=False, factors=None, grad=None,
+                 grid=None, reads_table=False):
+        if mod is None and tensor is not None:
+            mod = _table_mod(tensor)
+        self.mod, self.distance, self.table, self.tensor, self.logits = mod, distance, table, tensor, logits
+        self.factors, self.grid, self.reads_table = factors, grid, reads_table or tensor is not None
+        self.grad = torch.is_grad_enabled() if grad is None else grad
+
+    def whole(self, Tq, Tk):
+        """Whether the bias comes as one table for the call's logits (distance, table, or a bias tensor as wide
+        as it is tall), whole logits excepted: what sdpa_bias takes."""
+        if self.tensor is not None:
+            return Tq == Tk and not self.logits
+        return self.distance is not None or self.table is not None
+
+    def scaled(self, s):
+        """This bias with the logits of query i in head h multiplied by s[h, i] (s [H, Tq], float32), every form
+        alike, so that attention scaling keeps the routes; a -inf bias is a mask and stays -inf."""
+        def by(t, f):  # t scaled by the factors f, broadcast to it
+            return torch.where(t == float('-inf'), t, t * f)
+        mod, table, tensor, factors, grid = self.mod, None, None, None, None
+
+        def scaled_mod(score, b, h, i, j):
+            return score + by(mod(torch.zeros_like(score), b, h, i, j), s[h, i])
+        if self.whole(s.size(1), s.size(1)) and self.tensor is None:
+            table = lambda: by(bias_table(self, s.size(1)), s[None, :, :, None])  # noqa: E731
+        if self.tensor is not None:
+            tensor = by(wide(self.tensor), s[None, :, :, None])
+        if self.factors is not None:
+            factors = lambda: (lambda fq, fk: (fq * s[None, :, :, None], fk))(*self.factors())  # noqa: E731
+        if self.grid is not None:
+            grid = lambda i, j: by(self.grid(i, j), s[:, i, None])  # noqa: E731
+        return Bias(scaled_mod if tensor is None else None, None, table, tensor, self.logits, factors,
+                    self.grad or s.requires_grad, grid, self.reads_table)
+
+
+def as_bias(bias):
+    """A Bias as it is; a bare score_mod function or bias tensor as a Bias of that one form; None as it is."""
+    if bias is None or isinstance(bias, Bias):
+        return bias
+    return Bias(tensor=bias) if torch.is_tensor(bias) else Bias(bias)
+
+
+class Attender:
+    """A layer's attention for one forward, what a scheme's `attention` hook receives as `att`: call it as
+    att(q, k, v, bias=None, vmod=None), with this layer's mask, sink logits, attn_backend and dropout bound; ask it
+    which keys each query sees (visibility); hand it whole logits (logits); or run a function over chunks of query
+    rows without gradients (rows), each chunk with the keys it can see. A chunk's Attender has `row0` and `key0`: its
+    first query row and first key in the whole problem. `fla`: the flash-linear-attention kernel the layer may run
+    (kernels.fla_plan; uses_fla says whether a forward does), or None."""
 
     def __init__(self, mask=None, backend='auto', dropout_p=0.0, sink_logits=None, row0=0, key0=0, fla=None):
         # (mask=None for CAUSAL: torch 2.11's dynamo cannot build an object whose __init__ defaults to a dataclass
-        # instance, and breaks the compiled graph at every layer's Attend)
+        # instance, and breaks the compiled graph at every layer's Attender)
         self.mask, self.backend, self.dropout_p, self.sink_logits = mask or CAUSAL, backend, dropout_p, sink_logits
         self.row0, self.key0, self.fla = row0, key0, fla
 
-    def __call__(self, q, k, v, mod=None, vmod=None):
-        return attend(q, k, v, mod, vmod, self.backend, self.dropout_p, self.mask, self.sink_logits)
+    def __call__(self, q, k, v, bias=None, vmod=None):
+        return attend(q, k, v, bias, vmod, self.backend, self.dropout_p, self.mask, self.sink_logits)
 
     def run_fla(self, q, k, v, **inputs):
         """This layer's fla kernel on q, k, v and the scheme's inputs by name (kernels.fla_attention), where
@@ -220,7 +267,7 @@ class Attend:
 
     def uses_fla(self, q, cache):
         """Whether a scheme's `attention` hook runs its fla kernel in this forward (route: 'fla:<kernel>')."""
-        if not route(q.device.type, self.backend, fla=self.fla, cache=cache).startswith('fla:'):
+        if not route(Call(q.device.type, self.backend, fla=self.fla, cache=cache is not None)).startswith('fla:'):
             return False
         if not q.is_cuda and not kernels.interpreting():
             raise ValueError("attn_backend='fla' on CPU tensors needs Triton's interpreter (TRITON_INTERPRET=1 in the "
@@ -239,9 +286,9 @@ class Attend:
         return chunk_queries(fn, q, k, v, self)
 
     def part(self, s, lo):
-        """The Attend of query rows s.. and keys lo.. of this one's problem."""
-        return Attend(self.mask.at(self.mask.k0 + lo), self.backend, self.dropout_p, self.sink_logits,
-                      self.row0 + s, self.key0 + lo, self.fla)
+        """The Attender of query rows s.. and keys lo.. of this one's problem."""
+        return Attender(self.mask.at(self.mask.k0 + lo), self.backend, self.dropout_p, self.sink_logits,
+                        self.row0 + s, self.key0 + lo, self.fla)
 
 
 def chunk_queries(fn, q, k, v, att=None):
@@ -251,7 +298,7 @@ def chunk_queries(fn, q, k, v, att=None):
     problem, smaller), and the results are concatenated: when one float32 [B, H, Tq, Tk] tensor would
     exceed dense_chunk_bytes, or always for a bounded mask (window or chunk), whose chunks then cost time
     and memory linear in the length. Otherwise once, with att."""
-    att = att or Attend()
+    att = att or Attender()
     B, H, Tq, _ = q.shape
     Tk, mask, most = k.size(2), att.mask, dense_chunk_bytes(q.device.type)
     if torch.is_grad_enabled() or (not mask.bounded and B * H * Tq * Tk * 4 <= most):
@@ -289,87 +336,156 @@ def causal_block_mask(Tq, Tk, device):
     return CAUSAL.block_mask(Tq, Tk, device)
 
 
-# each route in a line, for the training log (model.GPT.plan_lines); route's docstring has the conditions
-ROUTES = {'sdpa': "no logit bias: SDPA's fused kernels (flash or cuDNN on a GPU)",
-          'qk_lift': "a bias fq_i . fk_j (ALiBi; GRAPE-A and FoX without gradients or in float32) as extra "
-                     "columns of q and k, through SDPA's kernels",
-          'sdpa_bias': "a bias handed whole (T5, KERPLE, Sandwich by distance; GRAPE-A, FIRE, DeBERTa, Shaw's key "
-                       "term, CoPE; XL's columns past the fused kernels' width) as a [B|1, H, T, T] table in the "
-                       "compute dtype, through SDPA's memory-efficient kernel, whose backward returns its gradient "
-                       "without atomics (and the logsumexp's, which Shaw's value term and sink logits read)",
-          'flex': "FlexAttention, the bias evaluated at each logit in float32",
-          'dense': "float32 attention with the bias as a tensor (the CPU's path; without gradients, per query chunk)",
-          'fla': "flash-linear-attention's Triton kernel for the scheme",
-          'own': "the scheme computes its attention itself"}
+# --- the routes: each a rule that says which calls it takes, beside the call that runs them
 
 
-def route(device_type, backend='auto', mod=None, need_lse=False, grad=True, Tq=2, fla=None, cache=None, dtype=None,
-          width=None, logits=False, dropout=False):
-    """The one choice of how an attention runs, by name. A layer whose scheme has a flash-linear-attention kernel
-    (fla: kernels.fla_plan's answer for the layer) runs it, 'fla:<kernel>', under 'fla', or 'auto' on CUDA,
-    without a KV cache (decoding stays on nanoPE's path); its scheme's `attention` hook asks (Attend.uses_fla).
-    Otherwise attend's call:
-      'sdpa'   no bias, no value term, no sink logits: SDPA's fused kernels (cuDNN or flash on a GPU)
-      'qk_lift' a bias of the form fq_i . fk_j + (a term of the query alone), whose mod gives (fq, fk) when its
-               `factors()` is called (ALiBi, GRAPE-A, FoX off its fla kernel), on CUDA under 'auto' with more than
-               one query and no logsumexp (the dropped term of the query would change a sink's share or a value
-               term), not in float16 (whose range a position overflows), and in bfloat16 only for factors that need
-               no gradient (ALiBi's; in training GRAPE-A's gates and FoX's cumulative gates do: their gradients are
-               small differences of sums as large as the positions, which SDPA's backward returns in bfloat16): the
-               factors ride as extra columns of q and k through SDPA's fused kernels (FlashBias, arXiv 2505.12044;
-               lift_qk), attention dropout SDPA's own
-      'sdpa_bias' a bias the mod hands whole, `mod.table()` -> [B|1, H, T, T] (GRAPE-A, FIRE, DeBERTa, Shaw) or
-               `mod.distance` [H, >= T] (the bias at each distance i - j: T5, KERPLE, Sandwich), a bias tensor as
-               wide as it is tall (CoPE's; not whole logits, `logits`: PaTH's and Wall's, which stay float32 on
-               FlexAttention, where bfloat16 would move a logit of 5 by up to 0.01), or no bias on heads of q and k
-               wider than SDPA's fused kernels take (`width` > FUSED_MAX_WIDTH: XL's 64 + 768 columns),
-               whose columns past v's then give the table as their product (wide_split), with as many queries as
-               keys, in training on CUDA under 'auto', the logsumexp only without attention dropout: SDPA's
-               memory-efficient kernel with the table as its bias in the dtype attention computes in (bfloat16 rounds
-               a bias of size b by up to b * 2^-9), causal tiles skipped (_sdpa_bias), attention dropout SDPA's own.
-               Its backward writes the table's gradient whole, where FlexAttention adds each logit's into a small
-               table with atomics; a distance's gradient is then the sum along its diagonal (toeplitz), and a term
-               per query or key and distance gets its own back through a strided view (query_distance_table,
-               key_distance_table). The logsumexp's gradient enters the same backward as one more column
-               (BiasedLse)
-      'flex'   FlexAttention: 'flex'; or 'auto' on CUDA with more than one query. Not without gradients for a
-               score_mod marked `tabulate` under 'auto' (FIRE's MLP per logit, which FlexAttention would unroll
-               into every logit of its kernel: the dense path evaluates it as a table per chunk of queries), and
-               not where the logsumexp is needed on CPU (compiled FlexAttention cannot return it there)
-      'dense'  the rest: float32 attention with the bias as a tensor, in query chunks without gradients; on CPU
-               it is as fast as FlexAttention, whose compiled kernels cost 9-500 s per new shape (docs/speed.md)
-    A layer that computes its attention with no call of attend (stick-breaking on PyTorch, RoPE's extensions)
-    runs 'own' (model.GPT.attention_backends)."""
-    if fla is not None and cache is None and kernels.runs_fla(fla, backend, device_type):
-        return f'fla:{fla}'
-    if mod is None and not need_lse:
-        wide = (width or 0) > FUSED_MAX_WIDTH and device_type == 'cuda' and backend == 'auto'
-        return 'sdpa_bias' if wide and grad and Tq > 1 else 'sdpa'
-    if backend == 'dense' or (need_lse and device_type == 'cpu' and not FLEX_LSE_ON_CPU):
-        return 'dense'
-    if backend == 'flex':
-        return 'flex'
-    if device_type != 'cuda' or Tq == 1:
-        return 'dense'
-    if getattr(mod, 'factors', None) is not None and not need_lse and dtype != torch.float16 and not (
-            grad and dtype == torch.bfloat16 and any(f.requires_grad for f in mod.factors())):
-        return 'qk_lift'
-    whole = (mod.size(-2) == mod.size(-1) and not logits if torch.is_tensor(mod) else
-             getattr(mod, 'table', None) is not None or getattr(mod, 'distance', None) is not None)
-    if whole and grad and not (need_lse and dropout):
-        return 'sdpa_bias'
-    return 'dense' if getattr(mod, 'tabulate', False) and not grad else 'flex'
+# The most bytes sdpa_bias's [B, H, Tq, Tk] bias table may take in the dtype attention computes in: its backward
+# writes a gradient of that size too, and a layer's table waits for the backward. Past it a call takes FlexAttention,
+# whose bias memory is O(H T) (B = 8, H = 12 at T = 8192 would need 12 GiB in bfloat16, twice).
+SDPA_BIAS_BYTES = 2**31
+
+
+class Call(NamedTuple):
+    """One attention call, as route() decides on it."""
+    device: str                # the device type: 'cuda', 'cpu', ...
+    backend: str = 'auto'      # attn_backend: 'auto', 'flex', 'dense' or 'fla' (BACKENDS)
+    bias: Bias = None          # the logit bias, None for none
+    lse: bool = False          # each row's logsumexp is needed (a value term, sink logits)
+    grad: bool = True          # autograd records the call (training)
+    B: int = 1
+    H: int = 1
+    Tq: int = 2
+    Tk: int = 2
+    width: int = 64            # q's and k's head width
+    Dv: int = 64               # v's head width
+    dtype: torch.dtype = None  # what attention computes in (compute_dtype; None: float32)
+    dropout: bool = False      # attention dropout
+    fla: str = None            # the fla kernel the layer may run (kernels.fla_plan), or None
+    cache: bool = False        # a KV cache is in use
+
+
+def _ours(c):
+    """attn_backend leaves the route to nanoPE ('auto', or 'fla' for what no fla kernel runs) on CUDA, for more than
+    one query (a decoding step's one query runs dense)."""
+    return c.backend in ('auto', 'fla') and c.device == 'cuda' and c.Tq > 1
+
+
+def table_fits(c):
+    """Whether sdpa_bias's bias table for the call, [B, H, Tq, Tk] in the compute dtype, is within SDPA_BIAS_BYTES."""
+    return c.B * c.H * c.Tq * c.Tk * (c.dtype or torch.float32).itemsize <= SDPA_BIAS_BYTES
+
+
+def _wide(c):
+    """A head wider than SDPA's fused kernels take (XL's 64 + 768 columns), as many queries as keys, in training on
+    CUDA: its columns past v's width go as a bias table (wide_split)."""
+    return c.width > FUSED_MAX_WIDTH and c.Tq == c.Tk and _ours(c) and c.grad and table_fits(c)
+
+
+def _takes_fla(c):
+    return c.fla is not None and not c.cache and kernels.runs_fla(c.fla, c.backend, c.device)
+
+
+def _takes_sdpa(c):
+    return c.bias is None and not c.lse and not _wide(c)
+
+
+def _run_sdpa(q, k, v, bias, att, c, scale=None):
+    if att.mask.bounded:
+        return chunk_queries(lambda q, k, v, a: _sdpa(q, k, v, att.dropout_p, a.mask, scale), q, k, v, att), None
+    return _sdpa(q, k, v, att.dropout_p, att.mask, scale), None
+
+
+def _takes_qk_lift(c):
+    """Factors, without the logsumexp (the dropped term of the query would change a sink's share or a value term),
+    not in float16 (whose range a position overflows), in bfloat16 training only where they need no gradient."""
+    return _ours(c) and c.bias is not None and c.bias.factors is not None and not c.lse and \
+        c.dtype != torch.float16 and not (c.grad and c.dtype == torch.bfloat16 and c.bias.grad)
+
+
+def _run_qk_lift(q, k, v, bias, att, c):  # SDPA's scale stays that of q's own head dim
+    return _run_sdpa(*lift_qk(q, k, v, *bias.factors()), None, att, c, q.size(-1) ** -0.5)
+
+
+def _takes_sdpa_bias(c):
+    """A whole bias (or a wide head) in training, the logsumexp only without dropout, the table within its bytes."""
+    if c.bias is None:
+        return _wide(c) and not c.lse
+    return _ours(c) and c.grad and c.bias.whole(c.Tq, c.Tk) and not (c.lse and c.dropout) and table_fits(c)
+
+
+def _run_sdpa_bias(q, k, v, bias, att, c):
+    if bias is None:  # a wide head: its columns past v's width give the table
+        return _sdpa_bias(*wide_split(q, k, v, c.Dv), att.dropout_p, att.mask, q.size(-1) ** -0.5), None
+    table = bias_table(bias, q.size(2))
+    if c.lse:
+        return _sdpa_bias(q, k, v, table, 0.0, att.mask, need_lse=True)
+    return _sdpa_bias(q, k, v, table, att.dropout_p, att.mask), None
+
+
+def _takes_flex(c):
+    """Under 'flex', or nanoPE's choice on CUDA but for a grid without gradients (too costly per logit); never for
+    the logsumexp on CPU, which compiled FlexAttention cannot return there."""
+    grid = c.bias is not None and c.bias.grid is not None and not c.grad
+    return (c.backend == 'flex' or _ours(c) and not grid) and not (c.lse and c.device == 'cpu' and not FLEX_LSE_ON_CPU)
+
+
+def _dropout_seed(q, att):  # a fresh dropout seed per call from torch's RNG: on the device, no host sync
+    return torch.randint(0, 2**31 - 1, (), device=q.device) if att.dropout_p else None
+
+
+def _run_flex(q, k, v, bias, att, c):
+    return _flex_attend(q, k, v, bias, att.dropout_p, _dropout_seed(q, att), c.lse, att.mask)
+
+
+def _run_dense(q, k, v, bias, att, c):
+    seed = _dropout_seed(q, att)
+    return chunk_queries(lambda q, k, v, a: _dense(q, k, v, bias, att.dropout_p, seed, c.lse, a), q, k, v, att)
+
+
+class Route(NamedTuple):
+    name: str
+    what: str      # what it does, one line of the training log
+    takes: object  # Call -> whether this route runs it
+    run: object    # (q, k, v, bias, attender, call) -> (y, lse or None); None where no attend call runs it
+
+
+# In order: route() takes the first that takes the call. 'fla' runs in a scheme's `attention` hook (Attender.run_fla)
+# and 'own' is a layer that computes its attention with no call of attend (the route report names it).
+ROUTES = {r.name: r for r in (
+    Route('fla', "flash-linear-attention's Triton kernel for the scheme", _takes_fla, None),
+    Route('sdpa', "no logit bias: SDPA's fused kernels (flash or cuDNN on a GPU)", _takes_sdpa, _run_sdpa),
+    Route('qk_lift', "a bias fq_i . fk_j (ALiBi; GRAPE-A and FoX without gradients or in float32) as extra columns of "
+                     "q and k, in bfloat16-exact parts, through SDPA's fused kernels (FlashBias, arXiv 2505.12044)",
+          _takes_qk_lift, _run_qk_lift),
+    Route('sdpa_bias', "a bias handed whole (by distance, as a table or a tensor; XL's columns past the fused "
+                       "kernels' width) as a [B|1, H, T, T] table in the compute dtype, through SDPA's "
+                       "memory-efficient kernel, whose backward returns its gradient (and the logsumexp's) without "
+                       "atomics",
+          _takes_sdpa_bias, _run_sdpa_bias),
+    Route('flex', "FlexAttention, the bias evaluated at each logit in float32", _takes_flex, _run_flex),
+    Route('dense', "float32 attention with the bias as a tensor (the CPU's path for a bias; without gradients in "
+                   "chunks of queries)", lambda c: True, _run_dense),
+    Route('own', "the scheme computes its attention itself", lambda c: False, None))}
+
+
+def route(c):
+    """The route of an attention call (a Call): the first entry of ROUTES that takes it, 'fla:<kernel>' for fla's."""
+    for r in ROUTES.values():
+        if r.takes(c):
+            return f'fla:{c.fla}' if r.name == 'fla' else r.name
 
 
 class RouteProbe:
-    """Within `with RouteProbe(device_type, grad, dtype):` every attend call also notes the route it would take on
-    device_type in that grad mode and compute dtype (None: float32's answer), under the layer that made it
-    (CausalSelfAttention sets `layer`), and runs on the dense path: model.GPT.attention_backends asks a small copy
-    of a model on the CPU which route each layer takes on a GPU, by the one function that dispatches."""
+    """Within `with RouteProbe(device_type, grad, dtype, B, T):` every attend call also notes the route it would take
+    on device_type in that grad mode and compute dtype (None: float32's answer), at batch B and T tokens where given,
+    under the layer that made it (CausalSelfAttention sets `layer`), and runs on the dense path. A layer's bias and
+    its forms exist only inside a forward (they follow the positions, the cache and the grad mode), so the route
+    report (model.GPT.routes) runs one forward of a small copy of the model on the CPU under a probe."""
     active = None
 
-    def __init__(self, device_type, grad, dtype=None):
-        self.device_type, self.grad, self.dtype, self.layer, self.seen = device_type, grad, dtype, None, {}
+    def __init__(self, device_type, grad, dtype=None, B=None, T=None):
+        self.device_type, self.grad, self.dtype, self.B, self.T = device_type, grad, dtype, B, T
+        self.layer, self.seen, self.why = None, {}, {}
 
     def __enter__(self):
         RouteProbe.active = self
@@ -378,10 +494,18 @@ class RouteProbe:
     def __exit__(self, *exc):
         RouteProbe.active = None
 
-    def note(self, name):
+    def note(self, c):
+        sizes = {'B': self.B} if self.B else {}
+        if self.T and c.Tq == c.Tk:
+            sizes.update(Tq=self.T, Tk=self.T)
+        c = c._replace(device=self.device_type, grad=self.grad, dtype=self.dtype, **sizes)
         names = self.seen.setdefault(self.layer, [])
-        if name not in names:
-            names.append(name)
+        if route(c) not in names:
+            names.append(route(c))
+        if not table_fits(c) and _takes_sdpa_bias(c._replace(B=0)):
+            self.why[self.layer] = (f"sdpa_bias's bias table [{c.B}, {c.H}, {c.Tq}, {c.Tk}] would take "
+                                    f"{c.B * c.H * c.Tq * c.Tk * (c.dtype or torch.float32).itemsize / 2**30:.1f} "
+                                    f"GiB, over attention.SDPA_BIAS_BYTES ({SDPA_BIAS_BYTES / 2**30:g} GiB)")
 
 
 def _mix(x):
@@ -397,31 +521,35 @@ def dropout_keep(seed, p, b, h, i, j):
     return _mix(_mix(_mix(_mix(seed + b) + h) + i) + j) >= int(p * 2**31)
 
 
-def dense_bias(mod, B, H, Tq, Tk, device, mask=CAUSAL, row0=0, key0=0):
-    """Evaluate a score_mod on broadcast indices, query rows row0.. and keys key0.. of its problem (or take a bias
-    tensor) -> float32 additive mask [B|1, H|1, Tq, Tk] (mask: the rows' and keys' own)."""
-    if torch.is_tensor(mod):
-        return mod.float().masked_fill(~mask.visibility(Tq, Tk, device), float('-inf'))
+def dense_bias(bias, B, H, Tq, Tk, device, mask=CAUSAL, row0=0, key0=0):
+    """The bias (a Bias, a score_mod function or a bias tensor) of query rows row0.. and keys key0.. of its problem
+    as an additive mask [B|1, H|1, Tq, Tk] in float32 (float64 where the bias is: float64 references), -inf where
+    `mask` (the rows' and keys' own) hides a key: its tensor's block, its grid on TABULATE_ON's devices, else its mod
+    at broadcast indices."""
+    bias = as_bias(bias)
+    if bias is not None and bias.tensor is not None:
+        t = bias.tensor[..., row0:row0 + Tq, key0:key0 + Tk]
+        return wide(t).masked_fill(~mask.visibility(Tq, Tk, device), float('-inf'))
     b = torch.arange(B, device=device).view(B, 1, 1, 1)
     h = torch.arange(H, device=device).view(1, H, 1, 1)
     i = torch.arange(Tq, device=device).view(1, 1, Tq, 1)
     j = torch.arange(Tk, device=device).view(1, 1, 1, Tk)
     zero = torch.zeros((), device=device)
-    if callable(getattr(mod, 'tabulate', None)) and torch.device(device).type in TABULATE_ON:
-        bias = mod.tabulate(i.flatten() + row0, j.flatten() + key0)[None]
+    if bias is None:
+        t = zero
+    elif bias.grid is not None and torch.device(device).type in TABULATE_ON:
+        t = bias.grid(i.flatten() + row0, j.flatten() + key0)[None]
     else:
-        bias = mod(zero, b, h, i + row0, j + key0) if mod is not None else zero
-    return bias.float().masked_fill(~mask.visible(i, j, Tq, Tk), float('-inf'))
+        t = bias.mod(zero, b, h, i + row0, j + key0)
+    return wide(t).masked_fill(~mask.visible(i, j, Tq, Tk), float('-inf'))
 
 
-def _dense(q, k, v, mod, dropout_p, seed, need_lse, att):
+def _dense(q, k, v, bias, dropout_p, seed, need_lse, att):
     """float32 attention with a dense bias for query rows att.row0.. and keys att.key0.. -> (y in float32,
     lse or None). Autocast is off inside: it would cast the float32 inputs (and so the bias's effect)
     back to bf16."""
-    if torch.is_tensor(mod):
-        mod = mod[:, :, att.row0:att.row0 + q.size(2), att.key0:att.key0 + k.size(2)]
     with torch.autocast(q.device.type, enabled=False):
-        return _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att)
+        return _dense_fp32(q, k, v, bias, dropout_p, seed, need_lse, att)
 
 
 def wide(t):
@@ -430,10 +558,10 @@ def wide(t):
     return t if t.dtype == torch.float64 else t.float()
 
 
-def _dense_fp32(q, k, v, mod, dropout_p, seed, need_lse, att):
+def _dense_fp32(q, k, v, bias, dropout_p, seed, need_lse, att):
     B, H, Tq, d = q.shape
     q, k, v = wide(q), wide(k), wide(v)
-    bias = dense_bias(mod, B, H, Tq, k.size(2), q.device, att.mask, att.row0, att.key0).to(q.dtype)
+    bias = dense_bias(bias, B, H, Tq, k.size(2), q.device, att.mask, att.row0, att.key0).to(q.dtype)
     if not (dropout_p or need_lse):  # SDPA's fused softmax; float32 inputs so the bias stays float32
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias), None
     if not dropout_p and q.device.type == 'cpu' and not torch.is_grad_enabled():
@@ -458,11 +586,10 @@ def _table_mod(bias):
     return mod
 
 
-def flex_tiles(device_type, mod):
-    """FlexAttention's kernel_options for this score_mod: TABLE_TILES on CUDA where it reads a table, else None
+def flex_tiles(device_type, bias):
+    """FlexAttention's kernel_options for this bias: TABLE_TILES on CUDA where it reads a table, else None
     (Inductor's own choice)."""
-    reads_table = torch.is_tensor(mod) or getattr(mod, 'reads_table', False)
-    return TABLE_TILES if device_type == 'cuda' and reads_table else None
+    return TABLE_TILES if device_type == 'cuda' and bias is not None and bias.reads_table else None
 
 
 def flex_own_graph(device_type):
@@ -470,14 +597,14 @@ def flex_own_graph(device_type):
     return FLEX_OWN_GRAPH and device_type == 'cuda'
 
 
-def _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask):
-    """FlexAttention -> (y, lse or None); with dropout, the kept keys' softmax rescaled to all keys'."""
+def _flex_attend(q, k, v, bias, dropout_p, seed, need_lse, mask):
+    """FlexAttention with the bias's mod -> (y, lse or None); with dropout, the kept keys' softmax rescaled to all
+    keys'."""
     if flex_own_graph(q.device.type) and torch.compiler.is_compiling():
         torch._dynamo.graph_break()
     bm = mask.block_mask(q.size(2), k.size(2), q.device)
-    opts = flex_tiles(q.device.type, mod)
-    if torch.is_tensor(mod):
-        mod = _table_mod(mod)
+    opts = flex_tiles(q.device.type, bias)
+    mod = bias.mod if bias is not None else None
 
     def run(score_mod, lse):
         kw = dict(score_mod=score_mod, block_mask=bm, kernel_options=opts)
@@ -545,7 +672,8 @@ def lift_qk(q, k, v, fq, fk):
     keeps 8 bits: ALiBi's m * j at j = 1000 would be off by about 1)."""
     d, (B, H) = q.size(-1), q.shape[:2]
     dtype = compute_dtype(q)
-    fq, fk = fq.float() * d ** 0.5, fk.float()
+    fq, fk = (f.double() if dtype == torch.float64 else f.float() for f in (fq, fk))  # float32, or a float64 reference
+    fq = fq * d ** 0.5
     if dtype == torch.bfloat16:
         pq, pk = split_bf16(fq), split_bf16(fk)  # sum over pairs (a, b) of pq[a] * pk[b] = fq * fk, per column
         fq = torch.cat([a for a in pq for _ in pk], -1)  # block (a, b): pq[a] against pk[b], r columns each
@@ -587,12 +715,12 @@ def key_distance_table(A):
     return flat[..., :T * T].unflatten(-1, (T, T)).transpose(-1, -2)
 
 
-def bias_table(mod, T):
-    """The float32 table [B|1, H, T, T] of a bias tensor or of a mod that hands its bias whole (route 'sdpa_bias'),
-    built when asked."""
-    if getattr(mod, 'distance', None) is not None:
-        return toeplitz(mod.distance.float(), T)[None]
-    table = (mod if torch.is_tensor(mod) else mod.table()).float()
+def bias_table(bias, T):
+    """The table [B|1, H, T, T] of a bias that comes whole (Bias.whole: route 'sdpa_bias'), built when asked, in
+    float32 (float64 where the bias is)."""
+    if bias.distance is not None:
+        return toeplitz(wide(bias.distance), T)[None]
+    table = wide(bias.tensor if bias.tensor is not None else bias.table())
     return table if table.dim() == 4 else table[None]
 
 
@@ -687,47 +815,25 @@ def compute_dtype(q):
     return q.dtype
 
 
-def attend(q, k, v, mod=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=None, logits=False):
-    """Attention of the queries over the keys `mask` lets them see, with an optional score bias
-    `mod(score, b, h, i, j)` or a bias tensor [B|1, H|1, Tq, Tk] (`logits`: the whole logits, attend_logits), an
-    optional value term `vmod(lse) -> [B, H, Tq, Dv]` added to the output (lse = each row's logsumexp) and optional
-    sink logits `sink_logits` [H]."""
+def attend(q, k, v, bias=None, vmod=None, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=None):
+    """Attention of the queries over the keys `mask` lets them see, with an optional logit bias (a Bias, or a
+    score_mod function or bias tensor), an optional value term `vmod(lse) -> [B, H, Tq, Dv]` added to the output
+    (lse = each row's logsumexp) and optional sink logits `sink_logits` [H], by the route the call takes."""
+    bias = as_bias(bias)
     if k.size(1) != q.size(1):  # grouped keys and values: query head h reads key/value head h // g
         g = q.size(1) // k.size(1)
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    Dv, scale = v.size(-1), None
+    Dv = v.size(-1)
     if Dv < q.size(-1):  # zero columns change nothing, and let SDPA's fused kernels run
         v = F.pad(v, (0, q.size(-1) - Dv))
-    need_lse = vmod is not None or sink_logits is not None
-    att = Attend(mask, backend, dropout_p, sink_logits)
-    width = q.size(-1) if q.size(2) == k.size(2) else None  # (a wide head's split needs as many queries as keys)
-    way = route(q.device.type, backend, mod, need_lse, torch.is_grad_enabled(), q.size(2), dtype=compute_dtype(q),
-                width=width, logits=logits, dropout=dropout_p > 0)
+    att = Attender(mask, backend, dropout_p, sink_logits)
+    c = Call(q.device.type, backend, bias, vmod is not None or sink_logits is not None, torch.is_grad_enabled(),
+             q.size(0), q.size(1), q.size(2), k.size(2), q.size(-1), Dv, compute_dtype(q), dropout_p > 0)
+    name = route(c)
     if RouteProbe.active is not None:  # (a Python check: a compiled graph keeps no trace of it)
-        p = RouteProbe.active
-        p.note(route(p.device_type, backend, mod, need_lse, p.grad, q.size(2), dtype=p.dtype, width=width,
-                     logits=logits, dropout=dropout_p > 0))
-        way = 'dense' if way == 'flex' else way
-    if way == 'qk_lift':  # SDPA's scale stays that of q's own head dim
-        q, k, v, scale = *lift_qk(q, k, v, *mod.factors()), 1 / math.sqrt(q.size(-1))
-    if way == 'sdpa_bias' and mod is None:
-        return _sdpa_bias(*wide_split(q, k, v, Dv), dropout_p, mask, q.size(-1) ** -0.5)[..., :Dv].to(q.dtype)
-    if way == 'sdpa_bias' and not need_lse:
-        return _sdpa_bias(q, k, v, bias_table(mod, q.size(2)), dropout_p, mask)[..., :Dv].to(q.dtype)
-    if way in ('sdpa', 'qk_lift'):
-        if mask.bounded:
-            y = chunk_queries(lambda q, k, v, a: _sdpa(q, k, v, dropout_p, a.mask, scale), q, k, v, att)
-        else:
-            y = _sdpa(q, k, v, dropout_p, mask, scale)
-        return y[..., :Dv]
-    # a fresh dropout seed per call from torch's RNG: on the device, no host sync, restored on resume
-    seed = torch.randint(0, 2**31 - 1, (), device=q.device) if dropout_p else None
-    if way == 'sdpa_bias':  # with the logsumexp (a value term, sink logits), without dropout
-        y, lse = _sdpa_bias(q, k, v, bias_table(mod, q.size(2)), 0.0, mask, need_lse=True)
-    elif way == 'flex':
-        y, lse = _flex_attend(q, k, v, mod, dropout_p, seed, need_lse, mask)
-    else:
-        y, lse = chunk_queries(lambda q, k, v, a: _dense(q, k, v, mod, dropout_p, seed, need_lse, a), q, k, v, att)
+        RouteProbe.active.note(c)
+        name = 'dense' if name == 'flex' else name
+    y, lse = ROUTES[name].run(q, k, v, bias, att, c)
     y = y[..., :Dv]
     if vmod is not None:
         y = y + vmod(lse).to(y.dtype)
@@ -742,7 +848,7 @@ def attend_logits(A, v, backend='auto', dropout_p=0.0, mask=CAUSAL, sink_logits=
     kernels take a query and keys: they get zero ones, so that q.k = 0 and the logits are A."""
     B, H, Tq, Tk = A.shape
     q, k = v.new_zeros(B, H, Tq, v.size(-1)), v.new_zeros(B, H, Tk, v.size(-1))
-    return attend(q, k, v, A, None, backend, dropout_p, mask, sink_logits, logits=True)
+    return attend(q, k, v, Bias(tensor=A, logits=True), None, backend, dropout_p, mask, sink_logits)
 
 
 # --- length-dependent logit scaling (attn_scaling), applied on the model's path before attend
@@ -780,22 +886,13 @@ def logit_scale(sc, ssmax, q_pos, Tk, mask):
     return ssmax[:, None] * torch.log(n.float())[None, :]  # ssmax: [H, Tq]
 
 
-def scale_logits(q, mod, s):
-    """Multiply every logit of query i in head h by s[h, i] (s: [H or 1, Tq] float32):
-    through q for the content term q.k, and inside the score_mod for its bias (which
-    does not depend on the scaled q: it was built from the unscaled one). A -inf bias
-    is a mask and stays -inf. Same logits on every attention path."""
+def scale_logits(q, bias, s):
+    """Multiply every logit of query i in head h by s[h, i] (s: [H or 1, Tq] float32): through q for the content
+    term q.k, and through the bias (a Bias or None; built from the unscaled q), every form alike (Bias.scaled), so
+    the logits are the same on every route and the bias keeps its routes. -> (q, bias)."""
     s = s.expand(q.size(1), q.size(2))
     q = (q * s[None, :, :, None]).to(q.dtype)
-    if mod is None:
-        return q, None
-
-    def scaled(score, b, h, i, j):
-        bias = mod(torch.zeros_like(score), b, h, i, j)
-        return score + torch.where(bias == float('-inf'), bias, bias * s[h, i])
-    # (a mod's own `tabulate(i, j)` is not scaled: the scaled mod is marked, and evaluated at each logit)
-    scaled.reads_table, scaled.tabulate = getattr(mod, 'reads_table', False), bool(getattr(mod, 'tabulate', False))
-    return q, scaled
+    return q, (as_bias(bias).scaled(s) if bias is not None else None)
 
 
 # --- one layer's attention, as its LayerSpec (layers.py) says
@@ -860,8 +957,8 @@ class CausalSelfAttention(nn.Module):
 
     def fla_route(self, device_type):
         """'fla:<kernel>' where this layer runs its fla kernel on device_type without a KV cache (route), else None."""
-        way = route(device_type, self.backend, fla=self.fla)
-        return way if way.startswith('fla:') else None
+        name = route(Call(device_type, self.backend, fla=self.fla))
+        return name if name.startswith('fla:') else None
 
     @torch.no_grad()
     def start_fresh(self, names):
@@ -881,7 +978,7 @@ class CausalSelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         # this layer's positions where they depend on its input x (the shared ctx otherwise)
         ctx = scheme.layer_context(x, ctx, self.pe_layer, cache)
-        # 3. positions and the cache, as the cache's mode says (model.LayerKV): keys cached as transform_qk made
+        # 3. positions and the cache, as the cache's mode says (kvcache.LayerKV): keys cached as transform_qk made
         # them; cached raw and all of them transformed every forward; or appended and rewritten by the scheme
         mode = cache.mode if cache is not None else 'transformed'
         if mode == 'transformed':
@@ -894,13 +991,13 @@ class CausalSelfAttention(nn.Module):
         mask = self.mask.at(cache.start) if cache is not None else self.mask
         if RouteProbe.active is not None:  # the attend calls from here on are this layer's
             RouteProbe.active.layer = self.index
-        att = Attend(mask, self.backend, self.dropout if self.training else 0.0, self.sink_logits, fla=self.fla)
+        att = Attender(mask, self.backend, self.dropout if self.training else 0.0, self.sink_logits, fla=self.fla)
         y = scheme.attention(q, k, v, x, ctx, self.pe_layer, cache, att)  # a scheme's own attention, or None
         if y is None:
-            mod = scheme.score_mod(q, k, ctx, self.pe_layer)
+            bias = as_bias(scheme.score_mod(q, k, ctx, self.pe_layer))
             if self.scaling is not None:  # length-dependent attention scaling (attn_scaling)
                 s = logit_scale(self.scaling, self.ssmax, ctx.q_pos, k.size(2), mask)
-                q, mod = scale_logits(q, mod, s)
-            y = att(q, k, v, mod, scheme.value_mod(q, k, ctx, self.pe_layer, mod, att))
+                q, bias = scale_logits(q, bias, s)
+            y = att(q, k, v, bias, scheme.value_mod(q, k, ctx, self.pe_layer, bias, att))
         y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * hd)  # (B, T, attention heads x hs)
         return self.resid_dropout(self.c_proj(y))

@@ -33,7 +33,7 @@ registered scheme or a preset at its own depth, into one JSON, written after eve
              leaves nothing in the steps timed (time_blocks). vs_rope: the median over the model's blocks of
              rope's median step in the two blocks beside each over the model's (pair_stats). Per model: its
              steps (median, min, max, quartiles, every one), compile time, peak memory, each layer's route
-             (GPT.attention_backends), its goal class and goal (GOALS); per rope: its blocks alone, its MFU at
+             (GPT.routes), its goal class and goal (GOALS); per rope: its blocks alone, its MFU at
              this batch, its median step beside each partner (by_partner, partner_spread: whether a partner
              moves it), and its blocks alone again after the partners this process timed (alone_after_ms: beside
              ms_median, whether its step moved with the time in the process rather than with a partner);
@@ -325,7 +325,7 @@ def layer_hooks(config):
     """What each layer's scheme brings to its attention in training, from its hooks: [(an fla kernel, its own
     attention, a bias: a score_mod or value term the scheme returns for training, or sink logits, a position term
     that meets the content)], whatever route
-    the layer takes on a device (GPT.attention_backends says which). The hooks are asked on CPU, of a copy of the
+    the layer takes on a device (GPT.routes says which). The hooks are asked on CPU, of a copy of the
     model 16 channels a head wide with a 64-token vocabulary (the plan and the schemes as they are): milliseconds."""
     model = GPT(dataclasses.replace(config, n_embd=16 * config.n_head, vocab_size=64)).train()
     T = 8
@@ -478,8 +478,8 @@ class Models:
         hooks = layer_hooks(cfg)
         c = goal_class(hooks)
         r = self.res.setdefault(name, {})
-        routes = model.attention_backends(self.rt.device, dtype=self.rt.ptdtype)
-        r.update(goal_class=c, goal=GOALS[c][1], n_layer=cfg.n_layer, attention_backends=routes,
+        routes = model.routes(self.rt.device, dtype=self.rt.ptdtype)
+        r.update(goal_class=c, goal=GOALS[c][1], n_layer=cfg.n_layer, routes=routes,
                  run=len(self.out['meta']['runs']) - 1)
         return r
 
@@ -626,7 +626,7 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
                FlexAttention's backward scatters none into them (a per-head scalar, a per-distance table);
       table    the bias handed over as one float32 [B, H, T, T] tensor: its gradient leaves the kernel one logit a
                cell, and autograd carries it to the parameters (not for a value term or attention scaling);
-      table_sdpa  that tensor handed whole (`mod.table`), on CUDA: route sdpa_bias, SDPA's memory-efficient kernel
+      table_sdpa  that tensor handed whole (Bias.tensor), on CUDA: route sdpa_bias, SDPA's memory-efficient kernel
                with the table as its bias, the materialised-bias route for any bias (DeBERTa's too);
       no_bias  the same layer with no score_mod or value term (SDPA): what attention without the bias costs.
     `built_vs_no_bias` [q1, q3]: the median (quartiles) over rounds of built's time over no_bias's in that round.
@@ -638,21 +638,21 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
     g = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen)
     built = scheme.score_mod
 
-    def tabled(q, k, ctx, params):
-        mod = built(q, k, ctx, params)
-        if mod is None:
-            return None
-        with torch.autocast(q.device.type, enabled=False):
-            bias = attention.dense_bias(mod, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
-        return bias.expand(q.size(0), -1, -1, -1).contiguous()  # one batch row each: FlexAttention indexes b
-
-    def tabled_whole(q, k, ctx, params):
-        bias = tabled(q, k, ctx, params)
+    def as_table(q, k, ctx, params):  # the bias as one float32 [B, H, T, T] tensor, or None
+        bias = built(q, k, ctx, params)
         if bias is None:
             return None
-        mod = attention._table_mod(bias)
-        mod.table = lambda: bias
-        return mod
+        with torch.autocast(q.device.type, enabled=False):
+            t = attention.dense_bias(bias, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
+        return t.expand(q.size(0), -1, -1, -1).contiguous()  # one batch row each: FlexAttention indexes b
+
+    def tabled(q, k, ctx, params):  # that tensor read at each logit (its mod alone)
+        t = as_table(q, k, ctx, params)
+        return None if t is None else attention.Bias(attention._table_mod(t), reads_table=True)
+
+    def tabled_whole(q, k, ctx, params):  # that tensor handed whole
+        t = as_table(q, k, ctx, params)
+        return None if t is None else attention.Bias(tensor=t)
 
     @contextmanager
     def backend(way):  # the layer on attn_backend `way`
@@ -687,7 +687,7 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
             y = attn(x, scheme, scheme.training_context(T, rt.device))
         y.backward(g)
         return y.detach().float()
-    routes = r.get('attention_backends') or model.attention_backends(rt.device, dtype=rt.ptdtype)
+    routes = r.get('routes') or model.routes(rt.device, dtype=rt.ptdtype)
     out = r['attn_time'] = {'route': routes[0]}
     cuda = torch.device(rt.device).type == 'cuda'
     plain = type(scheme).value_mod is positional.PositionalEncoding.value_mod and attn.scaling is None
@@ -763,7 +763,7 @@ LOG_KEYS = {'pairs': ('error', 'ref', 'goal_class', 'vs_rope', 'vs_rope_q1', 'vs
 
 def line(name, r, part):
     """One model's part as a line of the log (every step stays in the JSON)."""
-    keys = [k for k in LOG_KEYS[part] if k in r] + ['attention_backends'] * ('attention_backends' in r)
+    keys = [k for k in LOG_KEYS[part] if k in r] + ['routes'] * ('routes' in r)
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else runs_text(v) if isinstance(v, list) else \
         '{' + ', '.join(f"{k}: {fmt(x)}" for k, x in v.items()) + '}' if isinstance(v, dict) else str(v)  # noqa: E731
     return f"{name}: " + ', '.join(f"{k} {fmt(r[k])}" for k in keys)
@@ -896,7 +896,7 @@ def table(paths):
         r, label = pairs[name]
         n_layer = metas[label]['model']['n_layer']
         depth = r.get('n_layer', (preset_config(name).get('n_layer', n_layer) if name in PRESETS else n_layer))
-        route = runs_text(r.get('attention_backends') or [])
+        route = runs_text(r.get('routes') or r.get('attention_backends') or [])  # (older files: the old key)
         ms = '—' if 'ms_median' not in r else \
             f"{r['ms_median']:.1f} [{f(r.get('ms_q1'), '.1f')}, {f(r.get('ms_q3'), '.1f')}]"
         if name in refs:

@@ -72,7 +72,7 @@ if __name__ == '__main__':
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,
            'rope_scaling_applied': getattr(model.pe, 'scaling', None), 'attn_scaling': o.attn_scaling,
            'iter': ckpt.get('iter_num'), 'out_dir': o.out_dir, 'dtype': rt.dtype,
-           'attn_backends': model.attention_backends(rt.device, grad=False, dtype=rt.ptdtype), **res}
+           'routes': model.routes(rt.device, grad=False, dtype=rt.ptdtype), **res}
     if o.label:  # the row's name in compare.py's report
         res = {'name': o.label, **res}
     for k, v in flat_metrics(res).items():

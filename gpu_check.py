@@ -110,7 +110,7 @@ def check_attn_grads(model, T, rt, r, rows=2, compile=False, tol=None):
     model.train()
     kinds = [line.split(': ', 1)[1] for line in model.plan_lines()]  # a layer's plan without its index
     out = r['attn_grads'] = {}
-    routes = model.attention_backends(rt.device, dtype=rt.ptdtype)
+    routes = model.routes(rt.device, dtype=rt.ptdtype)
     gen = torch.Generator(device=rt.device).manual_seed(1)
     for i in sorted({kinds.index(kind) for kind in kinds}):
         attn, scheme = model.transformer.h[i].attn, model.pe.at(i)
@@ -201,7 +201,7 @@ def check_scheme(name, a, parts, size, plans, B, rt, tol, r, save):
     L = size['block_size']
     torch.manual_seed(a.seed)
     model = GPT(model_config(name, size, plans, a.auto_only)).to(rt.device)
-    r['attention_backends'] = model.attention_backends(rt.device, dtype=rt.ptdtype)
+    r['routes'] = model.routes(rt.device, dtype=rt.ptdtype)
     x = torch.randint(size['vocab_size'], (2, min(256, L) + 1), device=rt.device)
     xl = torch.randint(size['vocab_size'], (2, L + 1), device=rt.device)  # gradients at the training length
     try:

@@ -10,13 +10,13 @@ nanoPE's own (the readable reference, and the path on CPU):
 
 flash-linear-attention's Triton kernels (fla-core 0.6.0, imported only when a layer runs them), for a scheme
 whose `fla_kernel` names one of FLA_KERNELS; each adapter takes nanoPE's layout [B, H, T, D] and conventions, the
-layer's Attend (its window and sink logits) and the scheme's inputs by name, calls fla's [B, T, H, D] kernel, and
-returns nanoPE's output [B, H, T, Dv]. A scheme's `attention` hook hands its inputs to attention.Attend.run_fla, which
-calls the layer's adapter (fla_attention):
-  fla_fox(q, k, v, attend, log_f)              FoX: parallel_attn with the log forget gates, added after the scale
-  fla_path(q, k, v, attend, w, beta, log_f)    PaTH, PaTH-FoX: parallel_path_attn, the gate inside the scale
-  fla_wall(q, k, v, attend, g, g_scalar)       Wall: parallel_wall_attn, the scalar gate after the scale
-  fla_stick_breaking(q, k, v, attend, attend_current, remainder)  parallel_stickbreaking_attn, plus nanoPE's
+layer's Attender (its window and sink logits) and the scheme's inputs by name, calls fla's [B, T, H, D] kernel,
+and returns nanoPE's output [B, H, T, Dv]. A scheme's `attention` hook hands its inputs to
+attention.Attender.run_fla, which calls the layer's adapter (fla_attention):
+  fla_fox(q, k, v, att, log_f)              FoX: parallel_attn with the log forget gates, added after the scale
+  fla_path(q, k, v, att, w, beta, log_f)    PaTH, PaTH-FoX: parallel_path_attn, the gate inside the scale
+  fla_wall(q, k, v, att, g, g_scalar)       Wall: parallel_wall_attn, the scalar gate after the scale
+  fla_stick_breaking(q, k, v, att, attend_current, remainder)  parallel_stickbreaking_attn, plus nanoPE's
                                                remainder term
 Which layers run them: fla_plan (at build: attn_backend 'fla' refused in one line where the kernel cannot run the
 layer; 'auto' notes why not) and runs_fla, which attention.route asks per forward (CUDA, or 'fla' under Triton's
@@ -341,21 +341,21 @@ def _fla_layout(x):
 
 
 @torch.compiler.disable
-def fla_fox(q, k, v, attend, log_f):
+def fla_fox(q, k, v, att, log_f):
     """FoX through parallel_attn: softmax_j(q_i . k_j / sqrt(d) + c_i - c_j), c the prefix sums of log_f [B, HQ, T]
     (the log forget gates per query head; fla's g, summed by the kernel and added unscaled, as nanoPE's FoX adds
-    them), over the keys of attend's window, with attend's sink logits. -> [B, HQ, T, Dv]."""
+    them), over the keys of att's window, with att's sink logits. -> [B, HQ, T, Dv]."""
     y = fla_op('attn')(_fla_layout(q), _fla_layout(k), _fla_layout(v), _fla_layout(log_f), scale=q.size(-1) ** -0.5,
-                       window_size=attend.mask.window, sink_bias=attend.sink_logits)
+                       window_size=att.mask.window, sink_bias=att.sink_logits)
     return _fla_layout(y).to(q.dtype)
 
 
 @torch.compiler.disable
-def fla_path(q, k, v, attend, w, beta, log_f):
+def fla_path(q, k, v, att, w, beta, log_f):
     """PaTH through parallel_path_attn: softmax_j((q_i^T H_i .. H_{j+1} k_j + G_i - G_j) / sqrt(d)), H_t = I - beta_t
     w_t w_t^T; w [B, H, T, d] and beta [B, H, T] per key head, float32, beta as it is (nanoPE's 2 sigmoid, in
     (0, 2)); log_f [B, HQ, T] PaTH-FoX's log gates (None for PaTH), whose prefix sums G fla puts inside the scale,
-    as nanoPE. attend: unused (the kernel has no window and no sink logits). -> [B, HQ, T, Dv]."""
+    as nanoPE. att: unused (the kernel has no window and no sink logits). -> [B, HQ, T, Dv]."""
     y, _ = fla_op('path')(_fla_layout(q), _fla_layout(k), _fla_layout(v), _fla_layout(w.float()),
                           _fla_layout(beta.float()), None if log_f is None else _fla_layout(log_f.float()),
                           scale=q.size(-1) ** -0.5)
@@ -363,26 +363,26 @@ def fla_path(q, k, v, attend, w, beta, log_f):
 
 
 @torch.compiler.disable
-def fla_wall(q, k, v, attend, g, g_scalar):
+def fla_wall(q, k, v, att, g, g_scalar):
     """Wall through parallel_wall_attn: softmax_j(sum_n q_in k_jn exp(P_in - P_jn) / sqrt(d) + C_i - C_j), P the
     prefix sums of g [B, HQ, T, d] (log gates per query head and channel, <= 0) and C those of g_scalar [B, HQ, T]
-    or None (FoX's gate, added after the scale by fla and nanoPE alike), over attend's window, with its sink
+    or None (FoX's gate, added after the scale by fla and nanoPE alike), over att's window, with its sink
     logits. fla returns float32 whatever the input: cast to q's dtype. -> [B, HQ, T, Dv].
     Exact while no channel decays by more than about 76 nats (2^110, where fla 0.6.0 clamps the exponent of its
     diagonal tiles) within one of the kernel's key tiles (32 or 64 tokens); past that, near-diagonal logits of that
     channel come out too small. nanoPE's wall_scores has no such limit."""
     y = fla_op('wall')(_fla_layout(q), _fla_layout(k), _fla_layout(v), _fla_layout(g),
-                       g_scalar=None if g_scalar is None else _fla_layout(g_scalar), sink_bias=attend.sink_logits,
-                       scale=q.size(-1) ** -0.5, window_size=attend.mask.window)
+                       g_scalar=None if g_scalar is None else _fla_layout(g_scalar), sink_bias=att.sink_logits,
+                       scale=q.size(-1) ** -0.5, window_size=att.mask.window)
     return _fla_layout(y).to(q.dtype)
 
 
 @torch.compiler.disable
-def fla_stick_breaking(q, k, v, attend, attend_current, remainder):
+def fla_stick_breaking(q, k, v, att, attend_current, remainder):
     """Stick-breaking through parallel_stickbreaking_attn: A_ij = beta_ij prod_{j<l<i} (1 - beta_il) over keys
     j < i (attend_current: j <= i, the product over j < l <= i: fla's flag means what nanoPE's does), o_i =
     sum_j A_ij v_j; fla also returns the stick left over, rem_i = 1 - sum_j A_ij, which nanoPE's remainder=True
-    gives to the query's own value (v_i of its key/value head; fla's layer drops it). attend: unused (no window, no
+    gives to the query's own value (v_i of its key/value head; fla's layer drops it). att: unused (no window, no
     sink logits). -> [B, HQ, T, Dv]."""
     o, rem = fla_op('stickbreaking')(_fla_layout(q), _fla_layout(k), _fla_layout(v), scale=q.size(-1) ** -0.5,
                                      attend_current=attend_current)
@@ -396,6 +396,6 @@ def fla_stick_breaking(q, k, v, attend, attend_current, remainder):
 ADAPTERS = {'attn': fla_fox, 'path': fla_path, 'wall': fla_wall, 'stickbreaking': fla_stick_breaking}
 
 
-def fla_attention(kernel, q, k, v, attend, **inputs):
-    """The adapter of FLA_KERNELS[kernel] on q, k, v, the layer's Attend and a scheme's inputs by name."""
-    return ADAPTERS[kernel](q, k, v, attend, **inputs)
+def fla_attention(kernel, q, k, v, att, **inputs):
+    """The adapter of FLA_KERNELS[kernel] on q, k, v, the layer's Attender and a scheme's inputs by name."""
+    return ADAPTERS[kernel](q, k, v, att, **inputs)

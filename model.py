@@ -16,6 +16,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
+import kvcache
 import layers
 import runtime
 import stack
@@ -131,27 +132,28 @@ class GPT(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
-    def plan_lines(self, device=None, dtype=None):
+    def plan_lines(self, device=None, dtype=None, B=None, T=None):
         """The layer plan, a line a layer (train.py prints it at start-up); with `device`, the route each layer's
-        attention takes there in training in `dtype` (attention_backends), then a line on each route taken
-        (attention.ROUTES)."""
+        attention takes there in training in `dtype` at batch B and T tokens (routes), then a line on each route
+        taken (attention.ROUTES) and on each layer the bias-table memory budget moves off sdpa_bias."""
         lines = [spec.describe(self.pe.at(spec.index).name) for spec in self.plan]
         if device is None:
             return lines
-        routes = self.attention_backends(device, dtype=dtype)
-        names = dict.fromkeys(way.split(':')[0] for r in routes for way in r.split('+'))
+        why = {}
+        routes = self.routes(device, dtype=dtype, B=B, T=T, why=why)
+        names = dict.fromkeys(r.split(':')[0] for layer in routes for r in layer.split('+'))
         return [f"{line}; attention {r}" for line, r in zip(lines, routes)] + \
-            [f"route {n}: {attention.ROUTES[n]}" for n in names]
+            [f"route {n}: {attention.ROUTES[n].what}" for n in names] + [f"layer {i}: {w}" for i, w in why.items()]
 
-    def attention_backends(self, device, grad=True, dtype=None):
+    def routes(self, device, grad=True, dtype=None, B=None, T=None, why=None):
         """The route each layer's attention takes on `device` without a KV cache, in training (grad=True) or in
-        evaluation, computing in `dtype` (autocast's or the model's; None: float32's answer): attention.route's
-        name, 'sdpa', 'flex', 'dense', 'fla:<kernel>' or 'own' (several joined by '+' where a layer's attention
-        takes more than one). A layer that runs its fla kernel says so from its plan; the others are asked of a
-        copy of this model on the CPU (its layer plan and backends, a 64-token vocabulary), whose forward of 8
-        tokens notes under attention.RouteProbe where each call of attend would go on `device`: a layer with no
-        call computes its attention itself ('own'). The copy draws its weights and dropout from a forked RNG, so
-        the caller's random numbers stay as they were."""
+        evaluation, computing in `dtype` (autocast's or the model's; None: float32's answer), at batch B and T
+        tokens where given (sdpa_bias's memory budget reads them): attention.route's name, 'sdpa', 'flex', 'dense',
+        'fla:<kernel>' or 'own' ('+' joins several where a layer's attention takes more than one). A layer that runs
+        its fla kernel says so from its plan; the others are asked of a copy of this model on the CPU (its plan and
+        backends, a 64-token vocabulary, weights and dropout from a forked RNG) whose forward of 8 tokens notes
+        under attention.RouteProbe where each call of attend would go; a layer with no call computes its attention
+        itself ('own'). `why`, a dict, gets each layer the budget moved off sdpa_bias, with the reason."""
         dev = torch.device(device).type
         fla = [block.attn.fla_route(dev) for block in self.transformer.h]
         if all(fla):
@@ -162,8 +164,10 @@ class GPT(nn.Module):
             for mine, theirs in zip(copy.transformer.h, self.transformer.h):
                 mine.attn.backend = theirs.attn.backend
             copy.train(grad)
-            with attention.RouteProbe(dev, grad, dtype) as probe, torch.set_grad_enabled(grad):
+            with attention.RouteProbe(dev, grad, dtype, B, T) as probe, torch.set_grad_enabled(grad):
                 copy(torch.zeros(1, 8, dtype=torch.long))
+        if why is not None:
+            why.update(probe.why)
         return [f or '+'.join(probe.seen.get(i, ['own'])) for i, f in enumerate(fla)]
 
     def fla_notes(self, device):
@@ -251,24 +255,10 @@ class GPT(nn.Module):
         return torch.cat(out).view(B, T)
 
     def new_cache(self, recent=None, sink_tokens=4):
-        """An empty KV cache. With `recent`, a StreamingLLM cache (Xiao et al., arXiv
-        2309.17453): after each forward it keeps the first `sink_tokens` tokens (the paper's
-        4) and the last `recent`, holds raw keys and re-indexes them 0..n-1 every forward,
-        so its memory stays bounded (see KVCache)."""
-        masks = [block.attn.mask for block in self.transformer.h]
-        if recent is not None and self.pe.embeds_positions:
-            raise ValueError(f"{self.pe.name} adds positions to the token embeddings, so every cached key carries "
-                             f"its position in the text, which a StreamingLLM cache (sink tokens + recent) cannot "
-                             f"re-index. Attention sinks need a relative scheme; sample {self.pe.name} over its last "
-                             f"max_len tokens (use_cache=False)")
-        bounded = [i for i, m in enumerate(masks) if m.bounded]
-        if recent is not None and bounded:
-            raise ValueError(f"a StreamingLLM (sink tokens + recent) KV cache numbers its keys by place, but layers "
-                             f"{bounded} see a sliding window or chunk of the text's tokens (sliding_window, "
-                             f"attention_chunk_size), which it cannot tell apart; those layers' caches are bounded "
-                             f"already: sample without window=")
-        return KVCache(self.config.n_layer, sink_tokens=sink_tokens, recent=recent, masks=masks,
-                       keys=[self.pe.at(i).cache_keys for i in range(self.config.n_layer)], scheme=self.pe.name)
+        """An empty KV cache for this model's layers (kvcache.KVCache); with `recent`, a StreamingLLM cache that keeps
+        the first `sink_tokens` tokens and the last `recent`, so its memory stays bounded."""
+        return kvcache.KVCache([block.attn.mask for block in self.transformer.h],
+                               [self.pe.at(i) for i in range(self.config.n_layer)], sink_tokens, recent)
 
     @classmethod
     def from_pretrained(cls, name, **overrides):
@@ -353,140 +343,3 @@ class GPT(nn.Module):
             idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
-
-
-class KVCache:
-    """Per-layer keys and values, their positions and the length so far (tokens seen).
-    Each layer's cache has a mode (LayerKV.mode), from what its scheme asks (keys=, the schemes'
-    cache_keys) and what this cache can do: 'transformed' (keys kept as transform_qk made them),
-    'raw' (kept raw, and all of them transformed every forward: xPos, ExtendedRoPE, and any
-    scheme in a rolling cache) or 'scheme' (the scheme appends and rewrites them itself: PaTH).
-
-    A layer with a sliding window or a chunk (its attention.Mask) keeps only the keys a later
-    query can still see: after every forward it drops the keys before the next token's window
-    or chunk, so its memory is bounded; the positions kept are those of the longest layer.
-
-    With `recent` (StreamingLLM attention sinks, arXiv 2309.17453): after every forward
-    each layer keeps only the first `sink_tokens` tokens and the last `recent` (as the
-    authors' StartRecentKVCache, called after each step), so a forward sees at most
-    sink_tokens + recent cached keys plus its own. Positions are places in the cache: the
-    keys are 0..n-1 and the new tokens follow, re-indexed every forward, so the cache
-    holds raw keys (mode 'raw') and the scheme transforms all of them each forward."""
-
-    def __init__(self, n_layer, sink_tokens=4, recent=None, masks=None, keys=None, scheme='this scheme'):
-        if recent is not None:
-            for name, v, lo in (('window', recent, 1), ('sink', sink_tokens, 0)):
-                if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                    raise ValueError(f"attention-sink cache: {name} must be an integer >= {lo}, got {v!r}")
-            if 'scheme' in (keys or ()):
-                raise ValueError(f"{scheme} keeps its own cache of keys (rewritten as tokens arrive), which a "
-                                 f"StreamingLLM (sink tokens + recent) cache cannot re-index: sample without window=")
-        self.sink_tokens, self.recent = sink_tokens, recent
-        self.masks = masks or [attention.CAUSAL] * n_layer
-        modes = keys or ['transformed'] * n_layer
-        self.layers = [LayerKV('raw' if recent is not None and m == 'transformed' else m) for m in modes]
-        self.length = 0
-        self.k_pos, self.n_pos = None, 0
-
-    @property
-    def next_position(self):
-        """Position of the next token: its index in the text, or its place in a rolling cache."""
-        return self.length if self.recent is None else self.layers[0].n
-
-    def add_positions(self, q_pos, n_pos):
-        """Positions of all keys once q_pos's tokens are added, and the bound on them."""
-        if self.recent is not None:  # places in the cache, every forward
-            n = self.layers[0].n + q_pos.numel()
-            self.k_pos, self.n_pos = torch.arange(n, device=q_pos.device), n
-            return self.k_pos, n
-        self.k_pos = q_pos if self.k_pos is None else torch.cat((self.k_pos, q_pos))
-        self.n_pos = max(self.n_pos, n_pos)
-        return self.k_pos, self.n_pos
-
-    def advance(self, T):
-        """After a forward of T tokens: count them, and evict what no later query sees."""
-        self.length += T
-        if self.recent is not None:
-            for layer in self.layers:
-                layer.keep(self.sink_tokens, self.recent)
-        elif any(m.bounded for m in self.masks):
-            for layer, mask in zip(self.layers, self.masks):
-                if mask.bounded:
-                    layer.evict(mask.lowest(self.length))  # the first key the next token sees
-            n = max(layer.n for layer in self.layers)
-            self.k_pos = self.k_pos[self.k_pos.numel() - n:]
-
-
-class LayerKV:
-    """One layer's cache. layer[0], layer[1] are the keys and values so far, [B, H, n, hd],
-    key 0 being token `start` of the text (a windowed or chunked layer drops older ones).
-    They live in buffers that grow by doubling, so appending a token copies that token
-    only; torch.cat would copy the whole cache every token (O(n^2) over a generation).
-    Under autograd every append gets a fresh buffer instead, since writing into one that
-    an earlier step saved for backward would break that backward.
-    `state` belongs to the positional scheme: per-key tensors it keeps next to the keys
-    (e.g. FoX's log forget gates), one entry per key along dim 2, appended by the scheme;
-    keep() and evict() drop them with their keys. `carry` belongs to the scheme too: per-layer
-    tensors that are not per key (a running sum of angles, a convolution's last inputs), which
-    keep() and evict() leave as they are.
-    `mode` says who transforms the keys: 'transformed' (the model, before they are cached), 'raw' (the model,
-    all of them every forward, after they are cached) or 'scheme' (the scheme, which appends them itself)."""
-
-    def __init__(self, mode='transformed'):
-        self.k = self.v = None
-        self.n = 0
-        self.start = 0
-        self.mode = mode
-        self.state = {}
-        self.carry = {}
-
-    def __getitem__(self, i):
-        return None if self.k is None else (self.k, self.v)[i][:, :, :self.n]
-
-    def append(self, k, v):
-        n, T = self.n, k.size(2)
-        if self.k is None or n + T > self.k.size(2) or torch.is_grad_enabled():
-            cap = n + T if torch.is_grad_enabled() else max(2 * (n + T), 64)
-            kb, vb = (t.new_empty(t.shape[:2] + (cap,) + t.shape[3:]) for t in (k, v))
-            if n:
-                kb[:, :, :n], vb[:, :, :n] = self[0], self[1]
-            self.k, self.v = kb, vb
-        self.k[:, :, n:n + T], self.v[:, :, n:n + T] = k, v
-        self.n = n + T
-        return self[0], self[1]
-
-    def rewrite(self, fn):
-        """Replace the cached keys by fn(keys) [B, H, n, hd]: a scheme that keeps its own cache
-        (cache_keys='scheme') rewrites past keys as tokens arrive."""
-        k = fn(self[0])
-        if torch.is_grad_enabled():  # a fresh tensor: the old one may be saved for backward
-            self.k = k
-        else:
-            self.k[:, :, :self.n] = k
-
-    def keep(self, sink, recent):
-        """Keep the first `sink` and the last `recent` entries (in place: the buffer does not grow)."""
-        n = self.n
-        if n <= sink + recent:
-            return
-        if torch.is_grad_enabled():  # never write into a tensor an earlier step saved for backward
-            self.k, self.v = (torch.cat((t[:, :, :sink], t[:, :, n - recent:n]), 2) for t in (self.k, self.v))
-        else:
-            for t in (self.k, self.v):
-                t[:, :, sink:sink + recent] = t[:, :, n - recent:n].clone()
-        self.state = {name: torch.cat((t[:, :, :sink], t[:, :, n - recent:n]), 2) for name, t in self.state.items()}
-        self.n = sink + recent
-
-    def evict(self, first):
-        """Drop the keys of the tokens before `first` (in place: the buffer does not grow)."""
-        drop = min(self.n, first - self.start)
-        if drop <= 0:
-            return
-        n, kept = self.n, self.n - drop
-        if torch.is_grad_enabled():  # never write into a tensor an earlier step saved for backward
-            self.k, self.v = (t[:, :, drop:n] for t in (self.k, self.v))
-        else:
-            for t in (self.k, self.v):
-                t[:, :, :kept] = t[:, :, drop:n].clone()
-        self.state = {name: t[:, :, drop:n] for name, t in self.state.items()}
-        self.n, self.start = kept, self.start + drop

@@ -9,10 +9,11 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
   layer_context(x, ctx, params, cache) -> Context   this layer's Context where positions depend on its
                                               input x (GRAPE-M contextual, Selective RoPE); ctx otherwise
   transform_qk(q, k, ctx, params) -> (q, k)    rotate, scale or extend queries and keys
-  score_mod(q, k, ctx, params)    -> f | None  additive logit bias f(score, b, h, i, j)
-  value_mod(q, k, ctx, params, f, attend) -> g | None  g(lse) added to the output (Shaw's values)
-  attention(q, k, v, x, ctx, params, cache, attend) -> y | None   the layer's own attention; `attend`
-                                              (attention.Attend) carries the layer's mask and sink logits
+  score_mod(q, k, ctx, params)    -> Bias | None  the layer's logit bias, in the forms it can hand over
+                                              (attention.Bias: the bias contract, its forms and their routes)
+  value_mod(q, k, ctx, params, bias, att) -> g | None  g(lse) added to the output (Shaw's values)
+  attention(q, k, v, x, ctx, params, cache, att) -> y | None   the layer's own attention; `att`
+                                              (attention.Attender) carries the layer's mask and sink logits
   cache_keys = 'transformed'                  what the KV cache keeps: keys as transform_qk returned
                                               them; 'raw' (transformed every forward: xPos, ExtendedRoPE);
                                               'scheme' (the scheme appends and rewrites them itself)
@@ -20,29 +21,13 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
                                               logits act there); 'own' or None (stick-breaking)
   fla_kernel = None                           the flash-linear-attention kernel its `attention` hook can run
                                               (a key of kernels.FLA_KERNELS: FoX, PaTH, Wall, stick-breaking)
+i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; the queries are the last Tq keys.
+Attributes the scripts read are declared on PositionalEncoding; docs/schemes.md has the hooks with their shapes.
 
-i and j index the queries and keys, at positions ctx.q_pos[i] and ctx.k_pos[j]; the queries
-are the last Tq keys. A score_mod has no host syncs, indexes each tensor that needs gradients
-once, and stays float32; one that reads a float32 table at each logit's (i, j) says so with
-f.reads_table = True (FlexAttention's smaller tiles on CUDA); one too costly to unroll into every logit of a kernel
-says so with f.tabulate, True or a function (i, j) -> its [H, Tq, Tk] table for query rows i and keys j (without
-gradients it is then evaluated as a table per chunk of queries, on CUDA too; by that function on
-attention.TABULATE_ON's devices).
-Attributes the scripts read are declared on PositionalEncoding. The full contract, with shapes and the rules the
-tests check, is in docs/schemes.md.
-
-Contents, one section per row of the README's "how positions enter" table, in its order (tested against the
-registry and the README):
-  the contract     Context, PositionalEncoding (the base class); option checks and small helpers
-  not at all       none
-  embed            learned, sinusoidal
-  transform_qk     rope (+ ExtendedRoPE: Self-Extend, ReRoPE, STRING), xpos, mrope, rope2d, pope, xl, fope, grape_m,
-                   ropepp
-  score_mod        alibi, t5, shaw, kerple_log, kerple_power, fire, sandwich, deberta, grape_a (+ GrapeAP)
-  layer_context    selective_rope, grape_m contextual (GrapeMContextual)
-  attention        fox, cope, stick_breaking, path, path_fox, wall
-The maths of RoPE context extension (config.rope_scaling) is in rope_scaling.py.
-Adding a scheme = a subclass here decorated with @register('name'), config/name.py and a test.
+Sections, one per row of the README's "how positions enter" table, in its order (each scheme's class sits in the
+section of its row; tested): the contract (Context, PositionalEncoding), helpers (option checks, small modules), not
+at all, embed, transform_qk, score_mod, layer_context, attention. The maths of RoPE context extension
+(config.rope_scaling) is in rope_scaling.py. Adding a scheme: the README's "Adding a scheme".
 """
 
 import math
@@ -52,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import CAUSAL, key_distance_table, query_distance_table
+from attention import CAUSAL, Bias, key_distance_table, query_distance_table
 from kernels import causal_conv, cumsum_tokens, path_scores, wall_scores
 from rope_scaling import EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, resolve_rope_scaling, rope_frequencies
 
@@ -174,16 +159,16 @@ class PositionalEncoding(nn.Module):
     def score_mod(self, q, k, ctx, params):
         return None
 
-    def value_mod(self, q, k, ctx, params, score_mod, attend):
-        """g(lse) added to the attention output, built from the q and score_mod that the attention's own
-        path uses after attention scaling (attn_scaling) has scaled them; `attend` says which keys each query
+    def value_mod(self, q, k, ctx, params, bias, att):
+        """g(lse) added to the attention output, built from the q and bias (a Bias, or None) that the attention's
+        own path uses after attention scaling (attn_scaling) has scaled them; `att` says which keys each query
         sees (its mask), since a value term that rebuilds weights must give hidden keys none. One user (Shaw's
         relative values); it is a hook of its own rather than part of `attention` because a scheme with its
         own attention gets no attention scaling, and Shaw's values must be read from scaled logits
         to train with logn/ssmax."""
         return None
 
-    def attention(self, q, k, v, x, ctx, params, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, att):
         return None
 
     @staticmethod
@@ -486,7 +471,7 @@ class ExtendedRoPE(RoPE):
     def transform_qk(self, q, k, ctx, params):
         return q, k  # attention rotates them, two ways
 
-    def attention(self, q, k, v, x, ctx, params, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, att):
         def rot(t, pos, slow=1.0):  # t rotated at positions pos, every frequency divided by slow
             return apply_rotary(t, *self.cos_sin(pos, ctx.extra['inv'] / slow)).float()
         ext, q_pos, k_pos = self.scaling, ctx.q_pos, ctx.k_pos[-k.size(2):]
@@ -505,11 +490,11 @@ class ExtendedRoPE(RoPE):
             Tq, Tk, s, lo = q1.size(2), k1.size(2), a.row0, a.key0
             near = q_pos[s:s + Tq, None] - k_pos[None, lo:lo + Tk] < w
             with torch.autocast(q.device.type, enabled=False):
-                att = torch.where(near, q1 @ k1.transpose(-2, -1),
-                                  q2[:, :, s:s + Tq] @ k2[:, :, lo:lo + Tk].transpose(-2, -1))
-                att = (att / math.sqrt(q.size(-1))).masked_fill(~a.visibility(Tq, Tk, q.device), float('-inf'))
-                return att.softmax(-1) @ v.float()
-        return attend.rows(run, rot(q, q_pos), rot(k, k_pos), v).to(q.dtype)
+                z = torch.where(near, q1 @ k1.transpose(-2, -1),
+                                q2[:, :, s:s + Tq] @ k2[:, :, lo:lo + Tk].transpose(-2, -1))
+                z = (z / math.sqrt(q.size(-1))).masked_fill(~a.visibility(Tq, Tk, q.device), float('-inf'))
+                return z.softmax(-1) @ v.float()
+        return att.rows(run, rot(q, q_pos), rot(k, k_pos), v).to(q.dtype)
 
 
 def _rope_freqs(scheme, dim, ctx):
@@ -577,7 +562,7 @@ class XPos(PositionalEncoding):
 
         def mod(score, b, h, i, j):  # -inf outside own and previous block (the diagonal is always kept)
             return torch.where(ctx.k_pos[j] // w >= ctx.q_pos[i] // w - 1, score, float('-inf'))
-        return mod
+        return Bias(mod)
 
 
 class _SectionRoPE(PositionalEncoding):
@@ -1018,15 +1003,18 @@ class RoPEPP(RoPE):
 # FlexAttention never builds a TxT tensor and its backward scatters into that small table.
 
 
-def distance_mod(bias, ctx):
-    """The score_mod of a bias of the distance alone, bias [H, n_pos] (bias[h, r] at distance r): indexed at each
-    logit. Where the distance of query i to key j is i - j (consecutive positions, as many queries as keys: training
-    without a KV cache) the mod also hands the vector whole, `mod.distance`, for attention's sdpa_bias route."""
+def distance_bias(bias, ctx):
+    """The Bias of a bias of the distance alone, bias [H, n_pos] (bias[h, r] at distance r): indexed at each logit,
+    and, where the distance of query i to key j is i - j (consecutive positions, as many queries as keys: training
+    without a KV cache), the vector whole (its `distance` form)."""
     def mod(score, b, h, i, j):
         return score + bias[h, ctx.dist(i, j)]
-    if ctx.consecutive and ctx.q_pos.numel() == ctx.k_pos.numel():
-        mod.distance = bias
-    return mod
+    return Bias(mod, distance=bias if consecutive(ctx) else None)
+
+
+def consecutive(ctx):
+    """Whether query i is at distance i - j from key j: consecutive positions, as many queries as keys."""
+    return ctx.consecutive and ctx.q_pos.numel() == ctx.k_pos.numel()
 
 
 def alibi_slopes(n_head):
@@ -1060,9 +1048,10 @@ class ALiBi(PositionalEncoding):
 
         def mod(score, b, h, i, j):
             return score + slopes[h] * (k_pos[j] - q_pos[i])
-        # the same bias as m_h * k_pos[j] plus a term of the query alone: attention's qk_lift route
-        mod.factors = lambda: (slopes.float().view(1, -1, 1, 1), k_pos.float().view(1, 1, -1, 1))
-        return mod
+        # the same bias as m_h * k_pos[j] plus a term of the query alone, with no parameter to train; and by distance
+        distance = -slopes[:, None] * torch.arange(ctx.n_pos, device=slopes.device) if consecutive(ctx) else None
+        return Bias(mod, factors=lambda: (slopes.float().view(1, -1, 1, 1), k_pos.float().view(1, 1, -1, 1)),
+                    grad=False, distance=distance)
 
 
 def t5_bucket(relative_position, num_buckets=32, max_distance=128, bidirectional=False):
@@ -1116,7 +1105,7 @@ class T5Bias(PositionalEncoding):
         return ctx
 
     def score_mod(self, q, k, ctx, params):
-        return distance_mod(ctx.extra['bias'], ctx)
+        return distance_bias(ctx.extra['bias'], ctx)
 
 
 class _ShawLayer(nn.Module):
@@ -1159,9 +1148,7 @@ class Shaw(PositionalEncoding):
 
         def mod(score, b, h, i, j):
             return score + qa[b, h, i, ctx.dist(i, j).clamp(max=kmax)]
-        if ctx.consecutive and ctx.q_pos.numel() == ctx.k_pos.numel():  # the distance of query i to key j is i - j
-            mod.table = lambda: self.table(q, params)
-        return mod
+        return Bias(mod, table=(lambda: self.table(q, params)) if consecutive(ctx) else None)
 
     def table(self, q, params):
         """The key term whole, [B, H, T, T] float32, for T queries over as many keys at consecutive positions
@@ -1173,7 +1160,7 @@ class Shaw(PositionalEncoding):
             a = q.float() @ params.rel_k.float()[r].t() / math.sqrt(self.head_dim)  # [B, H, T, T]: query i, distance r
         return query_distance_table(a)
 
-    def value_mod(self, q, k, ctx, params, score_mod, attend):
+    def value_mod(self, q, k, ctx, params, bias, att):
         B, H, Tq, d = q.shape
         K, off = self.k, k.size(2) - Tq  # query i is key i + off
         # the K nearest keys of every query in one sliding-window view (no copy per distance, and
@@ -1186,8 +1173,8 @@ class Shaw(PositionalEncoding):
         j = i + off - torch.arange(K, device=q.device)  # [Tq, K] the key at distance r
         b = torch.arange(B, device=q.device)[:, None, None, None]
         h = torch.arange(H, device=q.device)[None, :, None, None]
-        seen = (j >= 0) & attend.mask.visible(i, j, Tq, k.size(2))  # no key r back, or hidden: weight 0
-        e = torch.where(seen, score_mod(raw, b, h, i, j.clamp(min=0)), float('-inf'))
+        seen = (j >= 0) & att.mask.visible(i, j, Tq, k.size(2))  # no key r back, or hidden: weight 0
+        e = torch.where(seen, bias.mod(raw, b, h, i, j.clamp(min=0)), float('-inf'))
 
         def g(lse):
             p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
@@ -1219,7 +1206,7 @@ class _Kerple(PositionalEncoding):
             params.p.clamp_(min=self.eps, max=self.p_max)
             params.a.clamp_(min=self.eps)
         r = torch.arange(ctx.n_pos, device=q.device).float()
-        return distance_mod(-self.kernel(r[None, :], params.p[:, None], params.a[:, None]), ctx)  # [H, n_pos]
+        return distance_bias(-self.kernel(r[None, :], params.p[:, None], params.a[:, None]), ctx)  # [H, n_pos]
 
 
 @register('kerple_log')
@@ -1307,8 +1294,7 @@ class FIRE(PositionalEncoding):
                     score = score + w2[h, u] * torch.relu(w1[u] * x + b1[u])
                 return score + b2[h]
             # 32 units a logit: a table per chunk of queries, not a FlexAttention kernel (on CUDA by one product)
-            mod.tabulate = lambda i, j: self.grid(params, ctx, i, j)
-            return mod
+            return Bias(mod, grid=lambda i, j: self.grid(params, ctx, i, j))
         i, j = torch.arange(q.size(2), device=q.device)[:, None], torch.arange(k.size(2), device=q.device)
         x = self.normalised(params, ctx.q_pos[i], ctx.dist(i, j))  # [Tq, Tk]
         hidden = torch.relu(x[..., None, None] * w1 + b1)  # [Tq, Tk, 1, width]
@@ -1316,12 +1302,11 @@ class FIRE(PositionalEncoding):
 
         def mod(score, b, h, i, j):
             return score + table[h, i, j]
-        mod.reads_table = True  # a [H, Tq, Tk] table read at each logit's (i, j): FlexAttention's small tiles
-        if q.size(2) == k.size(2):  # also whole, for attention's sdpa_bias route (training, no KV cache): the mod
-            # at every logit, indexed as the other paths read it (torch 2.11's CPU Inductor crashed compiling the
-            # backward of `table` handed as it is)
-            mod.table = lambda: mod(0.0, 0, torch.arange(table.size(0), device=q.device)[:, None, None], i, j)
-        return mod
+        # also whole where there are as many queries as keys: the mod at every logit, indexed as the other paths
+        # read it (torch 2.11's CPU Inductor crashed compiling the backward of `table` handed as it is)
+        whole = (lambda: mod(0.0, 0, torch.arange(table.size(0), device=q.device)[:, None, None], i, j)) \
+            if q.size(2) == k.size(2) else None
+        return Bias(mod, table=whole, reads_table=True)  # (a table read at each logit: FlexAttention's small tiles)
 
 
 @register('sandwich')
@@ -1350,7 +1335,7 @@ class Sandwich(PositionalEncoding):
         return ctx
 
     def score_mod(self, q, k, ctx, params):
-        return distance_mod(ctx.extra['table'][None, :] / self.head_div[:, None], ctx)  # [H, n_pos]
+        return distance_bias(ctx.extra['table'][None, :] / self.head_div[:, None], ctx)  # [H, n_pos]
 
 
 def deberta_log_bucket(rel, bucket_size, max_position):
@@ -1440,10 +1425,8 @@ class DeBERTa(PositionalEncoding):
         def mod(score, b, h, i, j):
             r = ctx.dist(i, j)
             return score + c2p[b, h, i, ci[r]] + p2c[b, h, j, pi[r]]
-        mod.reads_table = True  # two float32 tables read at every logit: FlexAttention's small tiles
-        if ctx.consecutive and ctx.q_pos.numel() == ctx.k_pos.numel():  # the distance of query i to key j is i - j
-            mod.table = lambda: self.table(q, k, k_r, q_r, ci, pi)
-        return mod
+        whole = (lambda: self.table(q, k, k_r, q_r, ci, pi)) if consecutive(ctx) else None
+        return Bias(mod, table=whole, reads_table=True)  # (two tables read at every logit: FlexAttention's small tiles)
 
     def table(self, q, k, k_r, q_r, ci, pi):
         """Both position terms whole, [B, H, T, T] float32, for T queries over as many keys at consecutive
@@ -1536,10 +1519,8 @@ class GrapeA(_GrapeABase):
         else:
             def mod(score, b, h, i, j):
                 return score - rate[h] * ctx.dist(i, j) * (gq[b, h, i] + gk[b, h, j])
-        mod.factors = lambda: self.factors(rate, ctx.q_pos.float(), ctx.k_pos.float(), gq, gk)
-        if ctx.consecutive and ctx.q_pos.numel() == ctx.k_pos.numel():
-            mod.table = lambda: self.table(rate, ctx, gq, gk)
-        return mod
+        return Bias(mod, factors=lambda: self.factors(rate, ctx.q_pos.float(), ctx.k_pos.float(), gq, gk),
+                    table=(lambda: self.table(rate, ctx, gq, gk)) if consecutive(ctx) else None)
 
     @staticmethod
     def table(rate, ctx, gq, gk):
@@ -1600,7 +1581,7 @@ class GrapeAP(_GrapeABase):
         [B, H, Tq, pd] and the keys' turned probes R_l p^_l [B, H, Tk, pd], float32."""
         return self.slopes[:, None, None] * F.logsigmoid(p_q @ p_k.transpose(-1, -2) / self.p_head_dim)
 
-    def attention(self, q, k, v, x, ctx, params, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, att):
         B, Tq, _ = x.shape
         pd = self.p_head_dim
         with torch.autocast(x.device.type, enabled=False):
@@ -1621,7 +1602,7 @@ class GrapeAP(_GrapeABase):
                 after = psi.flip(-1).cumsum(-1).flip(-1)  # sum_{l >= j}
                 bias = F.pad(after[..., 1:], (0, 1))  # sum_{l > j} psi(t, l); psi is 0 past the query
             return a(q1, k1, v1, bias)
-        return attend.rows(run, q, k, v)
+        return att.rows(run, q, k, v)
 
 
 # --- data-dependent: angles from the layer input (`layer_context`), then rotated as RoPE
@@ -1830,12 +1811,12 @@ class SelectiveRoPE(PositionalEncoding):
 
         def mod(score, b, h, i, j):
             return score + (c_q[b, h, i] - c[b, h, j])
-        return mod
+        return Bias(mod, factors=lambda: (c.new_ones(1, 1, 1, 1), -c[..., None]))  # -c_j; c_i of the query alone
 
 
 # --- data-dependent, in the scheme's own attention (`attention`): gates and logits computed from the layer
 # input. PaTH and Wall compute every logit as a dense [B, H, Tq, Tk] float32 tensor (O(T^2) memory, as CoPE) and
-# hand it to attend.logits, so that windows, chunks, sink logits and attention dropout act as for any scheme, on
+# hand it to att.logits, so that windows, chunks, sink logits and attention dropout act as for any scheme, on
 # every path. The logits themselves (path_scores, wall_scores), the convolution and prefix sums they read, and
 # the adapters to flash-linear-attention's kernels are in kernels.py.
 
@@ -1876,11 +1857,11 @@ class FoX(PositionalEncoding):
     def new_layer(self):
         return _FoxLayer(self.n_embd, self.n_head, self.bias_init)
 
-    def attention(self, q, k, v, x, ctx, params, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, att):
         with torch.autocast(x.device.type, enabled=False):  # the bias stays float32
             log_f = F.logsigmoid(params.fgate(x.float())).transpose(1, 2)  # [B, H, Tq]: log f of the new tokens
-        if attend.uses_fla(q, cache):
-            return attend.run_fla(q, k, v, log_f=log_f)
+        if att.uses_fla(q, cache):
+            return att.run_fla(q, k, v, log_f=log_f)
         if cache is not None:
             if 'fox_log_f' in cache.state:
                 log_f = torch.cat((cache.state['fox_log_f'], log_f), 2)  # [B, H, Tk]: every key's log f
@@ -1890,8 +1871,7 @@ class FoX(PositionalEncoding):
 
         def mod(score, b, h, i, j):
             return score + (c_q[b, h, i] - c[b, h, j])
-        mod.factors = lambda: (c.new_ones(1, 1, 1, 1), -c[..., None])  # -c_j, and c_i of the query alone: qk_lift
-        return attend(q, k, v, mod)
+        return att(q, k, v, Bias(mod, factors=lambda: (c.new_ones(1, 1, 1, 1), -c[..., None])))  # -c_j; c_i alone
 
 
 class _CopeLayer(nn.Module):
@@ -1931,23 +1911,23 @@ class CoPE(PositionalEncoding):
     def new_layer(self):
         return _CopeLayer(self.npos_max, self.head_dim)
 
-    def bias(self, q, k, params, attend):
+    def bias(self, q, k, params, att):
         """The CoPE term q_i . e[p_ij], [B, H, Tq, Tk] float32 (queries = the last Tq keys; keys the
         layer's mask hides get no gate, so they are not counted)."""
         with torch.autocast(q.device.type, enabled=False):
             qf = q.float()
             z = qf @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))
-            g = torch.sigmoid(z).masked_fill(~attend.visibility(q.size(2), k.size(2), q.device), 0.0)
+            g = torch.sigmoid(z).masked_fill(~att.visibility(q.size(2), k.size(2), q.device), 0.0)
             p = g.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)  # p_ij = sum_{t>=j} g_it
             lo = p.detach().floor()
             w = p - lo  # carries the gradient to p
             qe = qf @ params.pos_emb.float().t()  # [B, H, Tq, npos_max]: q_i . e[m]
             return qe.gather(-1, p.detach().ceil().long()) * w + qe.gather(-1, lo.long()) * (1 - w)
 
-    def attention(self, q, k, v, x, ctx, params, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, att):
         def run(q, k, v, a):
-            return a(q, k, v, self.bias(q, k, params, a))
-        return attend.rows(run, q, k, v)
+            return a(q, k, v, Bias(tensor=self.bias(q, k, params, a)))
+        return att.rows(run, q, k, v)
 
 
 @register('stick_breaking')
@@ -1989,9 +1969,9 @@ class StickBreaking(PositionalEncoding):
             A = (F.logsigmoid(z) + after).exp().masked_fill(~vis, 0.0)
             return A, log_keep.sum(-1).exp()
 
-    def attention(self, q, k, v, x, ctx, params, cache, attend):
-        if attend.uses_fla(q, cache):
-            return attend.run_fla(q, k, v, attend_current=self.attend_current, remainder=self.remainder)
+    def attention(self, q, k, v, x, ctx, params, cache, att):
+        if att.uses_fla(q, cache):
+            return att.run_fla(q, k, v, attend_current=self.attend_current, remainder=self.remainder)
         p = self.dropout if self.training else 0.0
 
         def run(q, k, v, a):
@@ -2003,7 +1983,7 @@ class StickBreaking(PositionalEncoding):
                 if self.remainder:
                     y = y + rest.unsqueeze(-1) * v[:, :, v.size(2) - q.size(2):].float()
             return y
-        return attend.rows(run, q, k, v).to(q.dtype)
+        return att.rows(run, q, k, v).to(q.dtype)
 
 
 class _PathLayer(nn.Module):
@@ -2065,14 +2045,14 @@ class PaTH(PositionalEncoding):
         w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)
         return w, 2 * torch.sigmoid(params.beta(x)).transpose(1, 2)
 
-    def attention(self, q, k, v, x, ctx, params, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, att):
         n = cache.n if cache is not None else 0
         with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
             xf = x.float()
             w, beta = self.gates(xf, params, cache)
             log_f = F.logsigmoid(params.fgate(xf)).transpose(1, 2) if params.fgate is not None else None  # [B, H, T]
-            if attend.uses_fla(q, cache):
-                return attend.run_fla(q, k, v, w=w, beta=beta, log_f=log_f)
+            if att.uses_fla(q, cache):
+                return att.run_fla(q, k, v, w=w, beta=beta, log_f=log_f)
             A, keys = path_scores(q.float(), k.float(), w, beta, cache[0].float() if n else None, self.chunk,
                                   keys=cache is not None)
             if log_f is not None:  # PaTH-FoX: G_i - G_j inside the scale, G the prefix sum of log f
@@ -2086,7 +2066,7 @@ class PaTH(PositionalEncoding):
             if n:
                 cache.rewrite(lambda old: keys[:, :, :n].to(old.dtype))
             k, v = cache.append(keys[:, :, n:].to(k.dtype), v)
-        return attend.logits(A, v)
+        return att.logits(A, v)
 
 
 @register('path_fox')
@@ -2128,14 +2108,14 @@ class Wall(PositionalEncoding):
     def new_layer(self):
         return _WallLayer(self.n_embd, self.n_head, self.bias_init, self.scalar_gate)
 
-    def attention(self, q, k, v, x, ctx, params, cache, attend):
+    def attention(self, q, k, v, x, ctx, params, cache, att):
         B, H, T, d = q.shape
         with torch.autocast(x.device.type, enabled=False):  # the logits stay float32
             xf = x.float()
             g = F.logsigmoid(params.gate(xf)).view(B, T, H, d).transpose(1, 2)  # [B, H, T, d]
             gs = F.logsigmoid(params.scalar(xf)).transpose(1, 2) if params.scalar is not None else None
-            if attend.uses_fla(q, cache):
-                return attend.run_fla(q, k, v, g=g, g_scalar=gs)
+            if att.uses_fla(q, cache):
+                return att.run_fla(q, k, v, g=g, g_scalar=gs)
             if cache is not None:  # the gates of every key in the cache (its keys include the new ones)
                 for name, t in (('wall_g', g), ('wall_gs', gs)):
                     if t is not None:
@@ -2146,4 +2126,4 @@ class Wall(PositionalEncoding):
             if gs is not None:
                 C = gs.cumsum(-1)
                 A = A + C[..., C.size(-1) - T:, None] - C[..., None, :]
-        return attend.logits(A, v)
+        return att.logits(A, v)

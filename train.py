@@ -304,7 +304,7 @@ model.to(device)
 if master:
     print(f"scheme {pos_encoding}: {model.get_num_params() / 1e6:.2f}M parameters, "
           f"rope_scaling={model_args['rope_scaling']}; layer plan:")
-    for line in model.plan_lines(device, ptdtype):
+    for line in model.plan_lines(device, ptdtype, batch_size, block_size):
         print('  ' + line)
     for line in model.fla_notes(device):
         print(line)
@@ -504,10 +504,10 @@ t_train = t_train or t_end  # iters_trained: by this process (a resumed run trai
 timing = {'startup_s': round(t_train - runtime.process_start(), 3), 'train_s': round(t_end - t_train, 3),
           'iters_trained': iter_num - (resumed_at or 0)}
 if master and final_eval and iter_num >= max_iters and not stopped and not failure:  # the full suite, once
-    # eval.json's first keys; attn_backends: the route each layer's attention took (model.attention_backends)
+    # eval.json's first keys; routes: the route each layer's attention took (model.routes)
     head = dict(scheme=pos_encoding, name=wandb_run_name or pos_encoding, seed=seed, rope_scaling=rope_scaling,
                 iter=iter_num, out_dir=out_dir,
-                attn_backends=raw_model.attention_backends(device, grad=False, dtype=ptdtype))
+                routes=raw_model.routes(device, grad=False, dtype=ptdtype))
     failure = final_suite(raw_model, out_dir, head, val_data, block_size, final_eval_mults,
                           final_eval_tokens or eval_tokens, task, task_n, positions, pos_max, device, autocast,
                           control.stopping, wandb_run, timing)

@@ -43,6 +43,27 @@ def tiny_model(scheme, seed=0, **kw):
     return GPT(tiny_config(scheme, **kw))
 
 
+def forced_cuda_routes(monkeypatch):
+    """attend's route on the CPU made the one it takes on CUDA (the kernels then run on the CPU: SDPA's own)."""
+    real = A.route
+    monkeypatch.setattr(A, 'route', lambda c: real(c._replace(device='cuda') if c.device == 'cpu' else c))
+
+
+def off_init(name, opts):
+    """The scheme `name` and a layer of it whose parameters are drawn afresh from N(0, 1) (KERPLE's from |N(0, 1)|, as
+    it keeps them positive), in float64 where the scheme's hooks take it (FoX computes its gates from x in float32)."""
+    torch.manual_seed(0)
+    pe = positional.REGISTRY[name](tiny_config(name), **opts)
+    layer = pe.new_layer()
+    if layer is not None:
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn_like(p).abs() if name.startswith('kerple') else torch.randn_like(p))
+        if not pe.owns_attention:
+            layer.double()
+    return pe, layer
+
+
 def assert_causal(m):
     """Changing tokens 9.. leaves the logits of positions 0..8 as they were, and changes the rest."""
     x = torch.randint(0, 37, (2, 16))

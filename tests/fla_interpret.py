@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 import kernels  # noqa: E402
 import positional  # noqa: E402
-from attention import Attend, Mask  # noqa: E402
+from attention import Attender, Mask  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 TOL = 2e-5       # kernels that compute in float32 (the interpreter's dots are float32 matmuls)
@@ -101,8 +101,8 @@ def hook_case(name, opts=None, B=2, T=40, H=2, d=16, window=None, sink_logits=Fa
             w, beta = real(xf, lay, cache)
             w, beta = w[:, ::gqa], beta[:, ::gqa]  # one Householder per key head
             return (w.repeat_interleave(gqa, 1), beta.repeat_interleave(gqa, 1)) if expand else (w, beta)
-    ref_attend = Attend(mask, 'dense', 0.0, sink_logits)
-    fla_attend = Attend(mask, 'fla', 0.0, sink_logits, fla=scheme.fla_kernel)
+    ref_attend = Attender(mask, 'dense', 0.0, sink_logits)
+    fla_attend = Attender(mask, 'fla', 0.0, sink_logits, fla=scheme.fla_kernel)
 
     def reference(repeat):
         if per_key:
@@ -198,7 +198,7 @@ def model_case(scheme, T=24, **kw):
         x = torch.randint(0, 37, (2, T + 1), generator=torch.Generator().manual_seed(0))
         _, loss = m(x[:, :-1], x[:, 1:])
         loss.backward()
-        out[backend] = loss.detach(), {n: p.grad for n, p in m.named_parameters()}, m.attention_backends('cpu')
+        out[backend] = loss.detach(), {n: p.grad for n, p in m.named_parameters()}, m.routes('cpu')
     (l_ref, g_ref, b_ref), (loss, grads, b_fla) = out['dense'], out['fla']
     tol = TOL_PATH if scheme.startswith('path') else TOL
     checks = {'loss': [rel(loss, l_ref), tol], **{n: [rel(grads[n], g_ref[n]), tol] for n in g_ref}}

@@ -1,7 +1,9 @@
-"""The attention kernels behind attention.attend: dropout on every path (SDPA, dense, FlexAttention)
-and FlexAttention's dropout == the dense path's, our causal block mask == create_block_mask, the dense
-bias kept float32 under autocast, no-grad query chunks == one pass, v padded to q's width (PoPE),
-Shaw's value term without per-distance copies, and one compiled FlexAttention kernel per shape."""
+"""The kernels behind attention.attend's routes: dropout on every path (SDPA, dense, FlexAttention) and FlexAttention's
+dropout == the dense path's, our causal block mask == create_block_mask, the dense bias kept float32 under autocast,
+no-grad query chunks == one pass, v padded to q's width (PoPE), Shaw's value term without per-distance copies, one
+compiled FlexAttention kernel per shape, qk_lift's and sdpa_bias's arithmetic (lifted columns, bfloat16 parts,
+tables by distance, the logsumexp's gradient, a wide head's split) against the dense path. Which route a call takes:
+tests/test_routes.py."""
 import copy
 import math
 import os
@@ -15,7 +17,7 @@ import torch.nn.attention.flex_attention as fa
 import attention as A
 import positional
 import positional as P
-from conftest import tiny_config, tiny_model
+from conftest import forced_cuda_routes, off_init, tiny_config, tiny_model
 from test_positional import qkv
 
 
@@ -153,7 +155,7 @@ def test_shaw_value_term_saves_no_per_distance_copies():
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        g = pe.value_mod(q, k, ctx, layer, mod, A.Attend())
+        g = pe.value_mod(q, k, ctx, layer, mod, A.Attender())
         out = g(torch.randn(2, 2, 128, requires_grad=True))
     out.sum().backward()
     assert layer.rel_v.grad is not None and q.grad is not None
@@ -190,7 +192,7 @@ def test_flex_keeps_one_kernel_per_shape_past_dynamo_default_limit():
 
 
 def test_flex_gets_small_tiles_on_cuda_where_the_score_mod_reads_a_table(monkeypatch):
-    """A bias tensor, and the score_mods that read a float32 table at each logit (DeBERTa's two, FIRE's in
+    """A bias tensor, and the biases whose mod reads a float32 table at each logit (DeBERTa's two, FIRE's in
     training), get TABLE_TILES on CUDA, through logit scaling too: Inductor's default tiles need more shared
     memory than an H200 block has (docs/gpu.md). Other mods, and every mod on CPU, keep Inductor's choice.
     attend hands the options to FlexAttention with and without the logsumexp."""
@@ -204,7 +206,7 @@ def test_flex_gets_small_tiles_on_cuda_where_the_score_mod_reads_a_table(monkeyp
     with torch.no_grad():  # FIRE without gradients evaluates its MLP per logit: no table
         mods['fire_no_grad'] = mod_of('fire')
     table, ones = torch.randn(1, 4, 8, 8), torch.ones(4, 8)
-    for mod in (table, mods['deberta'], mods['fire'], A.scale_logits(q, mods['deberta'], ones)[1]):
+    for mod in (A.Bias(tensor=table), mods['deberta'], mods['fire'], A.scale_logits(q, mods['deberta'], ones)[1]):
         assert A.flex_tiles('cuda', mod) == A.TABLE_TILES and A.flex_tiles('cpu', mod) is None
     for mod in (mods['alibi'], mods['t5'], mods['fire_no_grad'], A.scale_logits(q, mods['alibi'], ones)[1], None):
         assert A.flex_tiles('cuda', mod) is None
@@ -216,41 +218,15 @@ def test_flex_gets_small_tiles_on_cuda_where_the_score_mod_reads_a_table(monkeyp
         return (q, SimpleNamespace(lse=q.new_zeros(q.shape[:3]))) if 'return_aux' in kw else q
     monkeypatch.setitem(A._compiled, 'flex', spy)
     monkeypatch.setattr(A, 'FLEX_LSE_ON_CPU', True)
-    monkeypatch.setattr(A, 'flex_tiles', lambda device_type, mod: (device_type, torch.is_tensor(mod)))
+    monkeypatch.setattr(A, 'flex_tiles', lambda device_type, bias: (device_type, bias.tensor is not None))
     A.attend(q, k, v, table, backend='flex')
     A.attend(q, k, v, mods['alibi'], backend='flex', sink_logits=torch.zeros(4))
     assert seen == [('cpu', True), ('cpu', False)]
 
 
-def test_a_tabulated_score_mod_runs_dense_without_gradients_on_cuda(monkeypatch):
-    """FIRE's score_mod without gradients (an MLP of 32 units per logit) is marked `tabulate`, through logit
-    scaling too: on CUDA, 'auto' then evaluates it as a table per chunk of queries (the dense path) rather than
-    unrolling it into FlexAttention's kernel; with gradients, under 'flex', or for an unmarked mod, CUDA runs
-    FlexAttention as before. attend passes the mod to that choice (attention.route)."""
-    pe = positional.REGISTRY['fire'](tiny_config('fire'))
-    layer, pos = pe.new_layer(), torch.arange(8)
-    q, k, v = qkv(1, 4, 8, 8, 8)
-    with torch.no_grad():
-        fire = pe.score_mod(q, k, pe.context(pos, pos), layer)
-        scaled = A.scale_logits(q, fire, torch.full((4, 8), 2.0))[1]
-    trained = pe.score_mod(q, k, pe.context(pos, pos), layer)
-    t5 = positional.REGISTRY['t5'](tiny_config('t5'))
-    unmarked = t5.score_mod(q, k, t5.context(pos, pos), None)
-    assert fire.tabulate and scaled.tabulate and not getattr(trained, 'tabulate', False)
-    assert A.route('cuda', 'auto', fire, grad=False, Tq=8) == 'dense' == A.route('cuda', 'auto', scaled, grad=False)
-    assert A.route('cuda', 'flex', fire, grad=False) == 'flex' == A.route('cuda', 'auto', unmarked, grad=False)
-    assert A.route('cpu', 'auto', unmarked, grad=False) == 'dense'  # CPU: dense for every mod, as before
-    assert A.route('cuda', 'auto', fire, grad=True) == 'flex'  # with gradients: FlexAttention
-    seen = []
-    monkeypatch.setattr(A, 'route', lambda device_type, backend, mod, *a, **kw: seen.append(mod) or 'dense')
-    with torch.no_grad():
-        A.attend(q, k, v, fire)
-    assert seen == [fire]
-
-
 @pytest.mark.parametrize('window', [None, 5])
-def test_a_tabulated_mod_gives_its_table_per_chunk_as_at_each_logit(window, monkeypatch):
-    """FIRE without gradients on the dense path, its bias from `tabulate` (FIRE.grid: the hidden units of every pair
+def test_a_grid_gives_its_table_per_chunk_as_the_mod_at_each_logit(window, monkeypatch):
+    """FIRE without gradients on the dense path, its bias from its grid form (FIRE.grid: the hidden units of every pair
     and one product; on attention.TABULATE_ON's devices, the CPU here) against its score_mod at each logit: the same
     attention output, in chunks of query rows (dense_chunk_bytes made small) past the training length, where the
     normaliser moves with the query; and the table itself, the rows' constant included (the output layer's bias,
@@ -266,8 +242,8 @@ def test_a_tabulated_mod_gives_its_table_per_chunk_as_at_each_logit(window, monk
         monkeypatch.setattr(A, 'TABULATE_ON', on)
         with torch.no_grad():
             mod = pe.score_mod(q, k, pe.context(pos, pos), layer)
-            grid = mod.tabulate
-            mod.tabulate = lambda i, j: calls.append(len(i)) or grid(i, j)
+            grid = mod.grid
+            mod.grid = lambda i, j: calls.append(len(i)) or grid(i, j)
             ys[on] = A.attend(q, k, v, mod, backend='dense', mask=mask)
             tables[on] = A.dense_bias(mod, 2, 4, T, T, 'cpu', mask)
     assert len(calls) > 2 and sum(calls) == 2 * T  # each chunk of rows once, and the whole table
@@ -296,89 +272,8 @@ def test_flex_attention_starts_a_graph_of_its_own_on_cuda(monkeypatch):
     assert counts[True][1] >= m.config.n_layer and counts[True][0] > m.config.n_layer, counts
 
 
-def test_route_names_the_path_and_attend_runs_the_path_it_names(monkeypatch):
-    """attention.route: no bias -> 'sdpa'; a bias -> 'flex' on CUDA under 'auto' (not for one query, a decoding
-    step) and under 'flex', else 'dense'; the logsumexp on CPU -> 'dense'; a layer's fla kernel -> 'fla:<kernel>'
-    without a KV cache. attend then calls the function of the route it is given, whatever the inputs."""
-    t5 = positional.REGISTRY['t5'](tiny_config('t5'))
-    mod = t5.score_mod(None, None, t5.context(torch.arange(8), torch.arange(8)), None)
-    assert A.route('cuda') == 'sdpa' == A.route('cpu', 'dense')
-    assert A.route('cuda', 'auto', mod) == 'flex' and A.route('cuda', 'auto', mod, Tq=1) == 'dense'
-    assert A.route('cpu', 'auto', mod) == 'dense' and A.route('cpu', 'flex', mod) == 'flex'
-    assert A.route('cpu', 'flex', mod, need_lse=True) == 'dense' and A.route('cuda', 'dense', mod) == 'dense'
-    assert A.route('cuda', 'auto', fla='attn') == 'fla:attn' and A.route('cpu', 'fla', fla='attn') == 'fla:attn'
-    assert A.route('cuda', 'auto', fla='attn', cache=object()) == 'sdpa' == A.route('cpu', 'auto', fla='attn')
-    q, k, v = qkv(1, 2, 8, 8, 8)
-    calls = []
-    monkeypatch.setattr(A, '_sdpa', lambda q, *a: calls.append('sdpa') or q)
-    monkeypatch.setattr(A, '_flex_attend', lambda q, *a: calls.append('flex') or (q, None))
-    monkeypatch.setattr(A, '_dense', lambda q, *a: calls.append('dense') or (q, None))
-    for way in ('sdpa', 'flex', 'dense'):
-        monkeypatch.setattr(A, 'route', lambda *a, way=way, **kw: way)
-        A.attend(q, k, v, mod)
-    assert calls == ['sdpa', 'flex', 'dense']
-
-
-def test_each_layer_reports_the_route_its_forward_takes(monkeypatch):
-    """GPT.attention_backends names each layer's route: on the CPU the routes a real forward takes (its calls of
-    SDPA and of the dense path counted), on CUDA the bias layers' route in training and FlexAttention without
-    gradients, without touching the caller's random numbers."""
-    m = tiny_model('t5', n_layer=3, nope_layers=[1], attn_backend='auto', dropout=0.1)  # dropout draws numbers
-    state = torch.get_rng_state()
-    assert m.attention_backends('cpu') == ['dense', 'sdpa', 'dense']
-    assert m.attention_backends('cuda') == ['sdpa_bias', 'sdpa', 'sdpa_bias']
-    assert m.attention_backends('cuda', grad=False) == ['flex', 'sdpa', 'flex']
-    assert torch.equal(torch.get_rng_state(), state)
-    assert tiny_model('stick_breaking', attn_backend='dense').attention_backends('cuda') == ['own', 'own']
-    calls = []
-    for name in ('_sdpa', '_dense'):
-        real = getattr(A, name)
-        monkeypatch.setattr(A, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
-    m(torch.zeros(1, 8, dtype=torch.long))
-    assert sorted(calls) == ['_dense', '_dense', '_sdpa']
-
-
-def test_every_route_has_its_line_and_the_plan_lines_name_the_routes_taken(monkeypatch):
-    """Every name route() gives, over devices, backends, mods (none, factored, by distance, plain, tabulated), the
-    logsumexp, gradients, one query and an fla kernel, has its line in ROUTES, as 'own' does; a model's plan lines
-    end with one line for each route its layers take, in the order first taken."""
-    monkeypatch.setattr(A.kernels, 'fla_status', lambda: (True, None))  # fla-core as on a GPU machine
-    alibi = positional.REGISTRY['alibi'](tiny_config('alibi'))
-    t5 = positional.REGISTRY['t5'](tiny_config('t5'))
-    pos = torch.arange(8)
-    ctx = t5.context(pos, pos)
-    ctx.consecutive = True
-    tabulated = lambda score, b, h, i, j: score  # noqa: E731
-    tabulated.tabulate = True
-    mods = [None, alibi.score_mod(None, None, alibi.context(pos, pos), None), t5.score_mod(None, None, ctx, None),
-            lambda score, b, h, i, j: score, tabulated]
-    names = {A.route(dev, backend, mod, lse, grad, tq, fla).split(':')[0]
-             for dev in ('cpu', 'cuda') for backend in A.BACKENDS if backend != 'fla' for mod in mods
-             for lse in (False, True) for grad in (False, True) for tq in (1, 8) for fla in (None, 'attn')}
-    assert names | {'own'} == set(A.ROUTES)
-    m = tiny_model('t5', n_layer=3, nope_layers=[1], attn_backend='auto')
-    assert m.plan_lines('cuda')[3:] == ['route sdpa_bias: ' + A.ROUTES['sdpa_bias'], 'route sdpa: ' + A.ROUTES['sdpa']]
-    assert m.plan_lines('cpu')[3:] == ['route dense: ' + A.ROUTES['dense'], 'route sdpa: ' + A.ROUTES['sdpa']]
-    assert len(m.plan_lines()) == 3
-
-
 LIFTED = [('alibi', {}), ('grape_a', {}), ('grape_a', {'variant': 'key'}), ('grape_a', {'variant': 'query'}),
           ('fox', {})]
-
-
-def off_init(name, opts):
-    """The scheme `name` and a layer of it whose parameters are drawn afresh from N(0, 1) (KERPLE's from |N(0, 1)|, as
-    it keeps them positive), in float64 where the scheme's hooks take it (FoX computes its gates from x in float32)."""
-    torch.manual_seed(0)
-    pe = P.REGISTRY[name](tiny_config(name), **opts)
-    layer = pe.new_layer()
-    if layer is not None:
-        with torch.no_grad():
-            for p in layer.parameters():
-                p.copy_(torch.randn_like(p).abs() if name.startswith('kerple') else torch.randn_like(p))
-        if not pe.owns_attention:
-            layer.double()
-    return pe, layer
 
 
 def mod_of(pe, layer, q, k, v, ctx):
@@ -414,7 +309,7 @@ def test_qk_lift_equals_the_bias_path(name, opts):
             q2, k2, v2 = A.lift_qk(q, k, v, *mod.factors())
             y = A._sdpa(q2, k2, v2, 0.0, A.CAUSAL, d ** -0.5)[..., :d]
         else:
-            y = A._dense(q, k, v, mod, 0.0, None, False, A.Attend())[0]
+            y = A._dense(q, k, v, mod, 0.0, None, False, A.Attender())[0]
         outs.append((y, torch.autograd.grad((y * w).sum(), leaves)))
     (y0, g0), (y1, g1) = outs
     assert (y1 - y0).abs().max() < 1e-5 * y0.abs().max()
@@ -444,12 +339,6 @@ def test_qk_lift_keeps_float32s_bias_in_bfloat16():
     assert (whole - want).abs().max() > 0.5  # one bfloat16 column per factor
 
 
-def forced_cuda_routes(monkeypatch):
-    """attend's route on the CPU made the one it takes on CUDA (the kernels then run on the CPU: SDPA's own)."""
-    real = A.route
-    monkeypatch.setattr(A, 'route', lambda dev, *a, **kw: real('cuda' if dev == 'cpu' else dev, *a, **kw))
-
-
 @pytest.mark.parametrize('name, opts', LIFTED)
 def test_bfloat16_training_of_a_factored_bias_keeps_its_gradients(name, opts, monkeypatch):
     """In bfloat16 training (T = 1024, 4 heads of 8) each factored bias takes a route (as on CUDA, its kernels run
@@ -474,13 +363,13 @@ def test_bfloat16_training_of_a_factored_bias_keeps_its_gradients(name, opts, mo
         ctx = pe.context(pos, pos)
         ctx.consecutive = True
         mod = mod_of(pe, lay, q, k, v, ctx)
-        way = A.route('cuda', 'auto', mod, dtype=dtype) if how is None else how
+        way = A.route(A.Call('cuda', bias=mod, dtype=dtype)) if how is None else how
         if way == 'qk_lift':
             y = A._sdpa(*A.lift_qk(q, k, v, *mod.factors()), 0.0, A.CAUSAL, d ** -0.5)[..., :d]
         elif way == 'sdpa_bias':
             y = A._sdpa_bias(q, k, v, A.bias_table(mod, T), 0.0, A.CAUSAL)
         else:
-            y = A._dense(q, k, v, mod, 0.0, None, False, A.Attend())[0]
+            y = A._dense(q, k, v, mod, 0.0, None, False, A.Attender())[0]
         leaves = [q, k, v, *(lay.parameters() if lay is not None else [])]
         return way, [t.double() for t in torch.autograd.grad((y.double() * w).sum(), leaves)]
     _, want = grads(torch.float64, 'dense')
@@ -491,40 +380,6 @@ def test_bfloat16_training_of_a_factored_bias_keeps_its_gradients(name, opts, mo
     assert err(got) <= 2 * floor + 1e-3, (err(got), floor)
     if name != 'alibi':  # what staying off qk_lift avoids
         assert err(grads(torch.bfloat16, 'qk_lift')[1]) > 0.05
-
-
-def test_qk_lift_is_the_cuda_route_of_a_factored_bias_and_trains_a_model(monkeypatch):
-    """route: 'qk_lift' for a mod with factors on CUDA under 'auto' (alibi, grape_a), not with the logsumexp (sink
-    logits, a value term), in float16, for one query, under 'flex' or 'dense', or on the CPU, and in bfloat16
-    training only where the factors need no gradient (alibi's; grape_a's gates do: it takes sdpa_bias); a mod
-    without factors (t5) stays on FlexAttention. A model whose layers take it (forced on the CPU) trains as on the
-    dense path."""
-    alibi = positional.REGISTRY['alibi'](tiny_config('alibi'))
-    mod = alibi.score_mod(None, None, alibi.context(torch.arange(8), torch.arange(8)), None)
-    t5 = positional.REGISTRY['t5'](tiny_config('t5'))
-    t5_mod = t5.score_mod(None, None, t5.context(torch.arange(8), torch.arange(8)), None)
-    assert A.route('cuda', 'auto', mod) == 'qk_lift' and A.route('cuda', 'auto', t5_mod) == 'flex'
-    assert A.route('cuda', 'auto', mod, need_lse=True) == 'flex' and A.route('cuda', 'auto', mod, Tq=1) == 'dense'
-    assert A.route('cuda', 'auto', mod, dtype=torch.float16) == 'flex' and A.route('cpu', 'auto', mod) == 'dense'
-    assert A.route('cuda', 'flex', mod) == 'flex' and A.route('cuda', 'dense', mod) == 'dense'
-    assert A.route('cuda', 'auto', mod, dtype=torch.bfloat16) == 'qk_lift'
-    grape = tiny_model('grape_a', attn_backend='auto')
-    assert grape.attention_backends('cuda') == grape.attention_backends('cuda', grad=False, dtype=torch.bfloat16) \
-        == ['qk_lift', 'qk_lift']
-    assert grape.attention_backends('cuda', dtype=torch.bfloat16) == ['sdpa_bias', 'sdpa_bias']
-    assert tiny_model('alibi', attn_backend='auto', sink_logits=True).attention_backends('cuda') == ['flex', 'flex']
-    x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
-    losses = {}
-    for forced in (False, True):
-        m = tiny_model('grape_a', attn_backend='auto')
-        if forced:
-            forced_cuda_routes(monkeypatch)
-        loss = m(x[:, :-1], x[:, 1:])[1]
-        loss.backward()
-        losses[forced] = loss.item(), {n: p.grad for n, p in m.named_parameters()}
-    assert losses[True][0] == pytest.approx(losses[False][0], rel=1e-6)
-    for n, g in losses[False][1].items():
-        assert (losses[True][1][n] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-9, n
 
 
 WHOLE = [('t5', {}), ('kerple_log', {}), ('kerple_power', {}), ('sandwich', {}), ('fire', {'init_L': 4.0}),
@@ -645,14 +500,14 @@ def test_sdpa_bias_equals_the_bias_path(name, opts, window):
     for whole in (False, True):
         mod = pe.score_mod(q, k, ctx, layer)
         if whole:
-            assert A.route('cuda', 'auto', mod, dtype=torch.bfloat16) == 'sdpa_bias'
+            assert A.route(A.Call('cuda', bias=mod, dtype=torch.bfloat16)) == 'sdpa_bias'
             A.F.scaled_dot_product_attention = garbage_above
             try:
                 y = A._sdpa_bias(q, k, v, A.bias_table(mod, T), 0.0, mask)
             finally:
                 A.F.scaled_dot_product_attention = sdpa
         else:
-            y = A._dense(q, k, v, mod, 0.0, None, False, A.Attend(mask))[0]
+            y = A._dense(q, k, v, mod, 0.0, None, False, A.Attender(mask))[0]
         outs.append((y, torch.autograd.grad((y * w).sum(), leaves, allow_unused=True)))
     (y0, g0), (y1, g1) = outs
     assert (y1 - y0).abs().max() < 1e-6 * y0.abs().max()
@@ -662,64 +517,6 @@ def test_sdpa_bias_equals_the_bias_path(name, opts, window):
             continue
         # (+1e-6: FIRE's output bias shifts whole rows, so its gradient is 0 but for the dense path's float32 bias)
         assert torch.isfinite(a).all() and (a - b).abs().max() <= 1e-6 * b.abs().max() + 1e-6, (a - b).abs().max()
-
-
-def test_sdpa_bias_is_the_cuda_training_route_of_a_whole_bias(monkeypatch):
-    """route: 'sdpa_bias' on CUDA under 'auto' in training for a mod that hands its bias whole (T5, KERPLE, Sandwich:
-    the distance vector; FIRE, DeBERTa, Shaw: its table) or a bias tensor (CoPE's), with the logsumexp too (Shaw's
-    value term, sink logits) where there is no attention dropout; FlexAttention (FIRE: dense) without gradients, with
-    the logsumexp and dropout, under 'flex', for whole logits (Wall's), or where positions are not consecutive
-    (randomized positions: the distance is not i - j); the dense path on the CPU. A model whose layers take it (forced
-    on the CPU) trains as on the dense path."""
-    for name in ('t5', 'kerple_log', 'kerple_power', 'sandwich', 'fire', 'deberta', 'cope', 'shaw'):
-        m = tiny_model(name, attn_backend='auto')
-        assert m.attention_backends('cuda') == ['sdpa_bias'] * 2, name
-        assert m.attention_backends('cuda', grad=False) == ['dense' if name == 'fire' else 'flex'] * 2, name
-        assert m.attention_backends('cpu') == ['dense'] * 2, name
-    assert tiny_model('t5', attn_backend='flex').attention_backends('cuda') == ['flex'] * 2
-    assert tiny_model('t5', attn_backend='auto', sink_logits=True).attention_backends('cuda') == ['sdpa_bias'] * 2
-    for name in ('t5', 'shaw'):
-        m = tiny_model(name, attn_backend='auto', sink_logits=True, dropout=0.1)
-        assert m.attention_backends('cuda') == ['flex'] * 2, name
-    assert tiny_model('wall', attn_backend='auto').attention_backends('cuda') == ['flex'] * 2
-    t5 = positional.REGISTRY['t5'](tiny_config('t5'))
-    pos = torch.tensor([0, 2, 3, 7, 8, 11])  # randomized positions: the mod offers no distance vector
-    mod = t5.score_mod(None, None, t5.context(pos, pos), None)
-    assert getattr(mod, 'distance', None) is None and A.route('cuda', 'auto', mod) == 'flex'
-    x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
-    for name, kw in (('t5', {}), ('kerple_log', {}), ('fire', {}), ('deberta', {}), ('cope', {}), ('shaw', {}),
-                     ('t5', {'sink_logits': True})):
-        losses = {}
-        for forced in (False, True):
-            m = tiny_model(name, attn_backend='auto', dropout=0.0, **kw)
-            if forced:
-                forced_cuda_routes(monkeypatch)
-            seen = []
-            real_fn = A._sdpa_bias
-            monkeypatch.setattr(A, '_sdpa_bias', lambda *a, **kw: seen.append(1) or real_fn(*a, **kw))
-            loss = m(x[:, :-1], x[:, 1:])[1]
-            loss.backward()
-            assert bool(seen) == forced
-            losses[forced] = loss.item(), {n: p.grad for n, p in m.named_parameters()}
-            monkeypatch.undo()
-        assert losses[True][0] == pytest.approx(losses[False][0], rel=1e-6)
-        for n, g in losses[False][1].items():
-            assert (losses[True][1][n] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-9, (name, n)
-
-
-@pytest.mark.parametrize('name, kw', [('t5', {}), ('deberta', {}), ('shaw', {}), ('cope', {}),
-                                      ('t5', {'sink_logits': True})])
-def test_the_sdpa_bias_routes_trace_into_one_graph(name, kw, monkeypatch):
-    """A training forward on route sdpa_bias (forced on the CPU as on CUDA) traces into one graph with no break:
-    the tables' strided views and BiasedLse's autograd.Function (Shaw's value term, sink logits) included."""
-    forced_cuda_routes(monkeypatch)
-    m = tiny_model(name, attn_backend='auto', dropout=0.0, **kw)
-    assert m.attention_backends('cuda') == ['sdpa_bias'] * 2
-    x = torch.randint(0, 37, (2, 17), generator=torch.Generator().manual_seed(0))
-    torch._dynamo.reset()
-    ex = torch._dynamo.explain(m)(x[:, :-1], x[:, 1:])
-    torch._dynamo.reset()
-    assert (ex.graph_count, ex.graph_break_count) == (1, 0), [str(b.reason)[:200] for b in ex.break_reasons]
 
 
 def test_bfloat16_parts_survive_torch_compile():
@@ -744,13 +541,8 @@ def test_a_head_wider_than_the_fused_kernels_trains_through_its_columns_as_a_bia
     """q and k wider than SDPA's fused kernels take (FUSED_MAX_WIDTH; XL's 64 + 768 columns), v narrower: in training
     on CUDA under 'auto' attend splits them (route 'sdpa_bias'), the columns past v's width giving a bias table as
     their product at the whole head's scale. Against SDPA on the whole head (the 'sdpa' route), in float64, causal
-    and in a sliding window: the output and the gradients of q, k and v. Without gradients, for one query, on the CPU,
-    or at the fused kernels' width, the route stays 'sdpa'."""
+    and in a sliding window: the output and the gradients of q, k and v (route's rule: tests/test_routes.py)."""
     W = A.FUSED_MAX_WIDTH
-    assert A.route('cuda', 'auto', None, width=W + 8) == 'sdpa_bias'
-    assert {A.route('cuda', 'auto', None, width=W), A.route('cuda', 'auto', None, grad=False, width=W + 8),
-            A.route('cuda', 'auto', None, Tq=1, width=W + 8), A.route('cpu', 'auto', None, width=W + 8),
-            A.route('cuda', 'auto', None)} == {'sdpa'}
     g = torch.Generator().manual_seed(0)
     B, H, T, D, Dv = 2, 2, 12, W + 8, 8
     q, k = (torch.randn(B, H, T, D, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(2))
@@ -772,24 +564,3 @@ def test_a_head_wider_than_the_fused_kernels_trains_through_its_columns_as_a_bia
         assert (a - b).abs().max() < 1e-12 * b.abs().max()
 
 
-def test_xl_at_its_default_width_takes_the_wide_split_in_training_on_cuda(monkeypatch):
-    """XL's head, d_head + r_dim columns, is wider than the fused kernels take at r_dim = n_embd (the paper's, and
-    the gpt2 preset's 64 + 768): training on CUDA splits it ('sdpa_bias'); a narrower r_dim, or evaluation, keeps
-    'sdpa'. A model forced onto it on the CPU trains as on 'sdpa'."""
-    wide = {'r_dim': A.FUSED_MAX_WIDTH}  # 8 + 256 columns
-    m = tiny_model('xl', attn_backend='auto', pos_options=wide)
-    assert m.attention_backends('cuda') == ['sdpa_bias'] * 2
-    assert m.attention_backends('cuda', grad=False) == m.attention_backends('cpu') == ['sdpa'] * 2
-    assert tiny_model('xl', attn_backend='auto').attention_backends('cuda') == ['sdpa'] * 2
-    x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
-    runs = []
-    for forced in (False, True):
-        if forced:
-            forced_cuda_routes(monkeypatch)
-        m = tiny_model('xl', attn_backend='auto', pos_options=wide, dropout=0.0)
-        loss = m(x[:, :-1], x[:, 1:])[1]
-        loss.backward()
-        runs.append((loss.item(), {n: p.grad for n, p in m.named_parameters()}))
-    assert runs[1][0] == pytest.approx(runs[0][0], rel=1e-6)
-    for n, g in runs[0][1].items():
-        assert (runs[1][1][n] - g).abs().max() <= 1e-4 * g.abs().max() + 1e-9, n

@@ -46,10 +46,10 @@ def test_pairs_time_each_model_against_rope_of_its_depth(tmp_path, builds):
     assert {n: (r['ref'], r['n_layer']) for n, r in res.items()} == {
         'rope': ('rope', 2), 'alibi': ('rope', 2), 'none': ('rope', 2), 'rope-6L': ('rope-6L', 6),
         'gemma3': ('rope-6L', 6)}
-    assert res['alibi']['goal_class'] == 'score_mod' and res['alibi']['attention_backends'] == ['dense'] * 2  # CPU
-    assert res['gemma3']['goal_class'] == 'no_bias' and res['gemma3']['attention_backends'] == ['sdpa'] * 6
+    assert res['alibi']['goal_class'] == 'score_mod' and res['alibi']['routes'] == ['dense'] * 2  # CPU
+    assert res['gemma3']['goal_class'] == 'no_bias' and res['gemma3']['routes'] == ['sdpa'] * 6
     for name, r in res.items():
-        assert r['goal'] == bench.GOALS[r['goal_class']][1] and len(r['attention_backends']) == r['n_layer']
+        assert r['goal'] == bench.GOALS[r['goal_class']][1] and len(r['routes']) == r['n_layer']
         assert r['compile_s'] > 0 and r['peak_MiB'] > 0 and r['ms_min'] <= r['ms_q1'] <= r['ms_median'] <= \
             r['ms_q3'] <= r['ms_max'], (name, r)
         if r['ref'] == name:
@@ -352,13 +352,13 @@ def test_table_of_the_committed_json(tmp_path):
         meta={**META, 'runs': [dict(time='2026-12-01 10:00:00', commit='abcdef1')]}, skipped={'pairs': ['sssl']},
         results=dict(
             rope=dict(ref='rope', n_layer=12, goal_class='no_bias', goal=0.9, vs_rope=1.0, ms_median=20.9, ms_q1=20.7,
-                      ms_q3=21.2, compile_s=31.1, peak_MiB=7001.3, attention_backends=['sdpa'] * 12, mfu=0.339,
+                      ms_q3=21.2, compile_s=31.1, peak_MiB=7001.3, routes=['sdpa'] * 12, mfu=0.339,
                       mfu_at=[8, 1024], by_partner=dict(t5=21.0, irope=20.5), partner_spread_ms=[20.5, 21.0],
                       partner_spread=21.0 / 20.5, alone_after_ms=26.25),
             t5=dict(ref='rope', n_layer=12, goal_class='score_mod', goal=0.7, error='InductorError: shared | memory'),
             irope=dict(ref='rope', n_layer=12, goal_class='no_bias', goal=0.9, vs_rope=0.95, vs_rope_q1=0.94,
                        vs_rope_q3=0.97, ms_median=22.0, ms_q1=21.5, ms_q3=22.5, rope_ms_median=20.5, compile_s=5.0,
-                       peak_MiB=7100.0, attention_backends=['sdpa'] * 3 + ['flex'] + ['sdpa'] * 8))))
+                       peak_MiB=7100.0, routes=['sdpa'] * 3 + ['flex'] + ['sdpa'] * 8))))
     other = write(tmp_path / '2026-12-02-1234567' / 'long.json', dict(meta=META, results=dict(
         t5=dict(goal_class='score_mod', goal=0.7, attn_time=dict(built=2.0, frozen=1.0, table=1.5, no_bias=0.5,
                                                                  table_err=1e-3)),

@@ -154,7 +154,7 @@ def test_auto_on_cpu_is_nanopes_path(scheme):
     x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
     auto, dense = tiny_model(scheme, attn_backend='auto'), tiny_model(scheme, attn_backend='dense')
     route = 'own' if scheme == 'stick_breaking' else 'dense'  # its own attention; the others' logits through attend
-    assert auto.attention_backends('cpu') == [route, route] and auto.fla_notes('cpu') == []
+    assert auto.routes('cpu') == [route, route] and auto.fla_notes('cpu') == []
     la, ld = auto(x, x)[1], dense(x, x)[1]
     assert torch.equal(la, ld)
     la.backward()
@@ -168,8 +168,8 @@ def test_auto_on_cuda_uses_fla_where_it_can_and_says_once_why_not(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(kernels, 'fla_status', lambda: (True, None))
     m = tiny_model('path', n_layer=3, n_embd=32, n_head=2, attn_backend='auto', sliding_window={1: 4})
-    assert m.attention_backends('cuda') == ['fla:path', 'flex', 'fla:path']  # layer 1: its logits to FlexAttention
-    assert m.attention_backends('cpu') == ['dense', 'dense', 'dense']
+    assert m.routes('cuda') == ['fla:path', 'flex', 'fla:path']  # layer 1: its logits to FlexAttention
+    assert m.routes('cpu') == ['dense', 'dense', 'dense']
     assert m.plan_lines('cuda')[0] == 'layer 0: path; attention fla:path'
     notes = m.fla_notes('cuda')
     assert notes == ["attn_backend='auto': layers 1 run nanoPE's PyTorch attention, not fla's kernel: "
@@ -177,26 +177,26 @@ def test_auto_on_cuda_uses_fla_where_it_can_and_says_once_why_not(monkeypatch):
     assert m.fla_notes('cpu') == []
     monkeypatch.setattr(kernels, 'fla_status', lambda: (False, 'fla-core is not installed: pip install fla-core'))
     m = tiny_model('fox', attn_backend='auto')
-    assert m.attention_backends('cuda') == ['qk_lift', 'qk_lift']  # its bias as an extra column of q and k
-    assert m.attention_backends('cuda', dtype=torch.bfloat16) == ['flex', 'flex']  # its gates' gradients: float32
+    assert m.routes('cuda') == ['qk_lift', 'qk_lift']  # its bias as an extra column of q and k
+    assert m.routes('cuda', dtype=torch.bfloat16) == ['flex', 'flex']  # its gates' gradients: float32
     assert m.fla_notes('cuda') == ["attn_backend='auto': layers 0, 1 run nanoPE's PyTorch attention, not fla's "
                                    "kernel: fla-core is not installed: pip install fla-core"]
     assert tiny_model('rope', attn_backend='auto').fla_notes('cuda') == []  # no kernel: nothing to fall back from
     monkeypatch.setattr(kernels, 'fla_status', lambda: (True, None))
     m = tiny_model('wall', attn_backend='auto')  # exact only in a range a trained gate can leave: not under 'auto'
-    assert m.attention_backends('cuda') == ['flex', 'flex']
+    assert m.routes('cuda') == ['flex', 'flex']
     assert 'decays by more than about 76 nats' in m.fla_notes('cuda')[0]
-    assert tiny_model('wall', attn_backend='fla').attention_backends('cuda') == ['fla:wall', 'fla:wall']
+    assert tiny_model('wall', attn_backend='fla').routes('cuda') == ['fla:wall', 'fla:wall']
 
 
 def test_a_kv_cache_stays_on_nanopes_path(monkeypatch):
     """Decoding with a KV cache never calls fla; 'fla' on CPU tensors without the interpreter is one line."""
-    from attention import Attend
+    from attention import Attender
     q = torch.zeros(1, 2, 3, 16)
-    fla = Attend(backend='fla', fla='attn')
+    fla = Attender(backend='fla', fla='attn')
     assert not fla.uses_fla(q, cache=object())
-    assert not Attend(backend='auto', fla='attn').uses_fla(q, None)  # 'auto' on CPU
-    assert not Attend(backend='fla').uses_fla(q, None)  # no kernel for this layer
+    assert not Attender(backend='auto', fla='attn').uses_fla(q, None)  # 'auto' on CPU
+    assert not Attender(backend='fla').uses_fla(q, None)  # no kernel for this layer
     for backend in ('flex', 'dense'):  # set on a built model by bench.py and gpu_check.py: never fla
         assert not kernels.runs_fla('attn', backend, 'cuda')
     assert kernels.runs_fla('attn', 'auto', 'cuda') and kernels.runs_fla('attn', 'fla', 'cpu')
@@ -207,7 +207,7 @@ def test_a_kv_cache_stays_on_nanopes_path(monkeypatch):
 
 @pytest.mark.e2e
 def test_train_log_and_eval_json_say_which_route_each_layer_ran(char_data, tmp_path):
-    """train.py's plan lines say each layer's route in training, eval.json's attn_backends the route of the
+    """train.py's plan lines say each layer's route in training, eval.json's routes the route of the
     evaluation (on CPU fox's gate bias goes to the dense path); a checkpoint's 'fla' evaluated where fla cannot
     run is refused in one line."""
     out = str(tmp_path / 'out')
@@ -217,7 +217,7 @@ def test_train_log_and_eval_json_say_which_route_each_layer_ran(char_data, tmp_p
                   '--compile=False'])
     assert r.returncode == 0, r.stderr[-2000:]
     assert '  layer 0: fox; attention dense\n  layer 1: fox; attention dense\n' in r.stdout
-    assert json.load(open(os.path.join(out, 'eval.json')))['attn_backends'] == ['dense', 'dense']
+    assert json.load(open(os.path.join(out, 'eval.json')))['routes'] == ['dense', 'dense']
     r = fork_run(['train.py', f'--out_dir={out}-x', '--attn_backend=flash', '--wandb_log=False'])
     assert r.returncode != 0 and "attn_backend" in r.stderr and 'Traceback' not in r.stderr
     # a checkpoint saved with 'fla' (a GPU run's), evaluated where fla cannot run: refused in one line, and
@@ -233,4 +233,4 @@ def test_train_log_and_eval_json_say_which_route_each_layer_ran(char_data, tmp_p
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = fork_run(quick + ['--attn_backend=dense'])
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.load(open(os.path.join(out, 'eval_quick.json')))['attn_backends'] == ['dense', 'dense']
+    assert json.load(open(os.path.join(out, 'eval_quick.json')))['routes'] == ['dense', 'dense']

@@ -115,7 +115,7 @@ def test_query_chunks_slice_in_only_the_keys_a_window_sees(monkeypatch):
         seen.append((a.row0, a.key0, q.size(2), k.size(2)))
         return q
     with torch.no_grad():
-        A.chunk_queries(fn, q, k, v, A.Attend(m))
+        A.chunk_queries(fn, q, k, v, A.Attender(m))
     assert sum(n for _, _, n, _ in seen) == 300 and len(seen) > 1
     for s, lo, rows, keys in seen:
         assert lo == max(0, s - 15) and keys == s + rows - lo and keys <= rows + 15
@@ -613,12 +613,12 @@ def test_the_cache_owns_each_layers_key_mode(scheme, ordinary, rolling):
 @pytest.mark.parametrize('mask', [dict(), dict(window=4), dict(chunk=5)])
 @pytest.mark.parametrize('path', ['dense', 'flex', 'sinks'])
 def test_attend_logits_is_the_softmax_of_given_logits(mask, path):
-    """Attend.logits(A, v), for a scheme that computes its logits whole, is softmax over the visible keys of
+    """Attender.logits(A, v), for a scheme that computes its logits whole, is softmax over the visible keys of
     A (plus a sink logit per head) times v, per pair in float64."""
     q, k, v = qkv(2, 3, 11, 11, 8, seed=3)
     logits = (q @ k.transpose(-2, -1)) / math.sqrt(8) + torch.randn(2, 3, 11, 11)
     sink_logits = torch.randn(3) if path == 'sinks' else None
-    att = A.Attend(A.Mask(**mask), 'flex' if path == 'flex' else 'dense', sink_logits=sink_logits)
+    att = A.Attender(A.Mask(**mask), 'flex' if path == 'flex' else 'dense', sink_logits=sink_logits)
     with torch.no_grad():
         y = att.logits(logits, v)
     zero = torch.zeros_like(q)
@@ -628,7 +628,7 @@ def test_attend_logits_is_the_softmax_of_given_logits(mask, path):
 
 
 def test_rewrite_changes_cached_keys_in_place_only_without_gradients():
-    from model import LayerKV
+    from kvcache import LayerKV
     kv = LayerKV()
     k = torch.randn(1, 2, 5, 4)
     kv.append(k, k)

@@ -155,14 +155,14 @@ def test_compiled_forward_has_no_graph_breaks(scheme):
 
 
 def test_objects_built_inside_forward_default_to_constants():
-    """Every layer builds an Attend inside the compiled forward. torch 2.11's dynamo (the lent GPUs' torch) cannot
-    build an object whose __init__ defaults to a dataclass instance: Attend's default mask=CAUSAL broke the graph at
+    """Every layer builds an Attender inside the compiled forward. torch 2.11's dynamo (the lent GPUs' torch) cannot
+    build an object whose __init__ defaults to a dataclass instance: Attender's default mask=CAUSAL broke the graph at
     every layer there (one graph a model became six per two layers in torch._dynamo.explain, and the loss ran
     outside the compiled graph on an H200), while torch 2.13 traces it. So its defaults are plain constants."""
-    defaults = [p.default for p in inspect.signature(A.Attend.__init__).parameters.values()
+    defaults = [p.default for p in inspect.signature(A.Attender.__init__).parameters.values()
                 if p.default is not inspect.Parameter.empty]
     assert defaults and all(d is None or type(d) in (int, float, str, bool) for d in defaults), defaults
-    assert A.Attend().mask == A.CAUSAL
+    assert A.Attender().mask == A.CAUSAL
 
 
 @pytest.mark.parametrize('scheme', SCHEMES + ['preset:' + p for p in PRESETS])

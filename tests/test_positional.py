@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import attention as A
+import kvcache
 import model as M
 import positional
 import positional as P
@@ -45,13 +46,13 @@ def run_hooks(pe, layer, q, k, v, x, q_pos, k_pos, cache=None, backend='dense'):
     """What CausalSelfAttention does with a scheme: context, transform_qk, the attention hook."""
     ctx = pe.context(q_pos, k_pos)
     qq, kk = pe.transform_qk(q, k, ctx, layer)
-    return pe.attention(qq, kk, v, x, ctx, layer, cache, A.Attend(backend=backend))
+    return pe.attention(qq, kk, v, x, ctx, layer, cache, A.Attender(backend=backend))
 
 
 def run_hooks_in_two_calls(pe, layer, q, k, v, x, split):
     """The same tokens in two forwards through one KV cache (tokens :split, then split:): both outputs, joined
     along time, and the cache, whose state holds what the scheme carried from the first call to the second."""
-    pos, cache = torch.arange(q.size(2)), M.LayerKV()
+    pos, cache = torch.arange(q.size(2)), kvcache.LayerKV()
     k1, v1 = cache.append(k[:, :, :split], v[:, :, :split])
     a = run_hooks(pe, layer, q[:, :, :split], k1, v1, x[:, :split], pos[:split], pos[:split], cache)
     k2, v2 = cache.append(k[:, :, split:], v[:, :, split:])
@@ -416,7 +417,7 @@ def shaw_reference(q, k, v, aK, aV, K, q_pos, k_pos):
 def shaw_attention(pe, layer, q, k, v, q_pos, k_pos, backend='dense'):
     ctx = pe.context(q_pos, k_pos)
     mod = pe.score_mod(q, k, ctx, layer)
-    return A.attend(q, k, v, mod, pe.value_mod(q, k, ctx, layer, mod, A.Attend()), backend)
+    return A.attend(q, k, v, mod, pe.value_mod(q, k, ctx, layer, mod, A.Attender()), backend)
 
 
 @pytest.mark.parametrize('q0', [0, 6])  # 6: the last queries of a cached sequence
@@ -826,7 +827,7 @@ def test_bias_schemes_flex_equals_dense(monkeypatch):
             qq, kk = pe.transform_qk(q[:, :, qp], k, ctx, layer)  # xPos: all keys (cache_keys='raw')
             with torch.no_grad():
                 mod = pe.score_mod(qq, kk, ctx, layer)
-                vmod = pe.value_mod(qq, kk, ctx, layer, mod, A.Attend())
+                vmod = pe.value_mod(qq, kk, ctx, layer, mod, A.Attender())
                 dense = A.attend(qq, kk, v, mod, vmod, 'dense')
                 flex = A.attend(qq, kk, v, mod, vmod, 'flex')
             assert torch.allclose(flex, dense, atol=1e-5), name
@@ -954,7 +955,7 @@ def test_grape_m_contextual_phases_per_pair_and_through_a_cache():
     ang = -phi.permute(0, 2, 1)[..., None] * f  # [B, H, T, d/2]: the authors' -angle
     assert torch.allclose(qq.double(), turn_planes(q, ang), atol=1e-5)
     assert torch.allclose(kk.double(), turn_planes(k, ang), atol=1e-5)
-    cache = M.LayerKV()
+    cache = kvcache.LayerKV()
     (q1, k1), _ = layer_hooks(pe, layer, q[:, :, :4], k[:, :, :4], x[:, :4], pos[:4], pos[:4], cache)
     cache.append(k1, k1)
     (q2, k2), _ = layer_hooks(pe, layer, q[:, :, 4:], k[:, :, 4:], x[:, 4:], pos[4:], pos, cache)
@@ -1276,7 +1277,7 @@ def test_selective_rope_angles_per_pair_and_through_a_cache(opts):
         ang = selective_reference(layer, x, bias=opts.get('bias', False), gate=opts.get('phase_gate', False))
         assert torch.allclose(qq.double(), turn_planes(q, ang), atol=1e-4)
         assert torch.allclose(kk.double(), turn_planes(k, ang), atol=1e-4)
-        cache, outs = M.LayerKV(), []
+        cache, outs = kvcache.LayerKV(), []
         for a, b in ((0, 2), (2, 3), (3, T)):
             (q1, k1), _ = layer_hooks(pe, layer, q[:, :, a:b], k[:, :, a:b], x[:, a:b], pos[a:b], pos[:b], cache)
             cache.append(k1, k1)
@@ -1487,38 +1488,16 @@ HOOKS = ('embed', 'context', 'new_layer', 'heads', 'layer_context', 'transform_q
          'attention', 'cache_keys', 'softmax', 'fla_kernel')
 
 
-def variant_classes():
-    """The classes a registered scheme builds for some options (its `variant`: ExtendedRoPE, GrapeAP,
-    GrapeMContextual), each with the registered class it stands for."""
-    out, todo = {}, list(P.PositionalEncoding.__subclasses__())
-    while todo:
-        c = todo.pop()
-        todo += c.__subclasses__()
-        if c.name in P.REGISTRY and P.REGISTRY[c.name] is not c and not c.__name__.startswith('_'):
-            out[c.__name__] = (c, P.REGISTRY[c.name])
-    return out
-
-
-def test_docs_hook_table_says_which_schemes_use_each_hook():
-    """docs/schemes.md's hook table names, for every hook, exactly the registered schemes that override it
-    (and each variant class where it overrides its registered scheme's hook with one of its own), so the
-    'used by' column cannot go stale."""
-    table = {}
+def test_docs_hook_table_lists_every_hook():
+    """docs/schemes.md's hook table has a row for every hook of PositionalEncoding, and no other."""
+    table = set()
     with open(os.path.join(ROOT, 'docs', 'schemes.md'), encoding='utf-8') as f:
         for line in f:
             cells = [c.strip() for c in line.strip().strip('|').split('|')]
             m = re.match(r"`(\w+)", cells[0])
-            if len(cells) == 4 and m and m.group(1) in HOOKS:
-                table[m.group(1)] = cells[3]
-    base, variants = P.PositionalEncoding, variant_classes()
-    assert {'ExtendedRoPE', 'GrapeAP', 'GrapeMContextual'} <= set(variants)
-    for hook, used in table.items():
-        names = set(re.findall(r'[a-z_0-9]+|[A-Z]\w+', used)) & (set(P.REGISTRY) | set(variants))
-        want = {n for n, c in P.REGISTRY.items() if getattr(c, hook) != getattr(base, hook)}
-        want |= {n for n, (c, parent) in variants.items()
-                 if getattr(c, hook) != getattr(parent, hook) and getattr(c, hook) != getattr(base, hook)}
-        assert names == want, (hook, names ^ want)
-    assert len(table) == len(HOOKS)
+            if len(cells) == 3 and m and m.group(1) in HOOKS:
+                table.add(m.group(1))
+    assert table == set(HOOKS)
 
 
 @pytest.mark.parametrize('name, opts, msg', [
@@ -1544,42 +1523,22 @@ def test_a_whole_option_given_as_a_float_is_that_whole_number():
     assert isinstance(M.GPT(tiny_config('cope', pos_options={'npos_max': 8.0})).pe.at(0).npos_max, int)
 
 
-def positional_contents():
-    """positional.py's contents list: [(section, [names])], names being registry keys or class names."""
-    doc = P.__doc__
-    block = doc[doc.index('Contents'):].split('\n\n')[0].split('\n')[2:]
-    rows = []
-    for line in block:
-        if line.startswith('  ') and not line.startswith('   '):
-            section, names = line[2:19].strip(), line[19:]
-            rows.append([section, names])
-        else:
-            rows[-1][1] += ' ' + line.strip()
-    return [(section, re.findall(r'[A-Za-z_]\w*', names)) for section, names in rows]
-
-
 def test_positional_sections_follow_the_readme_table_and_hold_the_registry():
-    """positional.py has one section per row of the README's "how positions enter" table, in its order, each
-    holding the schemes that row names; its contents list says so, and every registered scheme's class sits in
-    the section the list gives it."""
+    """positional.py has one section per row of the README's "how positions enter" table, in its order, and every
+    registered scheme is named once in that table (grape_m twice: its contextual variant is a layer_context scheme)
+    and its class sits in the section of its row."""
     readme = open(os.path.join(ROOT, 'README.md')).read()
     table = readme[readme.index('| how positions enter |'):].split('\n\n')[0].split('\n')[2:]
     rows = [(re.search(r'\(`(\w+)`\)', r.split('|')[1]), re.findall(r'`(\w+)`', r.split('|')[2])) for r in table]
     want = [('not at all' if hook is None else hook.group(1), [n for n in names if n in P.REGISTRY])
             for hook, names in rows]
-    contents = positional_contents()
-    assert contents[0][0] == 'the contract'
-    listed = [(section, [n for n in names if n in P.REGISTRY]) for section, names in contents[1:]]
-    assert listed == want
-    # every scheme listed once (grape_m twice: its contextual variant is a layer_context scheme)
-    flat = [n for _, names in listed for n in names]
+    flat = [n for _, names in want for n in names]
     assert sorted(set(flat)) == sorted(P.REGISTRY) and len(flat) == len(P.REGISTRY) + 1
-    # the file's sections, in order, name the same hooks; each registered class lies in its section
     src = open(os.path.join(ROOT, 'positional.py')).read().split('\n')
     heads = [(i, line) for i, line in enumerate(src) if line.startswith('# --- ')][1:]  # after the helpers
     assert [('not at all' if 'not at all' in h else re.search(r'\(`(\w+)`\)', h).group(1)) for _, h in heads] \
         == [s for s, _ in want]
-    for (section, names), (start, _), end in zip(listed, heads, [i for i, _ in heads[1:]] + [len(src)]):
+    for (section, names), (start, _), end in zip(want, heads, [i for i, _ in heads[1:]] + [len(src)]):
         for n in names:
             cls = P.REGISTRY[n] if section != 'layer_context' or n != 'grape_m' else P.GrapeMContextual
             line = inspect.getsourcelines(cls)[1]

@@ -178,8 +178,9 @@ def test_attn_grads_compiled_sees_a_compiler_that_loses_a_table_gradient(tmp_pat
     import json
     import attention
     import gpu_check
-    real_route, real_toeplitz = attention.route, attention.toeplitz
-    monkeypatch.setattr(attention, 'route', lambda dev, *a, **kw: real_route('cuda' if dev == 'cpu' else dev, *a, **kw))
+    from conftest import forced_cuda_routes
+    real_toeplitz = attention.toeplitz
+    forced_cuda_routes(monkeypatch)
     path = str(tmp_path / 'grads.json')
     argv = ['--parts=attn_grads', '--schemes=t5', '--presets=', f'--json={path}'] + GPU_CHECK_TINY
     for lossy in (False, True):

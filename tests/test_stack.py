@@ -413,7 +413,7 @@ def test_minus_inf_bias_stays_a_mask_under_scaling():
     s = torch.tensor([[0.0, -2.0, 3.0]])
     q = torch.ones(1, 1, 3, 4)
     table = torch.tensor([0.0, float('-inf'), 1.5])
-    _, mod = A.scale_logits(q, lambda score, b, h, i, j: score + table[j], s)
-    out = mod(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long),
+    _, bias = A.scale_logits(q, lambda score, b, h, i, j: score + table[j], s)
+    out = bias.mod(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long),
               torch.arange(3), torch.arange(3))
     assert out[1] == float('-inf') and out[0] == 0 and out[2] == pytest.approx(4.5)
