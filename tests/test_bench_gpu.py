@@ -403,20 +403,20 @@ def test_the_default_json_is_dated_under_results_gpu():
     import os
     import subprocess
     import time
-    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=bench.HERE, capture_output=True, text=True)
+    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=bench.ROOT, capture_output=True, text=True)
     commit = head.stdout.strip() if head.returncode == 0 else 'nogit'
-    assert bench.default_json() == os.path.join(bench.HERE, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{commit}",
+    assert bench.default_json() == os.path.join(bench.ROOT, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{commit}",
                                                 'bench.json')
 
 
 def test_docs_gpu_table_is_what_bench_prints_from_the_committed_json(monkeypatch):
-    """docs/gpu.md's `python bench.py --table=...` command runs on the committed results/gpu/ files and prints the
+    """docs/gpu.md's `python tools/bench.py --table=...` command runs on the committed results/gpu/ files and prints the
     table the page shows under it, line for line."""
     import os
     import re
-    monkeypatch.chdir(bench.HERE)
+    monkeypatch.chdir(bench.ROOT)
     page = open(os.path.join('docs', 'gpu.md'), encoding='utf-8').read()
-    commands = re.findall(r'^python bench\.py --table=(\S+)$', page, re.M)
+    commands = re.findall(r'^python tools/bench\.py --table=(\S+)$', page, re.M)
     assert commands, 'docs/gpu.md gives no --table command'
     for paths in commands:
         assert bench.table(paths.split(',')) in page, paths

@@ -2,16 +2,16 @@
 Speed and memory of every positional scheme, as ratios to rope measured in the same run. How each
 number is measured: docs/speed.md.
 
-  python bench.py                                  # every registered scheme, config/bench_default.py
-  python bench.py --threads=1 --schemes=rope,alibi --json=bench.json
-  python bench.py --device=cuda --compile=True     # GPU: bf16 autocast, TF32, fused AdamW, torch.compile
-  python bench.py --device=cuda --compile=True --preset=gpt2 --schemes=rope,alibi --parts=train
-  python bench.py --parts=smoke                    # a 4-iteration train.py run of every scheme, wall time each
-  python bench.py --threads=1 --schemes=rope --presets=all --eval_mult=16   # the attention stacks of config/
-  python bench.py --threads=1 --schemes=rope --windowed=32 --parts=eval --eval_mult=64   # rope in a 32-key window
-  python bench.py --parts=pairs,attn_time,long     # on a GPU: every scheme and preset against rope, one at a time
-  python bench.py --parts=pairs --schemes=alibi,t5 --presets= --budget=120 --json=pairs.json   # again: goes on
-  python bench.py --table=results/gpu/2026-11-28-9bb9952/pairs_missing.json,results/gpu/DATE-COMMIT/bench.json
+  python tools/bench.py                                  # every registered scheme, config/bench_default.py
+  python tools/bench.py --threads=1 --schemes=rope,alibi --json=bench.json
+  python tools/bench.py --device=cuda --compile=True     # GPU: bf16 autocast, TF32, fused AdamW, torch.compile
+  python tools/bench.py --device=cuda --compile=True --preset=gpt2 --schemes=rope,alibi --parts=train
+  python tools/bench.py --parts=smoke                    # a 4-iteration train.py run of every scheme, wall time each
+  python tools/bench.py --threads=1 --schemes=rope --presets=all --eval_mult=16   # the attention stacks of config/
+  python tools/bench.py --threads=1 --schemes=rope --windowed=32 --parts=eval --eval_mult=64   # rope in a 32-key window
+  python tools/bench.py --parts=pairs,attn_time,long     # on a GPU: every scheme and preset against rope, one at a time
+  python tools/bench.py --parts=pairs --schemes=alibi,t5 --presets= --budget=120 --json=pairs.json   # again: goes on
+  python tools/bench.py --table=results/gpu/2026-11-28-9bb9952/pairs_missing.json,results/gpu/DATE-COMMIT/bench.json
 
 Parts, round-robin over the schemes and `nanogpt` (a plain nanoGPT model, below): train (ms/iter,
 tokens/s, MFU), memory (peak of a training step, and of a no-grad forward at 8L), eval (tokens/s of
@@ -69,16 +69,18 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import attention
-import positional
-import runtime
-from configurator import options
-from console import exit_on_ctrl_c, progress
-from files import atomic_write, read_json
-from model import GPT, GPTConfig, is_positional
-from presets import PRESETS, model_config, model_size, preset_config, preset_plans, scheme_names
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the library is the repo root's modules: python tools/bench.py imports them from there
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import attention  # noqa: E402
+import positional  # noqa: E402
+import runtime  # noqa: E402
+from configurator import options  # noqa: E402
+from console import exit_on_ctrl_c, progress  # noqa: E402
+from files import atomic_write, read_json  # noqa: E402
+from model import GPT, GPTConfig, is_positional  # noqa: E402
+from presets import PRESETS, model_config, model_size, preset_config, preset_plans, scheme_names  # noqa: E402
+
 BASELINE = 'nanogpt'
 SCHEME_PARTS = {'train', 'memory', 'eval', 'sample', 'decode'}  # the round-robin over schemes
 
@@ -772,7 +774,7 @@ def line(name, r, part):
 def git_commit():
     """This tree's commit, short, '+' where it has uncommitted changes; '' outside git."""
     def git(*args):
-        return subprocess.run(['git', *args], cwd=HERE, capture_output=True, text=True)
+        return subprocess.run(['git', *args], cwd=ROOT, capture_output=True, text=True)
     head = git('rev-parse', '--short', 'HEAD')
     if head.returncode != 0:
         return ''
@@ -781,7 +783,7 @@ def git_commit():
 
 def default_json():
     """results/gpu/<today>-<commit>/bench.json, where a run's raw JSON is committed."""
-    return os.path.join(HERE, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{git_commit().rstrip('+') or 'nogit'}",
+    return os.path.join(ROOT, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{git_commit().rstrip('+') or 'nogit'}",
                         'bench.json')
 
 
@@ -979,7 +981,7 @@ def smoke_run(name, args, a):
     output goes to its log, kept in --smoke_logs if given. --smoke_cache: 'cold' (an empty torch.compile
     cache) or 'user' (yours). Past --smoke_timeout, or when bench stops, its process group is killed."""
     cfg = f"config/{'nope' if name == 'none' else name}.py"  # the scheme's own config file, if it has one
-    cfg = cfg if os.path.exists(os.path.join(HERE, cfg)) else None
+    cfg = cfg if os.path.exists(os.path.join(ROOT, cfg)) else None
     with tempfile.TemporaryDirectory(prefix=f'nanope-smoke-{name}-') as tmp:
         first = [cfg] if cfg else [f'--pos_encoding={name}']
         cmd = [sys.executable, 'train.py'] + first + args + [f'--out_dir={tmp}']
@@ -1010,7 +1012,7 @@ def smoke_run(name, args, a):
 
 def smoke(a, names):
     """Part smoke (see the top of the file) -> {scheme: numbers}, and their table."""
-    if not os.path.exists(os.path.join(HERE, 'data', 'shakespeare_char', 'train.bin')):
+    if not os.path.exists(os.path.join(ROOT, 'data', 'shakespeare_char', 'train.bin')):
         sys.exit("part smoke: data/shakespeare_char/train.bin is missing; prepare it first "
                  "(python data/shakespeare_char/prepare.py) so that the runs time training, not the download")
     if a.smoke_logs:
@@ -1048,7 +1050,7 @@ def smoke(a, names):
 
 def main(argv):
     if '--gpu_check=True' in argv:  # the GPU check's former command: gpu_check.py in this process's place
-        os.execv(sys.executable, [sys.executable, os.path.join(HERE, 'gpu_check.py')]
+        os.execv(sys.executable, [sys.executable, os.path.join(ROOT, 'tools', 'gpu_check.py')]
                  + [x for x in argv if x != '--gpu_check=True'])
     a = options(dict(
         schemes='all',                     # comma list of positional.REGISTRY names; rope is always added

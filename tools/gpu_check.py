@@ -1,12 +1,12 @@
 """
 The one-command GPU check: does nanoPE work on this GPU. Correctness only; how fast is bench.py's
-(`python bench.py --parts=pairs,attn_time,long`, docs/gpu.md).
+(`python tools/bench.py --parts=pairs,attn_time,long`, docs/gpu.md).
 
-  python gpu_check.py                              # every scheme and preset -> gpu_check.json
-  python gpu_check.py --schemes=rope,alibi --json=check.json
-  python gpu_check.py --schemes=rope --presets=gemma3,gpt_oss
-  python gpu_check.py --schemes=rope --presets=gpt_oss --compile=False   # train eagerly
-  python gpu_check.py --schemes=stick_breaking,wall --presets= --parts=correct,attn_grads   # fla's gradients
+  python tools/gpu_check.py                              # every scheme and preset -> gpu_check.json
+  python tools/gpu_check.py --schemes=rope,alibi --json=check.json
+  python tools/gpu_check.py --schemes=rope --presets=gemma3,gpt_oss
+  python tools/gpu_check.py --schemes=rope --presets=gpt_oss --compile=False   # train eagerly
+  python tools/gpu_check.py --schemes=stick_breaking,wall --presets= --parts=correct,attn_grads   # fla's gradients
 
 In the device's dtype (bf16 autocast on CUDA), at config/bench_gpt2.py on CUDA (config/bench_default.py on CPU;
 --preset=, --n_layer= ... change it), every scheme, the main five first, then the attention stacks of config/
@@ -24,20 +24,23 @@ tune them as training does; kernels.AUTOTUNE). Exit status 1 if any failed a che
 """
 import copy
 import json
+import os
 import sys
 import time
 from contextlib import nullcontext
 
 import torch
 
-import kernels
-import positional
-import runtime
-from configurator import options
-from console import exit_on_ctrl_c
-from files import atomic_write
-from model import GPT
-from presets import model_config, model_size, preset_plans, scheme_names
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root's modules: the library
+
+import kernels  # noqa: E402
+import positional  # noqa: E402
+import runtime  # noqa: E402
+from configurator import options  # noqa: E402
+from console import exit_on_ctrl_c  # noqa: E402
+from files import atomic_write  # noqa: E402
+from model import GPT  # noqa: E402
+from presets import model_config, model_size, preset_plans, scheme_names  # noqa: E402
 
 MAIN_SCHEMES = ['rope', 'alibi', 't5', 'fire', 'learned']  # checked first
 # The training check's learning rate, constant: at GPT-2's 6e-4 with no warm-up, the 124M model's first steps spike
