@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import bench
+import harness
 import runtime
 from model import GPT, GPTConfig
 
@@ -262,7 +263,7 @@ def test_attn_time_probes_a_bias_layer_four_ways_and_leaves_the_model_as_it_was(
     row, t5's table is model-wide); Shaw's value term has no table form; afterwards every parameter trains again and
     the scheme keeps no hook of the probe's."""
     rt = runtime.setup('cpu', 'float32')
-    clock = runtime.Clock('cpu', 'cpu')
+    clock = harness.Clock('cpu', 'cpu')
     for name in ('t5', 'grape_a', 'shaw'):
         torch.manual_seed(0)
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64, pos_encoding=name))

@@ -196,7 +196,7 @@ def test_attn_grads_compiled_sees_a_compiler_that_loses_a_table_gradient(tmp_pat
         monkeypatch.setattr(torch, 'compile', compiled)
         assert gpu_check.main(argv) == int(lossy)
         e = json.load(open(path))['results']['t5']['attn_grads']['layer 0']
-        assert e['backend'] == 'sdpa_bias' and max(e[f'd{n}_compiled'] for n in 'qkv') < 1e-5, e
+        assert e['route'] == 'sdpa_bias' and max(e[f'd{n}_compiled'] for n in 'qkv') < 1e-5, e
         assert e['compiled_ok'] != lossy and (e['param_worst_compiled_err'] == 1.0) == lossy, e
 
 

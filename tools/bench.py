@@ -81,6 +81,8 @@ from files import atomic_write, read_json  # noqa: E402
 from model import GPT, GPTConfig, is_positional  # noqa: E402
 from presets import PRESETS, model_config, model_size, preset_config, preset_plans, scheme_names  # noqa: E402
 
+import harness  # noqa: E402  (tools/harness.py: this benchmark's and gpu_check.py's training step and layer pass)
+
 BASELINE = 'nanogpt'
 SCHEME_PARTS = {'train', 'memory', 'eval', 'sample', 'decode'}  # the round-robin over schemes
 
@@ -139,18 +141,20 @@ class NanoGPT(nn.Module):
 
 class Bench:
     """Every model built once from the same init seed and kept alive (the round-robin needs them all),
-    with its optimizer and the batches: B x L for training, eval.py's batching at 8L for eval."""
+    with its optimizer (train.py's for the preset's model: harness.train_settings) and the batches: B x L for
+    training, eval.py's batching at 8L for eval."""
 
     def __init__(self, names, size, a, rt, clock, plans=None):
         self.a, self.rt, self.clock, self.size = a, rt, clock, dict(size)
         self.B, self.L = self.size.pop('batch_size'), size['block_size']
         self.models, self.opts, self.runs, plans = {}, {}, {}, plans or {}
+        self.settings = s = harness.train_settings(a.preset)
         for name in [BASELINE] + names + list(plans):
             torch.manual_seed(a.seed)
             cfg = GPTConfig(**self.size) if name == BASELINE else GPTConfig(**{**self.size, **plans[name]}) \
                 if name in plans else GPTConfig(**self.size, pos_encoding=name)
             m = self.models[name] = (NanoGPT(cfg) if name == BASELINE else GPT(cfg)).to(rt.device)
-            self.opts[name] = m.configure_optimizers(0.1, 1e-3, (0.9, 0.99), rt.device_type)
+            self.opts[name] = m.configure_optimizers(s['weight_decay'], 1e-3, (s['beta1'], s['beta2']), rt.device_type)
             self.runs[name] = torch.compile(m) if a.compile else m
         g = torch.Generator().manual_seed(a.seed)
         xy = torch.randint(size['vocab_size'], (self.B, self.L + 1), generator=g).to(rt.device)
@@ -166,7 +170,8 @@ class Bench:
         with self.rt.autocast:
             _, loss = self.runs[name](self.x, self.y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.models[name].parameters(), 1.0)  # train.py's grad_clip
+        if self.settings['grad_clip']:
+            torch.nn.utils.clip_grad_norm_(self.models[name].parameters(), self.settings['grad_clip'])
         self.opts[name].step()
         self.opts[name].zero_grad(set_to_none=True)
 
@@ -174,10 +179,6 @@ class Bench:
     def eval_fwd(self, name):
         with self.rt.autocast:
             self.runs[name](self.xe[:, :-1], self.xe[:, 1:], reduction='sum')
-
-    def peak_MiB(self, fn, *held):
-        """params/buffers/optimizer state of `held` + the peak fn() allocates on top, in MiB."""
-        return (runtime.static_bytes(*held) + runtime.peak_extra_bytes(fn, self.rt.device_type)) / 2**20
 
     def train(self, parts, peak):
         a, B, L, res = self.a, self.B, self.L, self.res
@@ -187,19 +188,19 @@ class Bench:
                 self.train_step(name)
             res[name]['train_warmup_s'] = self.clock.now() - t0
         if 'train' in parts:
-            times = runtime.round_robin(self.order, a.rounds, lambda n: [self.train_step(n) for _ in range(a.iters)],
+            times = harness.round_robin(self.order, a.rounds, lambda n: [self.train_step(n) for _ in range(a.iters)],
                                 self.clock, 'train rounds')
             times = {n: [t / a.iters for t in ts] for n, ts in times.items()}
             for name in self.order:
                 dt = statistics.median(times[name])
-                res[name].update(train_ms=dt * 1e3, train_tok_s=B * L / dt, train_vs_rope=runtime.median_ratio(
-                    times['rope'], times[name]), train_vs_nanogpt=runtime.median_ratio(times[BASELINE], times[name]),
+                res[name].update(train_ms=dt * 1e3, train_tok_s=B * L / dt, train_vs_rope=harness.median_ratio(
+                    times['rope'], times[name]), train_vs_nanogpt=harness.median_ratio(times[BASELINE], times[name]),
                     train_ms_all=[t * 1e3 for t in times[name]])
                 if peak:
                     res[name]['mfu'] = runtime.mfu(self.models[name], L, B, dt, peak)
         for name in self.order if 'memory' in parts else []:
             m, opt = self.models[name], self.opts[name]
-            res[name]['train_peak_MiB'] = self.peak_MiB(lambda: self.train_step(name), m, opt)
+            res[name]['train_peak_MiB'] = harness.peak_MiB(lambda: self.train_step(name), self.rt.device_type, m, opt)
 
     def eval(self, parts):
         res = self.res
@@ -210,16 +211,17 @@ class Bench:
             res[name]['eval_first_s'] = self.clock.now() - t0
         if 'eval' in parts:
             label = f'eval@{self.a.eval_mult}L rounds'
-            times = runtime.round_robin(self.can_eval, self.a.rounds, self.eval_fwd, self.clock, label)
+            times = harness.round_robin(self.can_eval, self.a.rounds, self.eval_fwd, self.clock, label)
             for name in self.can_eval:
                 res[name].update(eval_tok_s=self.xe[:, :-1].numel() / statistics.median(times[name]),
-                                 eval_vs_rope=runtime.median_ratio(times['rope'], times[name]))
+                                 eval_vs_rope=harness.median_ratio(times['rope'], times[name]))
         for name in self.can_eval if 'memory' in parts else []:
             m = self.models[name]
-            res[name]['fwd8L_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
+            res[name]['fwd8L_peak_MiB'] = harness.peak_MiB(lambda: self.eval_fwd(name), self.rt.device_type, m)
             if any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in m.pe.schemes):
                 with m.attention_backend('dense'):  # a bias scheme: the same forward with T x T biases
-                    res[name]['fwd8L_dense_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
+                    res[name]['fwd8L_dense_peak_MiB'] = harness.peak_MiB(lambda: self.eval_fwd(name),
+                                                                         self.rt.device_type, m)
 
     def sample(self):
         prompt = torch.zeros((1, 1), dtype=torch.long, device=self.rt.device)
@@ -489,13 +491,14 @@ class Models:
         """Build, compile and warm up a model for training; its entry gets compile_s (the first step), loss_first
         and peak_MiB -> (its step function, the model)."""
         model, r = self.model(name, cfg)
-        step, opt = runtime.train_stepper(model, self.xy, self.rt, PAIR_LR, self.a.compile)
+        step, opt = harness.train_stepper(model, self.xy, self.rt, PAIR_LR, harness.train_settings(self.a.preset),
+                                          self.a.compile)
         t0 = self.clock.now()
         r['loss_first'] = step().item()
         r['compile_s'] = self.clock.now() - t0
         for _ in range(self.a.warmup - 1):
             step()
-        r['peak_MiB'] = runtime.peak_MiB(step, self.rt.device_type, model, opt)
+        r['peak_MiB'] = harness.peak_MiB(step, self.rt.device_type, model, opt)
         self.save()
         return step, model
 
@@ -556,7 +559,7 @@ class Models:
         steps = {ref: self.reference(ref, cfg.n_layer)}
         if name == ref:  # rope asked for itself: its blocks alone are its entry
             return
-        with runtime.time_limit(self.a.scheme_limit):
+        with harness.time_limit(self.a.scheme_limit):
             steps[name], _ = self.build(name, cfg)
             timed = time_blocks(pair_order(ref, name, self.a.blocks), steps, self.a.block_steps, self.clock,
                                 self.between)
@@ -574,7 +577,7 @@ class Models:
         """check(model, r) of `name`'s model, built at the bench's seed on the device, into its entry r (describe),
         within --scheme_limit."""
         model, r = self.model(name, self.config(name))
-        with runtime.time_limit(self.a.scheme_limit):
+        with harness.time_limit(self.a.scheme_limit):
             check(model, r)
 
     DONE = {'pairs': ('vs_rope', 'error'), 'attn_time': ('attn_time', 'attn_time_error'),
@@ -602,7 +605,7 @@ class Models:
                 getattr(self, part)(name)
             except ReferenceFailed:
                 failed.append(name)
-            except (Exception, runtime.SchemeTimeout) as e:  # noqa: BLE001 - a model that fails to build, compile,
+            except (Exception, harness.SchemeTimeout) as e:  # noqa: BLE001 - a model that fails to build, compile,
                 self.res.setdefault(name, {})[error_key] = error_text(e)  # fit or finish: the next one goes on
                 failed.append(name)
             finally:  # (Ctrl-C and `timeout -s INT` pass here too: a run cut short is no crash)
@@ -618,10 +621,96 @@ class Models:
         return failed
 
 
+class Rebiased:
+    """A scheme as a layer's forward sees it with its bias replaced: its score_mod (and value_mod, where given) these
+    functions, every other hook and attribute the scheme's own. The forward asks the scheme it is handed for its
+    hooks, so a probe hands it this in the scheme's place and the scheme stays as it is."""
+
+    def __init__(self, scheme, score_mod, value_mod=None):
+        self.scheme, self.score_mod = scheme, score_mod
+        if value_mod is not None:
+            self.value_mod = value_mod
+
+    def __getattr__(self, name):
+        return getattr(self.scheme, name)
+
+
+def no_bias(*args):
+    """A hook that adds nothing (score_mod, value_mod)."""
+    return None
+
+
+def one_table(bias, q, k):
+    """A bias (what a score_mod returns, or None) of the queries q over the keys k as one float32 [B, H, Tq, Tk]
+    tensor, a row per batch row (FlexAttention indexes b), or None."""
+    if bias is None:
+        return None
+    with torch.autocast(q.device.type, enabled=False):
+        t = attention.dense_bias(bias, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
+    return t.expand(q.size(0), -1, -1, -1).contiguous()
+
+
+def tabled(score_mod, whole):
+    """score_mod with its bias handed over as one table (one_table): read at each logit, its mod alone (whole=False),
+    or the tensor whole (Bias.tensor: route sdpa_bias where the layer is on CUDA)."""
+    def mod(q, k, ctx, params):
+        t = one_table(score_mod(q, k, ctx, params), q, k)
+        if t is None:
+            return None
+        return attention.Bias(tensor=t) if whole else attention.Bias(attention.Bias(tensor=t).mod, reads_table=True)
+    return mod
+
+
+@contextmanager
+def frozen(model):
+    """The model's positional parameters not trained inside the block, trained again after it."""
+    ps = [p for n, p in model.named_parameters() if is_positional(n) and p.requires_grad]
+    try:
+        for p in ps:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p in ps:
+            p.requires_grad_(True)
+
+
+def attn_ways(model, route, cuda):
+    """check_attn_time's ways for the model's first layer, whose route in training is `route`: {way: (the scheme the
+    layer is handed, a function that returns the context the way runs in)}, None for a way that does not apply (a
+    backend the layer takes anyway, or off CUDA; a table where a value term or attention scaling joins the bias)."""
+    attn, scheme = harness.layer(model, 0)
+    plain = type(scheme).value_mod is positional.PositionalEncoding.value_mod and attn.scaling is None
+    return {'built': (scheme, nullcontext),
+            'flex': cuda and route != 'flex' and (scheme, lambda: model.attention_backend('flex')),
+            'dense': cuda and route != 'dense' and (scheme, lambda: model.attention_backend('dense')),
+            'frozen': (scheme, lambda: frozen(model)),
+            'table': plain and (Rebiased(scheme, tabled(scheme.score_mod, whole=False)), nullcontext),
+            'table_sdpa': plain and cuda and (Rebiased(scheme, tabled(scheme.score_mod, whole=True)), nullcontext),
+            'no_bias': (Rebiased(scheme, no_bias, no_bias), nullcontext)}
+
+
+def time_ways(ways, run, reps, clock):
+    """Each way's run(scheme) inside its context: two untimed calls each (the first's output kept), then `reps` rounds
+    of one timed call each, the ways in turn -> ({way: the first output}, {way: [seconds of each round]})."""
+    ys, ts = {}, {w: [] for w in ways}
+    for w, (scheme, context) in ways.items():
+        with context():
+            ys[w] = run(scheme)
+            run(scheme)
+    for _ in range(reps):
+        for w, (scheme, context) in ways.items():
+            with context():
+                t0 = clock.now()
+                run(scheme)
+                ts[w].append(clock.now() - t0)
+    return ys, ts
+
+
 def check_attn_time(model, B, T, rt, clock, r, reps=10):
     """Where a bias layer's time goes: the model's first layer, its attention alone (projections included), forward
-    and backward at B x T, in r['attn_time'] (ms), these ways, timed in `reps` rounds of one call each, the ways in
-    turn (after two calls each), so that a drift of the device's speed reaches every way alike; each way's median:
+    and backward at B x T (harness.layer_pass), in r['attn_time'] (ms), these ways (attn_ways), timed in `reps`
+    rounds of one call each, the ways in turn (after two calls each), so that a drift of the device's speed reaches
+    every way alike (time_ways); each way's median:
       built    as the model has it in training, by the route it takes there (r['attn_time']['route']);
       flex, dense  under attn_backend 'flex' or 'dense', on CUDA where built's route is another: what it saves;
       frozen   the scheme's parameters not trained: no captured tensor made from them needs a gradient, so
@@ -632,87 +721,18 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
                with the table as its bias, the materialised-bias route for any bias (DeBERTa's too);
       no_bias  the same layer with no score_mod or value term (SDPA): what attention without the bias costs.
     `built_vs_no_bias` [q1, q3]: the median (quartiles) over rounds of built's time over no_bias's in that round.
-    `table_err`, `table_sdpa_err`: their outputs against built's (runtime.rel_err: the same bias, rounding only)."""
-    attn, scheme = model.transformer.h[0].attn, model.pe.at(0)
+    `table_err`, `table_sdpa_err`: their outputs against built's (harness.rel_err: the same bias, rounding only)."""
+    attn, _ = harness.layer(model, 0)
     model.train()
     gen = torch.Generator(device=rt.device).manual_seed(2)
     x = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen, requires_grad=True)
     g = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen)
-    built = scheme.score_mod
-
-    def as_table(q, k, ctx, params):  # the bias as one float32 [B, H, T, T] tensor, or None
-        bias = built(q, k, ctx, params)
-        if bias is None:
-            return None
-        with torch.autocast(q.device.type, enabled=False):
-            t = attention.dense_bias(bias, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
-        return t.expand(q.size(0), -1, -1, -1).contiguous()  # one batch row each: FlexAttention indexes b
-
-    def tabled(q, k, ctx, params):  # that tensor read at each logit (its mod alone)
-        t = as_table(q, k, ctx, params)
-        return None if t is None else attention.Bias(attention._table_mod(t), reads_table=True)
-
-    def tabled_whole(q, k, ctx, params):  # that tensor handed whole
-        t = as_table(q, k, ctx, params)
-        return None if t is None else attention.Bias(tensor=t)
-
-    @contextmanager
-    def backend(way):  # the layer on attn_backend `way`
-        saved, attn.backend = attn.backend, way
-        try:
-            yield
-        finally:
-            attn.backend = saved
-
-    @contextmanager
-    def frozen():  # the scheme's parameters not trained
-        ps = [p for n, p in model.named_parameters() if is_positional(n) and p.requires_grad]
-        try:
-            for p in ps:
-                p.requires_grad_(False)
-            yield
-        finally:
-            for p in ps:
-                p.requires_grad_(True)
-
-    @contextmanager
-    def hooked(hooks):  # this scheme instance's hooks replaced, until the finally
-        vars(scheme).update(hooks)
-        try:
-            yield
-        finally:
-            for hook in hooks:
-                del vars(scheme)[hook]
-
-    def run():
-        with rt.autocast:
-            y = attn(x, scheme, scheme.training_context(T, rt.device))
-        y.backward(g)
-        return y.detach().float()
     routes = r.get('routes') or model.routes(rt.device, dtype=rt.ptdtype)
     out = r['attn_time'] = {'route': routes[0]}
-    cuda = torch.device(rt.device).type == 'cuda'
-    plain = type(scheme).value_mod is positional.PositionalEncoding.value_mod and attn.scaling is None
-    none = (lambda *args: None)
-    ways = {'built': nullcontext, 'flex': cuda and out['route'] != 'flex' and (lambda: backend('flex')),
-            'dense': cuda and out['route'] != 'dense' and (lambda: backend('dense')), 'frozen': frozen,
-            'table': plain and (lambda: hooked(dict(score_mod=tabled))),
-            'table_sdpa': plain and cuda and (lambda: hooked(dict(score_mod=tabled_whole))),
-            'no_bias': lambda: hooked(dict(score_mod=none, value_mod=none))}
-    for w in [w for w, setup in ways.items() if not setup]:  # a way that does not apply here
-        out[w] = None
-        del ways[w]
-    ys, ts = {}, {w: [] for w in ways}
-    for w, setup in ways.items():
-        with setup():
-            ys[w] = run()
-            run()
-    for _ in range(reps):
-        for w, setup in ways.items():
-            with setup():
-                t0 = clock.now()
-                run()
-                ts[w].append(clock.now() - t0)
+    ways = attn_ways(model, out['route'], torch.device(rt.device).type == 'cuda')
+    out.update({w: None for w, way in ways.items() if not way})  # a way that does not apply here
+    ways = {w: way for w, way in ways.items() if way}
+    ys, ts = time_ways(ways, lambda scheme: harness.layer_pass(attn, scheme, x, g, rt.autocast), reps, clock)
     attn.zero_grad(set_to_none=True)
     x.grad = None
     out.update({w: statistics.median(t) * 1e3 for w, t in ts.items()})
@@ -722,13 +742,13 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
         out['built_vs_no_bias_q1'], _, out['built_vs_no_bias_q3'] = statistics.quantiles(ratios, n=4)
     for w in ('table', 'table_sdpa'):
         if w in ys:
-            out[f'{w}_err'] = runtime.rel_err(ys[w], ys['built'])
+            out[f'{w}_err'] = harness.rel_err(ys[w], ys['built'])
 
 
 @torch.no_grad()
 def check_long(model, L, a, rt, clock, r, reps=3):
     """No-grad forwards at 8L and 16L (the last position's logits, as a long prompt's): the first call (it compiles),
-    then the peak memory of one (runtime.peak_MiB: O(T) where nothing T x T is held), then the median of `reps`,
+    then the peak memory of one (harness.peak_MiB: O(T) where nothing T x T is held), then the median of `reps`,
     as tokens/s, in r['long'][f'{m}L']. A length the model does not address, or whose forward fails, says so."""
     model.eval()
     out = r['long'] = {}
@@ -746,7 +766,7 @@ def check_long(model, L, a, rt, clock, r, reps=3):
             t0 = clock.now()
             fwd()
             first = clock.now() - t0
-            peak = runtime.peak_MiB(fwd, rt.device_type, model)
+            peak = harness.peak_MiB(fwd, rt.device_type, model)
             ts = []
             for _ in range(reps):
                 t0 = clock.now()
@@ -1098,7 +1118,7 @@ def main(argv):
     exit_on_ctrl_c('bench.py', 'the JSON holds the models measured so far; the same command goes on from there'
                    if one_model else '')
     rt = runtime.setup(a.device, a.dtype)
-    clock = runtime.Clock(a.clock or ('cpu' if rt.device_type == 'cpu' else 'wall'), rt.device_type)
+    clock = harness.Clock(a.clock or ('cpu' if rt.device_type == 'cpu' else 'wall'), rt.device_type)
     if one_model:  # on CUDA, as a GPU trains: GPT-2 124M compiled; every preset
         gpu = rt.device_type == 'cuda'
         a.preset = a.preset or ('gpt2' if gpu else 'default')
