@@ -886,10 +886,24 @@ def run_setup(m):
                                  f"batch {m.get('batch_size')}", 'compiled' if m.get('compile') else 'eager', how) if x)
 
 
-def table(paths):
-    """Markdown of the model parts' JSON files `paths`: per part, one row a model, a later file's entry over an
-    earlier one's, each with the run it comes from. The pairs: each figure beside its goal, then rope's MFU and its
-    step beside each partner; then the attention times and the long forwards, where the files hold them."""
+def cell(v, fmt):
+    """A value as a table cell, '—' for none."""
+    return '—' if v is None else format(v, fmt)
+
+
+def failed(error):
+    """An error as a table cell: its start, on one line, without the table's bars."""
+    return 'failed: ' + error[:60].replace('|', '/').replace('\n', ' ')
+
+
+def bullets(texts):
+    """Markdown bullets, each folded at 120 characters."""
+    return [textwrap.fill(t, 120, initial_indent='- ', subsequent_indent='  ') for t in texts]
+
+
+def read_parts(paths):
+    """The model parts' JSON files `paths` -> ({part: {model: (its entry, the run it comes from)}}, {run: its meta},
+    {(part, model): a note of it skipped}); a later file's entry over an earlier one's, in the order each ran."""
     rows, metas, skipped = {p: {} for p in PART_KEYS}, {}, {}
     for path in paths:
         out, why = read_json(path)
@@ -905,78 +919,105 @@ def table(paths):
         sk = out.get('skipped') or {}
         sk = {'pairs': sk} if isinstance(sk, list) else sk  # gpu_check's pairs wrote a list
         skipped.update({(p, n): f"{n} ({p}, {label})" for p, ns in sk.items() for n in ns})
-    f = lambda v, fmt: '—' if v is None else format(v, fmt)  # noqa: E731
-    short = lambda e: 'failed: ' + e[:60].replace('|', '/').replace('\n', ' ')  # noqa: E731
-    lines = [textwrap.fill(f"{label}: {run_setup(m)}", 120, initial_indent='- ', subsequent_indent='  ')
-             for label, m in metas.items()]
-    pairs, notes = rows['pairs'], []  # notes: paragraphs after the table, each a bullet
+    return rows, metas, skipped
+
+
+def pair_row(name, r, label, n_layer, is_ref):
+    """One model's row of the pairs' table; n_layer: the depth of its run's bench model."""
+    depth = r.get('n_layer', (preset_config(name).get('n_layer', n_layer) if name in PRESETS else n_layer))
+    route = runs_text(r.get('routes') or r.get('attention_backends') or [])  # (older files: the old key)
+    ms = '—' if 'ms_median' not in r else \
+        f"{r['ms_median']:.1f} [{cell(r.get('ms_q1'), '.1f')}, {cell(r.get('ms_q3'), '.1f')}]"
+    if is_ref:
+        spread = r.get('partner_spread_ms')
+        vs = failed(r['error']) if 'error' in r else '1 (the reference)'
+        same = f"{spread[0]:.1f}–{spread[1]:.1f} over {len(r['by_partner'])}" if spread else '—'
+        goal, met = '—', ''
+    else:
+        goal, same = cell(r.get('goal'), 'g'), cell(r.get('rope_ms_median'), '.1f')
+        v = r.get('vs_rope')
+        met = '' if v is None else 'yes' if v >= r['goal'] else 'no'
+        if 'error' in r:
+            vs, met = failed(r['error']), ''
+        elif 'ref' not in r and depth != n_layer:  # a file of before the same-depth reference
+            vs, met = f"not a ratio: {depth} layers against rope's {n_layer}", ''
+        else:
+            vs = f"{v:.3f} [{cell(r.get('vs_rope_q1'), '.3f')}, {cell(r.get('vs_rope_q3'), '.3f')}]"
+    return (f"| {name} | {r.get('goal_class', '—')} | {goal} | {vs} | {met} | {ms} | {same} | "
+            f"{cell(r.get('compile_s'), '.1f')} | {cell(r.get('peak_MiB'), ',.0f')} | {route} | {label} |")
+
+
+def ref_notes(name, r, label):
+    """A reference's notes after the pairs' table: its MFU, and its median step beside each partner."""
+    notes = []
+    if 'mfu' in r:
+        goal, B, T = MFU_GOAL
+        notes.append(f"{name}'s MFU: {r['mfu']:.3f} at {r['mfu_at'][0]} × {r['mfu_at'][1]} ({label}; the goal: "
+                     f"{goal:.2f} at {B} × {T})")
+    if 'by_partner' in r:
+        after = f"; alone {r['ms_median']:.1f} before its partners, {r['alone_after_ms']:.1f} after them" \
+            if 'alone_after_ms' in r else ''
+        notes.append(f"{name}'s median step beside each partner, ms: " + ', '.join(
+            f"{p} {v:.1f}" for p, v in r['by_partner'].items()) + f" (max / min {r['partner_spread']:.3f}{after})")
+    return notes
+
+
+def pairs_lines(rows, metas, skipped):
+    """The pairs' table, references first, then its notes: the references' (ref_notes) and the models no run
+    reached."""
+    pairs, lines = rows['pairs'], []
     refs = [n for n, (r, _) in pairs.items() if r.get('ref', 'rope' if n == 'rope' else None) == n]
     if pairs:
         lines += ['', '| model | class | goal | vs rope [q1, q3] | met | ms [q1, q3] | rope ms, same pairs | compile s '
                   '| peak MiB | route per layer | run |', '|' + ' --- |' * 11]
     for name in refs + [n for n in pairs if n not in refs]:
         r, label = pairs[name]
-        n_layer = metas[label]['model']['n_layer']
-        depth = r.get('n_layer', (preset_config(name).get('n_layer', n_layer) if name in PRESETS else n_layer))
-        route = runs_text(r.get('routes') or r.get('attention_backends') or [])  # (older files: the old key)
-        ms = '—' if 'ms_median' not in r else \
-            f"{r['ms_median']:.1f} [{f(r.get('ms_q1'), '.1f')}, {f(r.get('ms_q3'), '.1f')}]"
-        if name in refs:
-            spread = r.get('partner_spread_ms')
-            vs = short(r['error']) if 'error' in r else '1 (the reference)'
-            same = f"{spread[0]:.1f}–{spread[1]:.1f} over {len(r['by_partner'])}" if spread else '—'
-            goal, met = '—', ''
-        else:
-            goal, same = f(r.get('goal'), 'g'), f(r.get('rope_ms_median'), '.1f')
-            v = r.get('vs_rope')
-            met = '' if v is None else 'yes' if v >= r['goal'] else 'no'
-            if 'error' in r:
-                vs, met = short(r['error']), ''
-            elif 'ref' not in r and depth != n_layer:  # a file of before the same-depth reference
-                vs, met = f"not a ratio: {depth} layers against rope's {n_layer}", ''
-            else:
-                vs = f"{v:.3f} [{f(r.get('vs_rope_q1'), '.3f')}, {f(r.get('vs_rope_q3'), '.3f')}]"
-        lines.append(f"| {name} | {r.get('goal_class', '—')} | {goal} | {vs} | {met} | {ms} | {same} | "
-                     f"{f(r.get('compile_s'), '.1f')} | {f(r.get('peak_MiB'), ',.0f')} | {route} | {label} |")
-    for name in refs:
-        r, label = pairs[name]
-        if 'mfu' in r:
-            goal, B, T = MFU_GOAL
-            notes.append(f"{name}'s MFU: {r['mfu']:.3f} at {r['mfu_at'][0]} × {r['mfu_at'][1]} ({label}; the goal: "
-                         f"{goal:.2f} at {B} × {T})")
-        if 'by_partner' in r:
-            after = f"; alone {r['ms_median']:.1f} before its partners, {r['alone_after_ms']:.1f} after them" \
-                if 'alone_after_ms' in r else ''
-            notes.append(f"{name}'s median step beside each partner, ms: " + ', '.join(
-                f"{p} {v:.1f}" for p, v in r['by_partner'].items()) + f" (max / min {r['partner_spread']:.3f}{after})")
+        lines.append(pair_row(name, r, label, metas[label]['model']['n_layer'], name in refs))
+    notes = [note for name in refs for note in ref_notes(name, *pairs[name])]
     missed = [text for (p, n), text in skipped.items() if n not in rows[p]]
     if missed:
         notes.append(f"not reached (time budget): {', '.join(missed)}")
-    if notes:
-        lines.append('')
-        lines += [textwrap.fill(note, 120, initial_indent='- ', subsequent_indent='  ') for note in notes]
-    if rows['attn_time']:
-        lines += ['', "| model | layer 0's route | as built, ms | on flex | on dense | frozen | as one table | "
-                  "the table whole (sdpa_bias) | without bias | as built / without, by round [q1, q3] | "
-                  "errors of the tables | run |", '|' + ' --- |' * 12]
-    for n, (r, label) in rows['attn_time'].items():
+    return lines + ([''] + bullets(notes) if notes else [])
+
+
+def attn_time_lines(rows):
+    """The attention times' table (check_attn_time), one row a model."""
+    lines = ['', "| model | layer 0's route | as built, ms | on flex | on dense | frozen | as one table | "
+             "the table whole (sdpa_bias) | without bias | as built / without, by round [q1, q3] | "
+             "errors of the tables | run |", '|' + ' --- |' * 12] if rows else []
+    for n, (r, label) in rows.items():
         t = r.get('attn_time')
-        ways = [f(t.get(k), '.2f') for k in ('built', 'flex', 'dense', 'frozen', 'table', 'table_sdpa', 'no_bias')] \
-            if t else []
-        paired = f"{t['built_vs_no_bias']:.2f} [{f(t.get('built_vs_no_bias_q1'), '.2f')}, " \
-            f"{f(t.get('built_vs_no_bias_q3'), '.2f')}]" if t and 'built_vs_no_bias' in t else '—'
-        errs = ', '.join(f(t.get(k), '.1e') for k in ('table_err', 'table_sdpa_err') if k in t) if t else ''
-        cells = [short(r['attn_time_error'])] + [''] * 10 if not t else [t.get('route', '—'), *ways, paired,
-                                                                          errs or '—']
-        lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
-    if rows['long']:
-        lines += ['', '| model | 8L tokens/s | 8L peak MiB | 16L tokens/s | 16L peak MiB | run |', '|' + ' --- |' * 6]
-    for n, (r, label) in rows['long'].items():
+        if not t:
+            lines.append(f"| {n} | " + ' | '.join([failed(r['attn_time_error'])] + [''] * 10) + f" | {label} |")
+            continue
+        ways = [cell(t.get(k), '.2f') for k in ('built', 'flex', 'dense', 'frozen', 'table', 'table_sdpa', 'no_bias')]
+        paired = f"{t['built_vs_no_bias']:.2f} [{cell(t.get('built_vs_no_bias_q1'), '.2f')}, " \
+            f"{cell(t.get('built_vs_no_bias_q3'), '.2f')}]" if 'built_vs_no_bias' in t else '—'
+        errs = ', '.join(cell(t.get(k), '.1e') for k in ('table_err', 'table_sdpa_err') if k in t)
+        lines.append(f"| {n} | " + ' | '.join([t.get('route', '—'), *ways, paired, errs or '—']) + f" | {label} |")
+    return lines
+
+
+def long_lines(rows):
+    """The long forwards' table (check_long), one row a model."""
+    lines = ['', '| model | 8L tokens/s | 8L peak MiB | 16L tokens/s | 16L peak MiB | run |', '|' + ' --- |' * 6] \
+        if rows else []
+    for n, (r, label) in rows.items():
         d = r.get('long')
-        cells = [short(r['long_error'])] + [''] * 3 if not d else [
-            short(d[m]['error']) if 'error' in d[m] else f(d[m][k], ',.0f') for m in ('8L', '16L')
+        cells = [failed(r['long_error'])] + [''] * 3 if not d else [
+            failed(d[m]['error']) if 'error' in d[m] else cell(d[m][k], ',.0f') for m in ('8L', '16L')
             for k in ('tok_s', 'peak_MiB')]
         lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
+    return lines
+
+
+def table(paths):
+    """Markdown of the model parts' JSON files `paths`: per part, one row a model, a later file's entry over an
+    earlier one's, each with the run it comes from. The pairs: each figure beside its goal, then rope's MFU and its
+    step beside each partner; then the attention times and the long forwards, where the files hold them."""
+    rows, metas, skipped = read_parts(paths)
+    lines = bullets(f"{label}: {run_setup(m)}" for label, m in metas.items())
+    lines += pairs_lines(rows, metas, skipped) + attn_time_lines(rows['attn_time']) + long_lines(rows['long'])
     return '\n'.join(lines)
 
 
@@ -1068,41 +1109,36 @@ def smoke(a, names):
 
 # --- main ---------------------------------------------------------------------------
 
-def main(argv):
-    if '--gpu_check=True' in argv:  # the GPU check's former command: gpu_check.py in this process's place
-        os.execv(sys.executable, [sys.executable, os.path.join(ROOT, 'tools', 'gpu_check.py')]
-                 + [x for x in argv if x != '--gpu_check=True'])
-    a = options(dict(
-        schemes='all',                     # comma list of positional.REGISTRY names; rope is always added
-        presets='',                        # comma list of presets.PRESETS (config/<preset>.py), or 'all'
-        windowed=0,                        # W > 0: also rope with a W-key sliding window on every layer
-        parts='train,memory,eval,sample',  # which measurements to run, or smoke, or of MODEL_PARTS
-        preset='',                         # the model: config/bench_<preset>.py ('default' | 'gpt2'; '': default)
-        n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,  # 0: the preset's
-        device='auto', dtype='auto',       # auto: CUDA + bf16 autocast where available, else CPU float32
-        compile=False,                     # torch.compile train and eval (not sampling: the KV cache changes shape)
-        threads=0, clock='',               # torch CPU threads (0: its default); 'cpu' | 'wall' ('': cpu on CPU)
-        rounds=5, iters=2, warmup=2,       # round-robin rounds; timed and untimed train iterations per round
-        eval_mult=8, eval_batch_tokens=16384, new_tokens=1000, sample_stride=10, json='', seed=0, decode_steps=16,
-        smoke_timeout=900, smoke_logs='', smoke_cache='cold', smoke_args='',  # part smoke: see smoke_run
-        blocks=5, block_steps=5,           # MODEL_PARTS: a model's blocks in its pairs, timed steps a block
-        budget=540.0, scheme_limit=0.0,    # no model started after budget s; one model stopped after scheme_limit s
-        classes='all', auto_only=False,    # the models of these GOALS classes; wall on 'auto', not fla
-        retry=False,                       # measure again the models whose entry holds an error
-        table='',                          # comma list of MODEL_PARTS JSON files: print their markdown table, exit
-    ), argv, rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0', windowed='>=0',
-                        new_tokens='>0', sample_stride='>0', threads='>=0', smoke_timeout='>0', blocks='>0',
-                        block_steps='>0', budget='>0', scheme_limit='>=0',
-                        clock=(lambda v: v in ('', 'cpu', 'wall'), "'cpu' or 'wall'"),
-                        smoke_cache=(lambda v: v in ('cold', 'user'), "'cold' or 'user'"),
-                        classes=(lambda v: v == 'all' or set(v.split(',')) <= set(GOALS),
-                                 f"'all' or a comma list of {tuple(GOALS)}")))
-    if a.table:
-        print(table(a.table.split(',')))
-        return 0
-    started = (time.perf_counter(), time.process_time())
-    asked = scheme_names(a.schemes)
-    names = asked + ['rope'] * ('rope' not in asked)  # rope: the reference every ratio is taken against
+OPTIONS = dict(
+    schemes='all',                     # comma list of positional.REGISTRY names; rope is always added
+    presets='',                        # comma list of presets.PRESETS (config/<preset>.py), or 'all'
+    windowed=0,                        # W > 0: also rope with a W-key sliding window on every layer
+    parts='train,memory,eval,sample',  # which measurements to run, or smoke, or of MODEL_PARTS
+    preset='',                         # the model: config/bench_<preset>.py ('default' | 'gpt2'; '': default)
+    n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,  # 0: the preset's
+    device='auto', dtype='auto',       # auto: CUDA + bf16 autocast where available, else CPU float32
+    compile=False,                     # torch.compile train and eval (not sampling: the KV cache changes shape)
+    threads=0, clock='',               # torch CPU threads (0: its default); 'cpu' | 'wall' ('': cpu on CPU)
+    rounds=5, iters=2, warmup=2,       # round-robin rounds; timed and untimed train iterations per round
+    eval_mult=8, eval_batch_tokens=16384, new_tokens=1000, sample_stride=10, json='', seed=0, decode_steps=16,
+    smoke_timeout=900, smoke_logs='', smoke_cache='cold', smoke_args='',  # part smoke: see smoke_run
+    blocks=5, block_steps=5,           # MODEL_PARTS: a model's blocks in its pairs, timed steps a block
+    budget=540.0, scheme_limit=0.0,    # no model started after budget s; one model stopped after scheme_limit s
+    classes='all', auto_only=False,    # the models of these GOALS classes; wall on 'auto', not fla
+    retry=False,                       # measure again the models whose entry holds an error
+    table='',                          # comma list of MODEL_PARTS JSON files: print their markdown table, exit
+)
+RULES = dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0', windowed='>=0',
+             new_tokens='>0', sample_stride='>0', threads='>=0', smoke_timeout='>0', blocks='>0', block_steps='>0',
+             budget='>0', scheme_limit='>=0', clock=(lambda v: v in ('', 'cpu', 'wall'), "'cpu' or 'wall'"),
+             smoke_cache=(lambda v: v in ('cold', 'user'), "'cold' or 'user'"),
+             classes=(lambda v: v == 'all' or set(v.split(',')) <= set(GOALS),
+                      f"'all' or a comma list of {tuple(GOALS)}"))
+
+
+def parts_asked(a):
+    """--parts -> (the set of parts, the MODEL_PARTS among them in order); exits where it names an unknown part, or
+    mixes MODEL_PARTS with the others."""
     parts = a.parts.split(',')
     if set(parts) - SCHEME_PARTS - {'smoke'} - set(MODEL_PARTS):
         sys.exit(f"--parts takes a comma list of train, memory, eval, sample, decode, smoke, or of "
@@ -1111,7 +1147,57 @@ def main(argv):
     if one_model and len(one_model) < len(parts):
         sys.exit(f"--parts: {', '.join(MODEL_PARTS)} measure one model at a time into a JSON to resume from; run "
                  f"them apart from {', '.join(p for p in parts if p not in MODEL_PARTS)}")
-    parts = set(parts)
+    return set(parts), one_model
+
+
+def model_names(a, asked, size):
+    """The models MODEL_PARTS measure: the schemes asked (rope first) and the presets of --presets, those of the
+    --classes kept -> ({part: its models}, the presets' plans). attn_time takes those with a bias in layer 0."""
+    plans = preset_plans(a.presets, twins=False)
+    keep = a.classes.split(',') if a.classes != 'all' else list(GOALS)
+    shape, hooks = {k: v for k, v in size.items() if k != 'batch_size'}, {}
+    for n in asked + list(plans):
+        try:
+            hooks[n] = layer_hooks(model_config(n, shape, plans, a.auto_only))
+        except Exception:  # noqa: BLE001 - a plan that does not fit this size: its entry will say why
+            hooks[n] = None
+    models = [n for n in dict.fromkeys(['rope'] * ('rope' in asked) + asked + list(plans))  # rope first
+              if hooks[n] is None or goal_class(hooks[n]) in keep]
+    per_part = {'pairs': models, 'long': models,
+                'attn_time': [n for n in models if hooks[n] is None or hooks[n][0][2]]}  # a bias in layer 0
+    return per_part, plans
+
+
+def scheme_parts(a, names, parts, size, rt, clock, peak, peak_label, dev_name):
+    """The round-robin parts (SCHEME_PARTS) over `names`, the presets of --presets and rope in a --windowed window,
+    and their table -> (the results, the JSON's meta of them)."""
+    plans = {**preset_plans(a.presets), **({f'rope-window{a.windowed}': {'sliding_window': a.windowed}}
+                                            if a.windowed else {})}
+    b = Bench(names, size, a, rt, clock, plans)
+    if parts & {'train', 'memory'}:
+        b.train(parts, peak)
+    if parts & {'eval', 'memory'}:
+        b.eval(parts)
+    if 'sample' in parts:
+        b.sample()
+    if 'decode' in parts:
+        b.decode()
+    report(b.res, b.order, a, b.B, b.L, b.T8, clock, dev_name, rt.dtype)
+    return b.res, dict(model=b.size, batch_size=b.B, peak_flops=peak_label)
+
+
+def main(argv):
+    if '--gpu_check=True' in argv:  # the GPU check's former command: gpu_check.py in this process's place
+        os.execv(sys.executable, [sys.executable, os.path.join(ROOT, 'tools', 'gpu_check.py')]
+                 + [x for x in argv if x != '--gpu_check=True'])
+    a = options(OPTIONS, argv, rules=RULES)
+    if a.table:
+        print(table(a.table.split(',')))
+        return 0
+    started = (time.perf_counter(), time.process_time())
+    asked = scheme_names(a.schemes)
+    names = asked + ['rope'] * ('rope' not in asked)  # rope: the reference every ratio is taken against
+    parts, one_model = parts_asked(a)
     if a.threads:
         torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
@@ -1135,33 +1221,10 @@ def main(argv):
         print(f"nanoPE bench: torch {torch.__version__}, {dev_name}, dtype {rt.dtype}, compile {a.compile}, clock "
               f"{clock.kind}\nmodel {shape}, batch {size['batch_size']}; MFU peak: {peak_label}")
     if one_model:
-        plans = preset_plans(a.presets, twins=False)
-        keep = a.classes.split(',') if a.classes != 'all' else list(GOALS)
-        shape, hooks = {k: v for k, v in size.items() if k != 'batch_size'}, {}
-        for n in asked + list(plans):
-            try:
-                hooks[n] = layer_hooks(model_config(n, shape, plans, a.auto_only))
-            except Exception:  # noqa: BLE001 - a plan that does not fit this size: its entry will say why
-                hooks[n] = None
-        models = [n for n in dict.fromkeys(['rope'] * ('rope' in asked) + asked + list(plans))  # rope first
-                  if hooks[n] is None or goal_class(hooks[n]) in keep]
-        per_part = {'pairs': models, 'long': models,
-                    'attn_time': [n for n in models if hooks[n] is None or hooks[n][0][2]]}  # a bias in layer 0
+        per_part, plans = model_names(a, asked, size)
         return model_parts(a, one_model, per_part, plans, size, rt, clock, peak, peak_label)
     if parts & SCHEME_PARTS:
-        plans = {**preset_plans(a.presets), **({f'rope-window{a.windowed}': {'sliding_window': a.windowed}}
-                                                if a.windowed else {})}
-        b = Bench(names, size, a, rt, clock, plans)
-        if parts & {'train', 'memory'}:
-            b.train(parts, peak)
-        if parts & {'eval', 'memory'}:
-            b.eval(parts)
-        if 'sample' in parts:
-            b.sample()
-        if 'decode' in parts:
-            b.decode()
-        report(b.res, b.order, a, b.B, b.L, b.T8, clock, dev_name, rt.dtype)
-        out['results'], meta = b.res, dict(model=b.size, batch_size=b.B, peak_flops=peak_label)
+        out['results'], meta = scheme_parts(a, names, parts, size, rt, clock, peak, peak_label, dev_name)
     if a.json:
         meta = dict(argv=sys.argv, torch=torch.__version__, device=runtime.device_name(rt), dtype=rt.dtype,
                     compile=a.compile, clock=clock.kind, threads=threads, **meta, time=time.strftime(
