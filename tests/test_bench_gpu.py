@@ -398,6 +398,31 @@ def test_table_of_the_committed_json(tmp_path):
     assert got[-1] == '- not reached (time budget): sssl (pairs, 2026-12-01-abcdef1)'  # irope: measured later
 
 
+def test_the_tools_train_with_the_optimizer_train_py_resolves_for_the_model(monkeypatch):
+    """harness.train_settings gives each bench preset's model the weight decay, betas and gradient clip train.py
+    resolves for it (--dry_run=True): train.py's defaults for the default model, config/gpt2_124m.py's for gpt2
+    (beta2 0.99 and 0.95); train_stepper's AdamW takes them, and a clip of 0 clips nothing, as in train.py."""
+    from conftest import fork_run
+    monkeypatch.chdir(bench.ROOT)
+    for preset, config in (('default', []), ('gpt2', ['config/gpt2_124m.py'])):
+        r = fork_run(['train.py', *config, '--dry_run=True'])
+        assert r.returncode == 0, r.stderr[-2000:]
+        want = {k: v for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items() if k in harness.OPTIMIZER_KEYS}
+        assert harness.train_settings(preset) == want and len(want) == 4, (preset, want)
+    assert harness.train_settings('default')['beta2'] != harness.train_settings('gpt2')['beta2']
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64))
+    xy = torch.randint(64, (2, 17))
+    clipped = []
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', lambda params, norm: clipped.append(norm))
+    for settings in (harness.train_settings('gpt2'), {**harness.train_settings('default'), 'grad_clip': 0.0}):
+        step, opt = harness.train_stepper(model, xy, runtime.setup('cpu', 'float32'), 1e-4, settings, compile=False)
+        step()
+        g = opt.param_groups[0]
+        assert (g['betas'], g['weight_decay']) == ((settings['beta1'], settings['beta2']), settings['weight_decay'])
+    assert clipped == [1.0]
+
+
 def test_the_default_json_is_dated_under_results_gpu():
     """Without --json the model parts write results/gpu/<today>-<this commit>/bench.json, where a lease's raw JSON
     is committed."""
