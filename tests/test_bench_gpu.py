@@ -1,6 +1,7 @@
-"""bench.py's one-model-at-a-time parts (pairs, attn_time, long: the GPU's timing) on CPU: each model timed against
-rope of its depth in alternate blocks, whose design a fake device checks; a run cut short or out of budget; the
-goal classes; a bias layer timed four ways; and docs/gpu.md's table from a hand-written JSON."""
+"""tools/bench.py's one-model-at-a-time parts (pairs, attn_time, long: the GPU's timing) on CPU: each model timed
+against rope of its depth in alternate blocks, whose design a fake device checks; a run cut short or out of budget;
+the goal classes; a bias layer timed four ways; docs/gpu.md's table from a hand-written JSON; and the optimizer the
+tools train with (tools/harness.py)."""
 import json
 import statistics
 from types import SimpleNamespace
