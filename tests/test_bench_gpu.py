@@ -282,6 +282,27 @@ def test_attn_time_probes_a_bias_layer_four_ways_and_leaves_the_model_as_it_was(
         assert not {'score_mod', 'value_mod'} & set(vars(model.pe.at(0))), name
 
 
+def test_a_rebiased_scheme_changes_the_layers_bias_alone():
+    """attn_time's ways hand the layer a bench.Rebiased scheme, the scheme itself untouched: without its bias,
+    alibi's first layer gives what the same weights give with no positions (scheme 'none'), and with its bias as one
+    table, read at each logit or handed whole, what it gives as built (harness.layer_pass, forward and backward)."""
+    def first_layer(name):
+        torch.manual_seed(0)
+        return harness.layer(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64,
+                                           pos_encoding=name)).train(), 0)
+    (attn, scheme), (plain, none) = first_layer('alibi'), first_layer('none')
+    plain.load_state_dict(attn.state_dict())
+    x, g = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1)), torch.randn(2, 16, 32)
+    built = harness.layer_pass(attn, scheme, x, g)
+    unbiased = harness.layer_pass(attn, bench.Rebiased(scheme, bench.no_bias, bench.no_bias), x, g)
+    assert torch.allclose(unbiased, harness.layer_pass(plain, none, x, g), atol=1e-6)
+    assert not torch.allclose(unbiased, built, atol=1e-3)
+    for whole in (False, True):
+        tabled = bench.Rebiased(scheme, bench.tabled(scheme.score_mod, whole))
+        assert torch.allclose(harness.layer_pass(attn, tabled, x, g), built, atol=1e-6), whole
+    assert not {'score_mod', 'value_mod'} & set(vars(scheme))
+
+
 def test_attn_time_takes_its_ways_in_turn_each_round_and_pairs_built_with_no_bias():
     """check_attn_time times its ways in rounds, one call of each way in turn (on CPU: built, frozen, table,
     no_bias), so a device that slows from round to round (here 1x, 3x, 10x) slows every way alike: each way's time
