@@ -1,33 +1,27 @@
 """
-Device, precision and speed: the one place every script (train, eval, sample, passkey, bench, gpu_check,
-extend_table) gets them from, so a GPU run of each uses the same bf16 autocast and TF32 settings and the tables
-they write are comparable. Also: peak FLOP/s, FLOPs per token and MFU (one formula for train.py and bench.py),
-steps timed in rotating order (bench.py), the one step timer (Clock), peak memory and relative error of bench.py
-and gpu_check.py, a time limit on a block of work (time_limit), the global batch split, signals and the DDP stop
-agreement, child runs (spawn) and wandb.
+Device, precision and speed: the one place every script (train, eval, sample, passkey, extend_table and the tools)
+gets them from, so a GPU run of each uses the same bf16 autocast and TF32 settings and the tables they write are
+comparable. Also: peak FLOP/s, FLOPs per token and MFU (one formula for train.py and tools/bench.py), train.py's
+step profile, the global batch split, signals and the DDP stop agreement, child runs (spawn) and wandb.
 
   rt = runtime.setup('auto', 'auto')   # CUDA + bf16 autocast where available, else CPU float32
   with rt.autocast: logits, loss = model(x, y)
 """
 import atexit
-import itertools
 import json
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-
-from console import progress
 
 # Dense bf16 tensor-core peak FLOP/s, no sparsity (NVIDIA datasheets), matched against
 # torch.cuda.get_device_name() in this order (the PCIe and NVL H100s are slower than SXM).
@@ -92,7 +86,7 @@ def peak_flops(device_type, cores=1, gpu=None):
 def flops_per_token(model, T):
     """Training FLOPs per token at sequence length T (PaLM, arXiv 2204.02311, App. B): 6N for the N parameters
     (all of them) + 12 * n_layer * n_head * head_dim * T for the attention. Any model with a GPTConfig-like
-    .config: nanoPE's GPT, bench.py's nanoGPT."""
+    .config: nanoPE's GPT, tools/bench.py's nanoGPT."""
     c = model.config
     return 6 * sum(p.numel() for p in model.parameters()) + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * T
 
@@ -100,113 +94,6 @@ def flops_per_token(model, T):
 def mfu(model, T, rows, seconds, peak):
     """Model FLOPs utilisation: `rows` sequences of T tokens trained in `seconds`, a fraction of `peak` FLOP/s."""
     return flops_per_token(model, T) * T * rows / seconds / peak
-
-
-# --- timing, memory and errors of steps (bench.py, gpu_check.py)
-
-
-class Clock:
-    """Seconds for timing steps: 'wall' (perf_counter) or 'cpu' (this process's CPU time, blind to other
-    processes); on CUDA each reading waits for the GPU's queued work first."""
-
-    def __init__(self, kind, device_type):
-        self.kind, self.cuda = kind, device_type == 'cuda'
-
-    def now(self):
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.process_time() if self.kind == 'cpu' else time.perf_counter()
-
-
-def static_bytes(*objs):
-    """Bytes of distinct tensor storages held by modules (params, buffers) and optimizers (state)."""
-    ts = [t for o in objs for t in ([*o.parameters(), *o.buffers()] if isinstance(o, torch.nn.Module) else
-                                   [t for st in o.state.values() for t in st.values() if torch.is_tensor(t)])]
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}.values())
-
-
-def peak_extra_bytes(fn, device_type):
-    """Peak bytes allocated by fn() on top of what was live before it."""
-    if device_type == 'cuda':
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    from torch.profiler import ProfilerActivity, profile  # here: only --profile needs it
-    sys.stderr.flush()
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)  # the profiler's C++ side prints start/stop banners to fd 2
-    try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            fn()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == '[memory]' and e.device_type() == torch.autograd.DeviceType.CPU)
-    # running total of allocations in order; frees of blocks allocated before fn() are not reported: no negative drift
-    return max([0, *itertools.accumulate(n for _, n in events)])
-
-
-def peak_MiB(fn, device_type, *held):
-    """The peak memory of a step: the tensors `held` keeps (modules, optimizers: static_bytes) and the peak fn()
-    allocates on top of what was live before it, in MiB."""
-    return (static_bytes(*held) + peak_extra_bytes(fn, device_type)) / 2**20
-
-
-def rel_err(got, want):
-    """||got - want|| / ||want||, in float64: the one relative error of the checks (logits, KV cache, gradients)."""
-    want = want.double()
-    return ((got.double() - want).norm() / want.norm().clamp_min(1e-300)).item()
-
-
-class SchemeTimeout(BaseException):
-    """time_limit ran out: not an Exception, so that the handlers that let a failed part go on to the next part
-    of the same model let it through."""
-
-
-@contextmanager
-def time_limit(seconds, what='--scheme_limit'):
-    """Raise SchemeTimeout in this (the main) thread after `seconds` (0: no limit): a compile that would take the
-    rest of a lease ends as that model's error, and the next model starts."""
-    if not seconds:
-        yield
-        return
-
-    def expired(signum, frame):
-        raise SchemeTimeout(f'stopped after {what}={seconds:g} s')
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    except SchemeTimeout:
-        torch.set_grad_enabled(True)  # the alarm can land inside no_grad's __enter__, whose __exit__ then never runs
-        raise
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def train_stepper(model, xy, rt, lr, compile, backend=None):
-    """(a function that takes one training step of `model` on the batch xy [B, L + 1] and returns its loss, the
-    optimizer): AdamW at lr (weight decay 0.1, betas 0.9, 0.95), gradients clipped at 1 (train.py's grad_clip), the
-    model compiled if asked, every layer on `backend` where one is given (bench.py's and gpu_check.py's steps)."""
-    model.train()
-    opt = model.configure_optimizers(0.1, lr, (0.9, 0.95), rt.device_type)
-    run = torch.compile(model) if compile else model
-
-    def step():
-        with rt.autocast, (model.attention_backend(backend) if backend else nullcontext()):
-            _, loss = run(xy[:, :-1], xy[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-    return step, opt
 
 
 class StepProfile:
@@ -257,25 +144,6 @@ class StepProfile:
             json.dump(out, f, indent=1)
         self.prof.export_chrome_trace(os.path.join(self.out_dir, 'profile_trace.json'))
         return out
-
-
-def median_ratio(xs, refs):
-    """Median over rounds of x/ref, each ratio taken within one round."""
-    return statistics.median(x / r for x, r in zip(xs, refs))
-
-
-def round_robin(names, rounds, fn, clock, desc):
-    """{name: [clock seconds of fn(name), one per round]}; the order rotates every round, so
-    that slow drift in machine load hits every name alike."""
-    times = {n: [] for n in names}
-    with progress(total=rounds, desc=desc, unit='round') as bar:
-        for r in range(rounds):
-            for n in names[r % len(names):] + names[:r % len(names)]:
-                t0 = clock.now()
-                fn(n)
-                times[n].append(clock.now() - t0)
-            bar.update()
-    return times
 
 
 def cpu_info():
@@ -480,7 +348,7 @@ class RunControl:
 
 def spawn(cmd, log, env=None, preexec_fn=None):
     """Start cmd in the repo with its output going straight to the open file `log` (sweep.py's and
-    bench.py's children): no pipe through the parent, so the child never dies of a broken pipe, and
+    tools/bench.py's children): no pipe through the parent, so the child never dies of a broken pipe, and
     the log is written line by line as it runs. A session of its own: a terminal's Ctrl-C reaches
     the parent only, which decides what the child gets."""
     return subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -17,6 +17,7 @@ import torch.nn.attention.flex_attention as fa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(1, os.path.join(ROOT, 'tools'))  # the tests import the tools (bench, gpu_check) by name too
 
 import positional  # noqa: E402
 import attention as A  # noqa: E402

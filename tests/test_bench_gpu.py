@@ -1,6 +1,7 @@
-"""bench.py's one-model-at-a-time parts (pairs, attn_time, long: the GPU's timing) on CPU: each model timed against
-rope of its depth in alternate blocks, whose design a fake device checks; a run cut short or out of budget; the
-goal classes; a bias layer timed four ways; and docs/gpu.md's table from a hand-written JSON."""
+"""tools/bench.py's one-model-at-a-time parts (pairs, attn_time, long: the GPU's timing) on CPU: each model timed
+against rope of its depth in alternate blocks, whose design a fake device checks; a run cut short or out of budget;
+the goal classes; a bias layer timed four ways; docs/gpu.md's table from a hand-written JSON; and the optimizer the
+tools train with (tools/harness.py)."""
 import json
 import statistics
 from types import SimpleNamespace
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import bench
+import harness
 import runtime
 from model import GPT, GPTConfig
 
@@ -262,7 +264,7 @@ def test_attn_time_probes_a_bias_layer_four_ways_and_leaves_the_model_as_it_was(
     row, t5's table is model-wide); Shaw's value term has no table form; afterwards every parameter trains again and
     the scheme keeps no hook of the probe's."""
     rt = runtime.setup('cpu', 'float32')
-    clock = runtime.Clock('cpu', 'cpu')
+    clock = harness.Clock('cpu', 'cpu')
     for name in ('t5', 'grape_a', 'shaw'):
         torch.manual_seed(0)
         model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64, pos_encoding=name))
@@ -278,6 +280,27 @@ def test_attn_time_probes_a_bias_layer_four_ways_and_leaves_the_model_as_it_was(
             assert t['table'] > 0 and t['table_err'] < 1e-6, (name, t)
         assert [n for n, p in model.named_parameters() if p.requires_grad] == trains
         assert not {'score_mod', 'value_mod'} & set(vars(model.pe.at(0))), name
+
+
+def test_a_rebiased_scheme_changes_the_layers_bias_alone():
+    """attn_time's ways hand the layer a bench.Rebiased scheme, the scheme itself untouched: without its bias,
+    alibi's first layer gives what the same weights give with no positions (scheme 'none'), and with its bias as one
+    table, read at each logit or handed whole, what it gives as built (harness.layer_pass, forward and backward)."""
+    def first_layer(name):
+        torch.manual_seed(0)
+        return harness.layer(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64,
+                                           pos_encoding=name)).train(), 0)
+    (attn, scheme), (plain, none) = first_layer('alibi'), first_layer('none')
+    plain.load_state_dict(attn.state_dict())
+    x, g = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1)), torch.randn(2, 16, 32)
+    built = harness.layer_pass(attn, scheme, x, g)
+    unbiased = harness.layer_pass(attn, bench.Rebiased(scheme, bench.no_bias, bench.no_bias), x, g)
+    assert torch.allclose(unbiased, harness.layer_pass(plain, none, x, g), atol=1e-6)
+    assert not torch.allclose(unbiased, built, atol=1e-3)
+    for whole in (False, True):
+        tabled = bench.Rebiased(scheme, bench.tabled(scheme.score_mod, whole))
+        assert torch.allclose(harness.layer_pass(attn, tabled, x, g), built, atol=1e-6), whole
+    assert not {'score_mod', 'value_mod'} & set(vars(scheme))
 
 
 def test_attn_time_takes_its_ways_in_turn_each_round_and_pairs_built_with_no_bias():
@@ -397,26 +420,51 @@ def test_table_of_the_committed_json(tmp_path):
     assert got[-1] == '- not reached (time budget): sssl (pairs, 2026-12-01-abcdef1)'  # irope: measured later
 
 
+def test_the_tools_train_with_the_optimizer_train_py_resolves_for_the_model(monkeypatch):
+    """harness.train_settings gives each bench preset's model the weight decay, betas and gradient clip train.py
+    resolves for it (--dry_run=True): train.py's defaults for the default model, config/gpt2_124m.py's for gpt2
+    (beta2 0.99 and 0.95); train_stepper's AdamW takes them, and a clip of 0 clips nothing, as in train.py."""
+    from conftest import fork_run
+    monkeypatch.chdir(bench.ROOT)
+    for preset, config in (('default', []), ('gpt2', ['config/gpt2_124m.py'])):
+        r = fork_run(['train.py', *config, '--dry_run=True'])
+        assert r.returncode == 0, r.stderr[-2000:]
+        want = {k: v for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items() if k in harness.OPTIMIZER_KEYS}
+        assert harness.train_settings(preset) == want and len(want) == 4, (preset, want)
+    assert harness.train_settings('default')['beta2'] != harness.train_settings('gpt2')['beta2']
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64))
+    xy = torch.randint(64, (2, 17))
+    clipped = []
+    monkeypatch.setattr(torch.nn.utils, 'clip_grad_norm_', lambda params, norm: clipped.append(norm))
+    for settings in (harness.train_settings('gpt2'), {**harness.train_settings('default'), 'grad_clip': 0.0}):
+        step, opt = harness.train_stepper(model, xy, runtime.setup('cpu', 'float32'), 1e-4, settings, compile=False)
+        step()
+        g = opt.param_groups[0]
+        assert (g['betas'], g['weight_decay']) == ((settings['beta1'], settings['beta2']), settings['weight_decay'])
+    assert clipped == [1.0]
+
+
 def test_the_default_json_is_dated_under_results_gpu():
     """Without --json the model parts write results/gpu/<today>-<this commit>/bench.json, where a lease's raw JSON
     is committed."""
     import os
     import subprocess
     import time
-    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=bench.HERE, capture_output=True, text=True)
+    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=bench.ROOT, capture_output=True, text=True)
     commit = head.stdout.strip() if head.returncode == 0 else 'nogit'
-    assert bench.default_json() == os.path.join(bench.HERE, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{commit}",
+    assert bench.default_json() == os.path.join(bench.ROOT, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{commit}",
                                                 'bench.json')
 
 
 def test_docs_gpu_table_is_what_bench_prints_from_the_committed_json(monkeypatch):
-    """docs/gpu.md's `python bench.py --table=...` command runs on the committed results/gpu/ files and prints the
+    """docs/gpu.md's `python tools/bench.py --table=...` command runs on the committed results/gpu/ files and prints the
     table the page shows under it, line for line."""
     import os
     import re
-    monkeypatch.chdir(bench.HERE)
+    monkeypatch.chdir(bench.ROOT)
     page = open(os.path.join('docs', 'gpu.md'), encoding='utf-8').read()
-    commands = re.findall(r'^python bench\.py --table=(\S+)$', page, re.M)
+    commands = re.findall(r'^python tools/bench\.py --table=(\S+)$', page, re.M)
     assert commands, 'docs/gpu.md gives no --table command'
     for paths in commands:
         assert bench.table(paths.split(',')) in page, paths

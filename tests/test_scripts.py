@@ -62,7 +62,7 @@ def test_config_file_errors_name_the_file_and_line(tmp_path):
 
 def test_named_run_configs_hold_the_sizes_the_scripts_used():
     """The named runs read from config/ hold, value for value and type for type, the sizes that
-    sweep.py (GPU, TASK_TRAIN) and bench.py (PRESETS) defined inline before; sweep passes them
+    sweep.py (GPU, TASK_TRAIN) and tools/bench.py (PRESETS) defined inline before; sweep passes them
     to train.py as these exact strings, in this order."""
     import sweep
     want = {
@@ -86,7 +86,7 @@ def test_named_run_configs_hold_the_sizes_the_scripts_used():
 
 
 def test_smoke_timing_reads_the_runs_own_eval_json(tmp_path):
-    """bench.py's smoke table takes where a run's time went from the run's eval.json (`timing`:
+    """tools/bench.py's smoke table takes where a run's time went from the run's eval.json (`timing`:
     startup_s, train_s, final_eval_s), not from its log; a run that reports none, or reports it
     damaged, gives no phases rather than wrong ones."""
     import json
@@ -196,7 +196,7 @@ def test_attn_grads_compiled_sees_a_compiler_that_loses_a_table_gradient(tmp_pat
         monkeypatch.setattr(torch, 'compile', compiled)
         assert gpu_check.main(argv) == int(lossy)
         e = json.load(open(path))['results']['t5']['attn_grads']['layer 0']
-        assert e['backend'] == 'sdpa_bias' and max(e[f'd{n}_compiled'] for n in 'qkv') < 1e-5, e
+        assert e['route'] == 'sdpa_bias' and max(e[f'd{n}_compiled'] for n in 'qkv') < 1e-5, e
         assert e['compiled_ok'] != lossy and (e['param_worst_compiled_err'] == 1.0) == lossy, e
 
 

@@ -4,13 +4,13 @@
 # under $OUT (the device tool's folder; out-lease/ where OUT is unset) after every model, so a stage cut short keeps
 # what it measured. Two calls of the device tool, carrying .whl (fla-core and einops, which the GPU image lacks):
 #
-#   bash docs/gpu_lease.sh wheels    # here, once: download the wheels into .whl/ (git-ignored)
-#   bash docs/gpu_lease.sh first     # call 1, timeout_s=600: mfu16, attn_time, pairs in 520 s
-#   RESUME=results/gpu/DATE-COMMIT bash docs/gpu_lease.sh second
-#                                    # call 2, timeout_s=240: grads_routes, correct_fla, long, pairs (on from call
-#                                    # 1's) in 220 s
-#   bash docs/gpu_lease.sh mfu       # where train.py's step changed: profile, mfu16, mfu64 in 400 s
-#   bash docs/gpu_lease.sh STAGE...  # any stages by name, in LEASE_S seconds (default 540)
+#   bash tools/gpu_lease.sh wheels    # here, once: download the wheels into .whl/ (git-ignored)
+#   bash tools/gpu_lease.sh first     # call 1, timeout_s=600: mfu16, attn_time, pairs in 520 s
+#   RESUME=results/gpu/DATE-COMMIT bash tools/gpu_lease.sh second
+#                                     # call 2, timeout_s=240: grads_routes, correct_fla, long, pairs (on from call
+#                                     # 1's) in 220 s
+#   bash tools/gpu_lease.sh mfu       # where train.py's step changed: profile, mfu16, mfu64 in 400 s
+#   bash tools/gpu_lease.sh STAGE...  # any stages by name, in LEASE_S seconds (default 540)
 #
 # Stages, in priority order (call 2 runs the checks and long before going on with the pairs, which take what is left:
 # the rope they are timed against compiles again in a new process, and the pairs of every model do not fit a lease):
@@ -43,7 +43,7 @@ case "$CALL" in
     first) STAGES="mfu16 attn_time pairs"; LEASE_S=${LEASE_S:-520} ;;
     mfu) STAGES="profile mfu16 mfu64"; LEASE_S=${LEASE_S:-400} ;;
     second) STAGES="grads_routes correct_fla long pairs"; LEASE_S=${LEASE_S:-220} ;;
-    '') echo "usage: bash docs/gpu_lease.sh wheels | first | second | mfu | STAGE..." >&2; exit 2 ;;
+    '') echo "usage: bash tools/gpu_lease.sh wheels | first | second | mfu | STAGE..." >&2; exit 2 ;;
     *) STAGES="$*"; LEASE_S=${LEASE_S:-540}; CALL=stages ;;
 esac
 OUT=${OUT:-out-lease}
@@ -85,7 +85,7 @@ stage() {  # SCRIPT NAME LIMIT BUDGET ARGS...: bench.py or gpu_check.py within L
         echo "== $name: not run, $((LEASE_S - SECONDS)) s left of ${LEASE_S}"
         return
     fi
-    if [ "$script" = bench.py ]; then
+    if [ "$script" = tools/bench.py ]; then
         extra=${BENCH_ARGS:-}
         if [ -n "${RESUME:-}" ] && [ -f "$RESUME/$name.json" ] && [ ! -f "$OUT/$name.json" ]; then
             cp "$RESUME/$name.json" "$OUT/$name.json" && echo "== $name: on from $RESUME/$name.json"
@@ -95,8 +95,8 @@ stage() {  # SCRIPT NAME LIMIT BUDGET ARGS...: bench.py or gpu_check.py within L
     timeout -s INT -k 10 "$LIMIT" python3 "$script" --json="$OUT/$name.json" --budget="$BUDGET" "$@" $extra
     echo "== $name: exit $? after $((SECONDS - t0)) s"
 }
-check() { stage gpu_check.py "$@"; }
-bench() { stage bench.py "$@"; }
+check() { stage tools/gpu_check.py "$@"; }
+bench() { stage tools/bench.py "$@"; }
 
 synth() {  # GPT-2-sized random tokens for train.py (the GPU machine reaches no corpus): /tmp/synth
     [ -f /tmp/synth/val.bin ] || python3 -c "import numpy as np, os; os.makedirs('/tmp/synth', exist_ok=True)

@@ -3,8 +3,8 @@ clamp docs/speed.md describes ("Wall's kernel has a range"). The kernel exponent
 log decays within its diagonal tiles with a clamp at 2^110; once a channel decays by more than about 76 nats within
 one key tile, near-diagonal logits come out too small, where naive_wall_attn (fla.ops.wall_attn.naive) stays exact.
 
-    TRITON_INTERPRET=1 python docs/wall_clamp.py     # on a CPU (Triton's interpreter, a few seconds)
-    python docs/wall_clamp.py                        # on a CUDA GPU
+    TRITON_INTERPRET=1 python tools/wall_clamp.py    # on a CPU (Triton's interpreter, a few seconds)
+    python tools/wall_clamp.py                       # on a CUDA GPU
 
 Prints, for each mean decay m (nats per token, each token's decay uniform in [0, 2m]), the largest error of the
 kernel's output, and of nanoPE's own path (kernels.wall_scores), relative to the largest output of the reference:
@@ -15,12 +15,12 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root's modules: the library
 import kernels  # noqa: E402  (fla's kernel as nanoPE calls it: under the interpreter, its first config, untimed)
 
 ok, why = kernels.fla_status()
 if not ok:
-    sys.exit(f"docs/wall_clamp.py: {why}")
+    sys.exit(f"tools/wall_clamp.py: {why}")
 from fla.ops.wall_attn.naive import naive_wall_attn  # noqa: E402
 
 kernel = kernels.fla_op('wall')

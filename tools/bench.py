@@ -2,16 +2,16 @@
 Speed and memory of every positional scheme, as ratios to rope measured in the same run. How each
 number is measured: docs/speed.md.
 
-  python bench.py                                  # every registered scheme, config/bench_default.py
-  python bench.py --threads=1 --schemes=rope,alibi --json=bench.json
-  python bench.py --device=cuda --compile=True     # GPU: bf16 autocast, TF32, fused AdamW, torch.compile
-  python bench.py --device=cuda --compile=True --preset=gpt2 --schemes=rope,alibi --parts=train
-  python bench.py --parts=smoke                    # a 4-iteration train.py run of every scheme, wall time each
-  python bench.py --threads=1 --schemes=rope --presets=all --eval_mult=16   # the attention stacks of config/
-  python bench.py --threads=1 --schemes=rope --windowed=32 --parts=eval --eval_mult=64   # rope in a 32-key window
-  python bench.py --parts=pairs,attn_time,long     # on a GPU: every scheme and preset against rope, one at a time
-  python bench.py --parts=pairs --schemes=alibi,t5 --presets= --budget=120 --json=pairs.json   # again: goes on
-  python bench.py --table=results/gpu/2026-11-28-9bb9952/pairs_missing.json,results/gpu/DATE-COMMIT/bench.json
+  python tools/bench.py                                  # every registered scheme, config/bench_default.py
+  python tools/bench.py --threads=1 --schemes=rope,alibi --json=bench.json
+  python tools/bench.py --device=cuda --compile=True     # GPU: bf16 autocast, TF32, fused AdamW, torch.compile
+  python tools/bench.py --device=cuda --compile=True --preset=gpt2 --schemes=rope,alibi --parts=train
+  python tools/bench.py --parts=smoke                    # a 4-iteration train.py run of every scheme, wall time each
+  python tools/bench.py --threads=1 --schemes=rope --presets=all --eval_mult=16   # the attention stacks of config/
+  python tools/bench.py --threads=1 --schemes=rope --windowed=32 --parts=eval --eval_mult=64   # rope in a 32-key window
+  python tools/bench.py --parts=pairs,attn_time,long     # on a GPU: every scheme and preset against rope, one at a time
+  python tools/bench.py --parts=pairs --schemes=alibi,t5 --presets= --budget=120 --json=pairs.json   # again: goes on
+  python tools/bench.py --table=results/gpu/2026-11-28-9bb9952/pairs_missing.json,results/gpu/DATE-COMMIT/bench.json
 
 Parts, round-robin over the schemes and `nanogpt` (a plain nanoGPT model, below): train (ms/iter,
 tokens/s, MFU), memory (peak of a training step, and of a no-grad forward at 8L), eval (tokens/s of
@@ -69,16 +69,20 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-import attention
-import positional
-import runtime
-from configurator import options
-from console import exit_on_ctrl_c, progress
-from files import atomic_write, read_json
-from model import GPT, GPTConfig, is_positional
-from presets import PRESETS, model_config, model_size, preset_config, preset_plans, scheme_names
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the library is the repo root's modules: python tools/bench.py imports them from there
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import attention  # noqa: E402
+import positional  # noqa: E402
+import runtime  # noqa: E402
+from configurator import options  # noqa: E402
+from console import exit_on_ctrl_c, progress  # noqa: E402
+from files import atomic_write, read_json  # noqa: E402
+from model import GPT, GPTConfig, is_positional  # noqa: E402
+from presets import PRESETS, model_config, model_size, preset_config, preset_plans, scheme_names  # noqa: E402
+
+import harness  # noqa: E402  (tools/harness.py: this benchmark's and gpu_check.py's training step and layer pass)
+
 BASELINE = 'nanogpt'
 SCHEME_PARTS = {'train', 'memory', 'eval', 'sample', 'decode'}  # the round-robin over schemes
 
@@ -137,18 +141,20 @@ class NanoGPT(nn.Module):
 
 class Bench:
     """Every model built once from the same init seed and kept alive (the round-robin needs them all),
-    with its optimizer and the batches: B x L for training, eval.py's batching at 8L for eval."""
+    with its optimizer (train.py's for the preset's model: harness.train_settings) and the batches: B x L for
+    training, eval.py's batching at 8L for eval."""
 
     def __init__(self, names, size, a, rt, clock, plans=None):
         self.a, self.rt, self.clock, self.size = a, rt, clock, dict(size)
         self.B, self.L = self.size.pop('batch_size'), size['block_size']
         self.models, self.opts, self.runs, plans = {}, {}, {}, plans or {}
+        self.settings = s = harness.train_settings(a.preset)
         for name in [BASELINE] + names + list(plans):
             torch.manual_seed(a.seed)
             cfg = GPTConfig(**self.size) if name == BASELINE else GPTConfig(**{**self.size, **plans[name]}) \
                 if name in plans else GPTConfig(**self.size, pos_encoding=name)
             m = self.models[name] = (NanoGPT(cfg) if name == BASELINE else GPT(cfg)).to(rt.device)
-            self.opts[name] = m.configure_optimizers(0.1, 1e-3, (0.9, 0.99), rt.device_type)
+            self.opts[name] = m.configure_optimizers(s['weight_decay'], 1e-3, (s['beta1'], s['beta2']), rt.device_type)
             self.runs[name] = torch.compile(m) if a.compile else m
         g = torch.Generator().manual_seed(a.seed)
         xy = torch.randint(size['vocab_size'], (self.B, self.L + 1), generator=g).to(rt.device)
@@ -164,7 +170,8 @@ class Bench:
         with self.rt.autocast:
             _, loss = self.runs[name](self.x, self.y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.models[name].parameters(), 1.0)  # train.py's grad_clip
+        if self.settings['grad_clip']:
+            torch.nn.utils.clip_grad_norm_(self.models[name].parameters(), self.settings['grad_clip'])
         self.opts[name].step()
         self.opts[name].zero_grad(set_to_none=True)
 
@@ -172,10 +179,6 @@ class Bench:
     def eval_fwd(self, name):
         with self.rt.autocast:
             self.runs[name](self.xe[:, :-1], self.xe[:, 1:], reduction='sum')
-
-    def peak_MiB(self, fn, *held):
-        """params/buffers/optimizer state of `held` + the peak fn() allocates on top, in MiB."""
-        return (runtime.static_bytes(*held) + runtime.peak_extra_bytes(fn, self.rt.device_type)) / 2**20
 
     def train(self, parts, peak):
         a, B, L, res = self.a, self.B, self.L, self.res
@@ -185,19 +188,19 @@ class Bench:
                 self.train_step(name)
             res[name]['train_warmup_s'] = self.clock.now() - t0
         if 'train' in parts:
-            times = runtime.round_robin(self.order, a.rounds, lambda n: [self.train_step(n) for _ in range(a.iters)],
+            times = harness.round_robin(self.order, a.rounds, lambda n: [self.train_step(n) for _ in range(a.iters)],
                                 self.clock, 'train rounds')
             times = {n: [t / a.iters for t in ts] for n, ts in times.items()}
             for name in self.order:
                 dt = statistics.median(times[name])
-                res[name].update(train_ms=dt * 1e3, train_tok_s=B * L / dt, train_vs_rope=runtime.median_ratio(
-                    times['rope'], times[name]), train_vs_nanogpt=runtime.median_ratio(times[BASELINE], times[name]),
+                res[name].update(train_ms=dt * 1e3, train_tok_s=B * L / dt, train_vs_rope=harness.median_ratio(
+                    times['rope'], times[name]), train_vs_nanogpt=harness.median_ratio(times[BASELINE], times[name]),
                     train_ms_all=[t * 1e3 for t in times[name]])
                 if peak:
                     res[name]['mfu'] = runtime.mfu(self.models[name], L, B, dt, peak)
         for name in self.order if 'memory' in parts else []:
             m, opt = self.models[name], self.opts[name]
-            res[name]['train_peak_MiB'] = self.peak_MiB(lambda: self.train_step(name), m, opt)
+            res[name]['train_peak_MiB'] = harness.peak_MiB(lambda: self.train_step(name), self.rt.device_type, m, opt)
 
     def eval(self, parts):
         res = self.res
@@ -208,16 +211,17 @@ class Bench:
             res[name]['eval_first_s'] = self.clock.now() - t0
         if 'eval' in parts:
             label = f'eval@{self.a.eval_mult}L rounds'
-            times = runtime.round_robin(self.can_eval, self.a.rounds, self.eval_fwd, self.clock, label)
+            times = harness.round_robin(self.can_eval, self.a.rounds, self.eval_fwd, self.clock, label)
             for name in self.can_eval:
                 res[name].update(eval_tok_s=self.xe[:, :-1].numel() / statistics.median(times[name]),
-                                 eval_vs_rope=runtime.median_ratio(times['rope'], times[name]))
+                                 eval_vs_rope=harness.median_ratio(times['rope'], times[name]))
         for name in self.can_eval if 'memory' in parts else []:
             m = self.models[name]
-            res[name]['fwd8L_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
+            res[name]['fwd8L_peak_MiB'] = harness.peak_MiB(lambda: self.eval_fwd(name), self.rt.device_type, m)
             if any(type(s).score_mod is not positional.PositionalEncoding.score_mod for s in m.pe.schemes):
                 with m.attention_backend('dense'):  # a bias scheme: the same forward with T x T biases
-                    res[name]['fwd8L_dense_peak_MiB'] = self.peak_MiB(lambda: self.eval_fwd(name), m)
+                    res[name]['fwd8L_dense_peak_MiB'] = harness.peak_MiB(lambda: self.eval_fwd(name),
+                                                                         self.rt.device_type, m)
 
     def sample(self):
         prompt = torch.zeros((1, 1), dtype=torch.long, device=self.rt.device)
@@ -487,13 +491,14 @@ class Models:
         """Build, compile and warm up a model for training; its entry gets compile_s (the first step), loss_first
         and peak_MiB -> (its step function, the model)."""
         model, r = self.model(name, cfg)
-        step, opt = runtime.train_stepper(model, self.xy, self.rt, PAIR_LR, self.a.compile)
+        step, opt = harness.train_stepper(model, self.xy, self.rt, PAIR_LR, harness.train_settings(self.a.preset),
+                                          self.a.compile)
         t0 = self.clock.now()
         r['loss_first'] = step().item()
         r['compile_s'] = self.clock.now() - t0
         for _ in range(self.a.warmup - 1):
             step()
-        r['peak_MiB'] = runtime.peak_MiB(step, self.rt.device_type, model, opt)
+        r['peak_MiB'] = harness.peak_MiB(step, self.rt.device_type, model, opt)
         self.save()
         return step, model
 
@@ -554,7 +559,7 @@ class Models:
         steps = {ref: self.reference(ref, cfg.n_layer)}
         if name == ref:  # rope asked for itself: its blocks alone are its entry
             return
-        with runtime.time_limit(self.a.scheme_limit):
+        with harness.time_limit(self.a.scheme_limit):
             steps[name], _ = self.build(name, cfg)
             timed = time_blocks(pair_order(ref, name, self.a.blocks), steps, self.a.block_steps, self.clock,
                                 self.between)
@@ -572,7 +577,7 @@ class Models:
         """check(model, r) of `name`'s model, built at the bench's seed on the device, into its entry r (describe),
         within --scheme_limit."""
         model, r = self.model(name, self.config(name))
-        with runtime.time_limit(self.a.scheme_limit):
+        with harness.time_limit(self.a.scheme_limit):
             check(model, r)
 
     DONE = {'pairs': ('vs_rope', 'error'), 'attn_time': ('attn_time', 'attn_time_error'),
@@ -600,7 +605,7 @@ class Models:
                 getattr(self, part)(name)
             except ReferenceFailed:
                 failed.append(name)
-            except (Exception, runtime.SchemeTimeout) as e:  # noqa: BLE001 - a model that fails to build, compile,
+            except (Exception, harness.SchemeTimeout) as e:  # noqa: BLE001 - a model that fails to build, compile,
                 self.res.setdefault(name, {})[error_key] = error_text(e)  # fit or finish: the next one goes on
                 failed.append(name)
             finally:  # (Ctrl-C and `timeout -s INT` pass here too: a run cut short is no crash)
@@ -616,10 +621,96 @@ class Models:
         return failed
 
 
+class Rebiased:
+    """A scheme as a layer's forward sees it with its bias replaced: its score_mod (and value_mod, where given) these
+    functions, every other hook and attribute the scheme's own. The forward asks the scheme it is handed for its
+    hooks, so a probe hands it this in the scheme's place and the scheme stays as it is."""
+
+    def __init__(self, scheme, score_mod, value_mod=None):
+        self.scheme, self.score_mod = scheme, score_mod
+        if value_mod is not None:
+            self.value_mod = value_mod
+
+    def __getattr__(self, name):
+        return getattr(self.scheme, name)
+
+
+def no_bias(*args):
+    """A hook that adds nothing (score_mod, value_mod)."""
+    return None
+
+
+def one_table(bias, q, k):
+    """A bias (what a score_mod returns, or None) of the queries q over the keys k as one float32 [B, H, Tq, Tk]
+    tensor, a row per batch row (FlexAttention indexes b), or None."""
+    if bias is None:
+        return None
+    with torch.autocast(q.device.type, enabled=False):
+        t = attention.dense_bias(bias, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
+    return t.expand(q.size(0), -1, -1, -1).contiguous()
+
+
+def tabled(score_mod, whole):
+    """score_mod with its bias handed over as one table (one_table): read at each logit, its mod alone (whole=False),
+    or the tensor whole (Bias.tensor: route sdpa_bias where the layer is on CUDA)."""
+    def mod(q, k, ctx, params):
+        t = one_table(score_mod(q, k, ctx, params), q, k)
+        if t is None:
+            return None
+        return attention.Bias(tensor=t) if whole else attention.Bias(attention.Bias(tensor=t).mod, reads_table=True)
+    return mod
+
+
+@contextmanager
+def frozen(model):
+    """The model's positional parameters not trained inside the block, trained again after it."""
+    ps = [p for n, p in model.named_parameters() if is_positional(n) and p.requires_grad]
+    try:
+        for p in ps:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p in ps:
+            p.requires_grad_(True)
+
+
+def attn_ways(model, route, cuda):
+    """check_attn_time's ways for the model's first layer, whose route in training is `route`: {way: (the scheme the
+    layer is handed, a function that returns the context the way runs in)}, None for a way that does not apply (a
+    backend the layer takes anyway, or off CUDA; a table where a value term or attention scaling joins the bias)."""
+    attn, scheme = harness.layer(model, 0)
+    plain = type(scheme).value_mod is positional.PositionalEncoding.value_mod and attn.scaling is None
+    return {'built': (scheme, nullcontext),
+            'flex': cuda and route != 'flex' and (scheme, lambda: model.attention_backend('flex')),
+            'dense': cuda and route != 'dense' and (scheme, lambda: model.attention_backend('dense')),
+            'frozen': (scheme, lambda: frozen(model)),
+            'table': plain and (Rebiased(scheme, tabled(scheme.score_mod, whole=False)), nullcontext),
+            'table_sdpa': plain and cuda and (Rebiased(scheme, tabled(scheme.score_mod, whole=True)), nullcontext),
+            'no_bias': (Rebiased(scheme, no_bias, no_bias), nullcontext)}
+
+
+def time_ways(ways, run, reps, clock):
+    """Each way's run(scheme) inside its context: two untimed calls each (the first's output kept), then `reps` rounds
+    of one timed call each, the ways in turn -> ({way: the first output}, {way: [seconds of each round]})."""
+    ys, ts = {}, {w: [] for w in ways}
+    for w, (scheme, context) in ways.items():
+        with context():
+            ys[w] = run(scheme)
+            run(scheme)
+    for _ in range(reps):
+        for w, (scheme, context) in ways.items():
+            with context():
+                t0 = clock.now()
+                run(scheme)
+                ts[w].append(clock.now() - t0)
+    return ys, ts
+
+
 def check_attn_time(model, B, T, rt, clock, r, reps=10):
     """Where a bias layer's time goes: the model's first layer, its attention alone (projections included), forward
-    and backward at B x T, in r['attn_time'] (ms), these ways, timed in `reps` rounds of one call each, the ways in
-    turn (after two calls each), so that a drift of the device's speed reaches every way alike; each way's median:
+    and backward at B x T (harness.layer_pass), in r['attn_time'] (ms), these ways (attn_ways), timed in `reps`
+    rounds of one call each, the ways in turn (after two calls each), so that a drift of the device's speed reaches
+    every way alike (time_ways); each way's median:
       built    as the model has it in training, by the route it takes there (r['attn_time']['route']);
       flex, dense  under attn_backend 'flex' or 'dense', on CUDA where built's route is another: what it saves;
       frozen   the scheme's parameters not trained: no captured tensor made from them needs a gradient, so
@@ -630,87 +721,18 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
                with the table as its bias, the materialised-bias route for any bias (DeBERTa's too);
       no_bias  the same layer with no score_mod or value term (SDPA): what attention without the bias costs.
     `built_vs_no_bias` [q1, q3]: the median (quartiles) over rounds of built's time over no_bias's in that round.
-    `table_err`, `table_sdpa_err`: their outputs against built's (runtime.rel_err: the same bias, rounding only)."""
-    attn, scheme = model.transformer.h[0].attn, model.pe.at(0)
+    `table_err`, `table_sdpa_err`: their outputs against built's (harness.rel_err: the same bias, rounding only)."""
+    attn, _ = harness.layer(model, 0)
     model.train()
     gen = torch.Generator(device=rt.device).manual_seed(2)
     x = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen, requires_grad=True)
     g = torch.randn(B, T, model.config.n_embd, device=rt.device, generator=gen)
-    built = scheme.score_mod
-
-    def as_table(q, k, ctx, params):  # the bias as one float32 [B, H, T, T] tensor, or None
-        bias = built(q, k, ctx, params)
-        if bias is None:
-            return None
-        with torch.autocast(q.device.type, enabled=False):
-            t = attention.dense_bias(bias, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
-        return t.expand(q.size(0), -1, -1, -1).contiguous()  # one batch row each: FlexAttention indexes b
-
-    def tabled(q, k, ctx, params):  # that tensor read at each logit (its mod alone)
-        t = as_table(q, k, ctx, params)
-        return None if t is None else attention.Bias(attention._table_mod(t), reads_table=True)
-
-    def tabled_whole(q, k, ctx, params):  # that tensor handed whole
-        t = as_table(q, k, ctx, params)
-        return None if t is None else attention.Bias(tensor=t)
-
-    @contextmanager
-    def backend(way):  # the layer on attn_backend `way`
-        saved, attn.backend = attn.backend, way
-        try:
-            yield
-        finally:
-            attn.backend = saved
-
-    @contextmanager
-    def frozen():  # the scheme's parameters not trained
-        ps = [p for n, p in model.named_parameters() if is_positional(n) and p.requires_grad]
-        try:
-            for p in ps:
-                p.requires_grad_(False)
-            yield
-        finally:
-            for p in ps:
-                p.requires_grad_(True)
-
-    @contextmanager
-    def hooked(hooks):  # this scheme instance's hooks replaced, until the finally
-        vars(scheme).update(hooks)
-        try:
-            yield
-        finally:
-            for hook in hooks:
-                del vars(scheme)[hook]
-
-    def run():
-        with rt.autocast:
-            y = attn(x, scheme, scheme.training_context(T, rt.device))
-        y.backward(g)
-        return y.detach().float()
     routes = r.get('routes') or model.routes(rt.device, dtype=rt.ptdtype)
     out = r['attn_time'] = {'route': routes[0]}
-    cuda = torch.device(rt.device).type == 'cuda'
-    plain = type(scheme).value_mod is positional.PositionalEncoding.value_mod and attn.scaling is None
-    none = (lambda *args: None)
-    ways = {'built': nullcontext, 'flex': cuda and out['route'] != 'flex' and (lambda: backend('flex')),
-            'dense': cuda and out['route'] != 'dense' and (lambda: backend('dense')), 'frozen': frozen,
-            'table': plain and (lambda: hooked(dict(score_mod=tabled))),
-            'table_sdpa': plain and cuda and (lambda: hooked(dict(score_mod=tabled_whole))),
-            'no_bias': lambda: hooked(dict(score_mod=none, value_mod=none))}
-    for w in [w for w, setup in ways.items() if not setup]:  # a way that does not apply here
-        out[w] = None
-        del ways[w]
-    ys, ts = {}, {w: [] for w in ways}
-    for w, setup in ways.items():
-        with setup():
-            ys[w] = run()
-            run()
-    for _ in range(reps):
-        for w, setup in ways.items():
-            with setup():
-                t0 = clock.now()
-                run()
-                ts[w].append(clock.now() - t0)
+    ways = attn_ways(model, out['route'], torch.device(rt.device).type == 'cuda')
+    out.update({w: None for w, way in ways.items() if not way})  # a way that does not apply here
+    ways = {w: way for w, way in ways.items() if way}
+    ys, ts = time_ways(ways, lambda scheme: harness.layer_pass(attn, scheme, x, g, rt.autocast), reps, clock)
     attn.zero_grad(set_to_none=True)
     x.grad = None
     out.update({w: statistics.median(t) * 1e3 for w, t in ts.items()})
@@ -720,13 +742,13 @@ def check_attn_time(model, B, T, rt, clock, r, reps=10):
         out['built_vs_no_bias_q1'], _, out['built_vs_no_bias_q3'] = statistics.quantiles(ratios, n=4)
     for w in ('table', 'table_sdpa'):
         if w in ys:
-            out[f'{w}_err'] = runtime.rel_err(ys[w], ys['built'])
+            out[f'{w}_err'] = harness.rel_err(ys[w], ys['built'])
 
 
 @torch.no_grad()
 def check_long(model, L, a, rt, clock, r, reps=3):
     """No-grad forwards at 8L and 16L (the last position's logits, as a long prompt's): the first call (it compiles),
-    then the peak memory of one (runtime.peak_MiB: O(T) where nothing T x T is held), then the median of `reps`,
+    then the peak memory of one (harness.peak_MiB: O(T) where nothing T x T is held), then the median of `reps`,
     as tokens/s, in r['long'][f'{m}L']. A length the model does not address, or whose forward fails, says so."""
     model.eval()
     out = r['long'] = {}
@@ -744,7 +766,7 @@ def check_long(model, L, a, rt, clock, r, reps=3):
             t0 = clock.now()
             fwd()
             first = clock.now() - t0
-            peak = runtime.peak_MiB(fwd, rt.device_type, model)
+            peak = harness.peak_MiB(fwd, rt.device_type, model)
             ts = []
             for _ in range(reps):
                 t0 = clock.now()
@@ -772,7 +794,7 @@ def line(name, r, part):
 def git_commit():
     """This tree's commit, short, '+' where it has uncommitted changes; '' outside git."""
     def git(*args):
-        return subprocess.run(['git', *args], cwd=HERE, capture_output=True, text=True)
+        return subprocess.run(['git', *args], cwd=ROOT, capture_output=True, text=True)
     head = git('rev-parse', '--short', 'HEAD')
     if head.returncode != 0:
         return ''
@@ -781,7 +803,7 @@ def git_commit():
 
 def default_json():
     """results/gpu/<today>-<commit>/bench.json, where a run's raw JSON is committed."""
-    return os.path.join(HERE, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{git_commit().rstrip('+') or 'nogit'}",
+    return os.path.join(ROOT, 'results', 'gpu', f"{time.strftime('%Y-%m-%d')}-{git_commit().rstrip('+') or 'nogit'}",
                         'bench.json')
 
 
@@ -864,10 +886,24 @@ def run_setup(m):
                                  f"batch {m.get('batch_size')}", 'compiled' if m.get('compile') else 'eager', how) if x)
 
 
-def table(paths):
-    """Markdown of the model parts' JSON files `paths`: per part, one row a model, a later file's entry over an
-    earlier one's, each with the run it comes from. The pairs: each figure beside its goal, then rope's MFU and its
-    step beside each partner; then the attention times and the long forwards, where the files hold them."""
+def cell(v, fmt):
+    """A value as a table cell, '—' for none."""
+    return '—' if v is None else format(v, fmt)
+
+
+def failed(error):
+    """An error as a table cell: its start, on one line, without the table's bars."""
+    return 'failed: ' + error[:60].replace('|', '/').replace('\n', ' ')
+
+
+def bullets(texts):
+    """Markdown bullets, each folded at 120 characters."""
+    return [textwrap.fill(t, 120, initial_indent='- ', subsequent_indent='  ') for t in texts]
+
+
+def read_parts(paths):
+    """The model parts' JSON files `paths` -> ({part: {model: (its entry, the run it comes from)}}, {run: its meta},
+    {(part, model): a note of it skipped}); a later file's entry over an earlier one's, in the order each ran."""
     rows, metas, skipped = {p: {} for p in PART_KEYS}, {}, {}
     for path in paths:
         out, why = read_json(path)
@@ -883,78 +919,105 @@ def table(paths):
         sk = out.get('skipped') or {}
         sk = {'pairs': sk} if isinstance(sk, list) else sk  # gpu_check's pairs wrote a list
         skipped.update({(p, n): f"{n} ({p}, {label})" for p, ns in sk.items() for n in ns})
-    f = lambda v, fmt: '—' if v is None else format(v, fmt)  # noqa: E731
-    short = lambda e: 'failed: ' + e[:60].replace('|', '/').replace('\n', ' ')  # noqa: E731
-    lines = [textwrap.fill(f"{label}: {run_setup(m)}", 120, initial_indent='- ', subsequent_indent='  ')
-             for label, m in metas.items()]
-    pairs, notes = rows['pairs'], []  # notes: paragraphs after the table, each a bullet
+    return rows, metas, skipped
+
+
+def pair_row(name, r, label, n_layer, is_ref):
+    """One model's row of the pairs' table; n_layer: the depth of its run's bench model."""
+    depth = r.get('n_layer', (preset_config(name).get('n_layer', n_layer) if name in PRESETS else n_layer))
+    route = runs_text(r.get('routes') or r.get('attention_backends') or [])  # (older files: the old key)
+    ms = '—' if 'ms_median' not in r else \
+        f"{r['ms_median']:.1f} [{cell(r.get('ms_q1'), '.1f')}, {cell(r.get('ms_q3'), '.1f')}]"
+    if is_ref:
+        spread = r.get('partner_spread_ms')
+        vs = failed(r['error']) if 'error' in r else '1 (the reference)'
+        same = f"{spread[0]:.1f}–{spread[1]:.1f} over {len(r['by_partner'])}" if spread else '—'
+        goal, met = '—', ''
+    else:
+        goal, same = cell(r.get('goal'), 'g'), cell(r.get('rope_ms_median'), '.1f')
+        v = r.get('vs_rope')
+        met = '' if v is None else 'yes' if v >= r['goal'] else 'no'
+        if 'error' in r:
+            vs, met = failed(r['error']), ''
+        elif 'ref' not in r and depth != n_layer:  # a file of before the same-depth reference
+            vs, met = f"not a ratio: {depth} layers against rope's {n_layer}", ''
+        else:
+            vs = f"{v:.3f} [{cell(r.get('vs_rope_q1'), '.3f')}, {cell(r.get('vs_rope_q3'), '.3f')}]"
+    return (f"| {name} | {r.get('goal_class', '—')} | {goal} | {vs} | {met} | {ms} | {same} | "
+            f"{cell(r.get('compile_s'), '.1f')} | {cell(r.get('peak_MiB'), ',.0f')} | {route} | {label} |")
+
+
+def ref_notes(name, r, label):
+    """A reference's notes after the pairs' table: its MFU, and its median step beside each partner."""
+    notes = []
+    if 'mfu' in r:
+        goal, B, T = MFU_GOAL
+        notes.append(f"{name}'s MFU: {r['mfu']:.3f} at {r['mfu_at'][0]} × {r['mfu_at'][1]} ({label}; the goal: "
+                     f"{goal:.2f} at {B} × {T})")
+    if 'by_partner' in r:
+        after = f"; alone {r['ms_median']:.1f} before its partners, {r['alone_after_ms']:.1f} after them" \
+            if 'alone_after_ms' in r else ''
+        notes.append(f"{name}'s median step beside each partner, ms: " + ', '.join(
+            f"{p} {v:.1f}" for p, v in r['by_partner'].items()) + f" (max / min {r['partner_spread']:.3f}{after})")
+    return notes
+
+
+def pairs_lines(rows, metas, skipped):
+    """The pairs' table, references first, then its notes: the references' (ref_notes) and the models no run
+    reached."""
+    pairs, lines = rows['pairs'], []
     refs = [n for n, (r, _) in pairs.items() if r.get('ref', 'rope' if n == 'rope' else None) == n]
     if pairs:
         lines += ['', '| model | class | goal | vs rope [q1, q3] | met | ms [q1, q3] | rope ms, same pairs | compile s '
                   '| peak MiB | route per layer | run |', '|' + ' --- |' * 11]
     for name in refs + [n for n in pairs if n not in refs]:
         r, label = pairs[name]
-        n_layer = metas[label]['model']['n_layer']
-        depth = r.get('n_layer', (preset_config(name).get('n_layer', n_layer) if name in PRESETS else n_layer))
-        route = runs_text(r.get('routes') or r.get('attention_backends') or [])  # (older files: the old key)
-        ms = '—' if 'ms_median' not in r else \
-            f"{r['ms_median']:.1f} [{f(r.get('ms_q1'), '.1f')}, {f(r.get('ms_q3'), '.1f')}]"
-        if name in refs:
-            spread = r.get('partner_spread_ms')
-            vs = short(r['error']) if 'error' in r else '1 (the reference)'
-            same = f"{spread[0]:.1f}–{spread[1]:.1f} over {len(r['by_partner'])}" if spread else '—'
-            goal, met = '—', ''
-        else:
-            goal, same = f(r.get('goal'), 'g'), f(r.get('rope_ms_median'), '.1f')
-            v = r.get('vs_rope')
-            met = '' if v is None else 'yes' if v >= r['goal'] else 'no'
-            if 'error' in r:
-                vs, met = short(r['error']), ''
-            elif 'ref' not in r and depth != n_layer:  # a file of before the same-depth reference
-                vs, met = f"not a ratio: {depth} layers against rope's {n_layer}", ''
-            else:
-                vs = f"{v:.3f} [{f(r.get('vs_rope_q1'), '.3f')}, {f(r.get('vs_rope_q3'), '.3f')}]"
-        lines.append(f"| {name} | {r.get('goal_class', '—')} | {goal} | {vs} | {met} | {ms} | {same} | "
-                     f"{f(r.get('compile_s'), '.1f')} | {f(r.get('peak_MiB'), ',.0f')} | {route} | {label} |")
-    for name in refs:
-        r, label = pairs[name]
-        if 'mfu' in r:
-            goal, B, T = MFU_GOAL
-            notes.append(f"{name}'s MFU: {r['mfu']:.3f} at {r['mfu_at'][0]} × {r['mfu_at'][1]} ({label}; the goal: "
-                         f"{goal:.2f} at {B} × {T})")
-        if 'by_partner' in r:
-            after = f"; alone {r['ms_median']:.1f} before its partners, {r['alone_after_ms']:.1f} after them" \
-                if 'alone_after_ms' in r else ''
-            notes.append(f"{name}'s median step beside each partner, ms: " + ', '.join(
-                f"{p} {v:.1f}" for p, v in r['by_partner'].items()) + f" (max / min {r['partner_spread']:.3f}{after})")
+        lines.append(pair_row(name, r, label, metas[label]['model']['n_layer'], name in refs))
+    notes = [note for name in refs for note in ref_notes(name, *pairs[name])]
     missed = [text for (p, n), text in skipped.items() if n not in rows[p]]
     if missed:
         notes.append(f"not reached (time budget): {', '.join(missed)}")
-    if notes:
-        lines.append('')
-        lines += [textwrap.fill(note, 120, initial_indent='- ', subsequent_indent='  ') for note in notes]
-    if rows['attn_time']:
-        lines += ['', "| model | layer 0's route | as built, ms | on flex | on dense | frozen | as one table | "
-                  "the table whole (sdpa_bias) | without bias | as built / without, by round [q1, q3] | "
-                  "errors of the tables | run |", '|' + ' --- |' * 12]
-    for n, (r, label) in rows['attn_time'].items():
+    return lines + ([''] + bullets(notes) if notes else [])
+
+
+def attn_time_lines(rows):
+    """The attention times' table (check_attn_time), one row a model."""
+    lines = ['', "| model | layer 0's route | as built, ms | on flex | on dense | frozen | as one table | "
+             "the table whole (sdpa_bias) | without bias | as built / without, by round [q1, q3] | "
+             "errors of the tables | run |", '|' + ' --- |' * 12] if rows else []
+    for n, (r, label) in rows.items():
         t = r.get('attn_time')
-        ways = [f(t.get(k), '.2f') for k in ('built', 'flex', 'dense', 'frozen', 'table', 'table_sdpa', 'no_bias')] \
-            if t else []
-        paired = f"{t['built_vs_no_bias']:.2f} [{f(t.get('built_vs_no_bias_q1'), '.2f')}, " \
-            f"{f(t.get('built_vs_no_bias_q3'), '.2f')}]" if t and 'built_vs_no_bias' in t else '—'
-        errs = ', '.join(f(t.get(k), '.1e') for k in ('table_err', 'table_sdpa_err') if k in t) if t else ''
-        cells = [short(r['attn_time_error'])] + [''] * 10 if not t else [t.get('route', '—'), *ways, paired,
-                                                                          errs or '—']
-        lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
-    if rows['long']:
-        lines += ['', '| model | 8L tokens/s | 8L peak MiB | 16L tokens/s | 16L peak MiB | run |', '|' + ' --- |' * 6]
-    for n, (r, label) in rows['long'].items():
+        if not t:
+            lines.append(f"| {n} | " + ' | '.join([failed(r['attn_time_error'])] + [''] * 10) + f" | {label} |")
+            continue
+        ways = [cell(t.get(k), '.2f') for k in ('built', 'flex', 'dense', 'frozen', 'table', 'table_sdpa', 'no_bias')]
+        paired = f"{t['built_vs_no_bias']:.2f} [{cell(t.get('built_vs_no_bias_q1'), '.2f')}, " \
+            f"{cell(t.get('built_vs_no_bias_q3'), '.2f')}]" if 'built_vs_no_bias' in t else '—'
+        errs = ', '.join(cell(t.get(k), '.1e') for k in ('table_err', 'table_sdpa_err') if k in t)
+        lines.append(f"| {n} | " + ' | '.join([t.get('route', '—'), *ways, paired, errs or '—']) + f" | {label} |")
+    return lines
+
+
+def long_lines(rows):
+    """The long forwards' table (check_long), one row a model."""
+    lines = ['', '| model | 8L tokens/s | 8L peak MiB | 16L tokens/s | 16L peak MiB | run |', '|' + ' --- |' * 6] \
+        if rows else []
+    for n, (r, label) in rows.items():
         d = r.get('long')
-        cells = [short(r['long_error'])] + [''] * 3 if not d else [
-            short(d[m]['error']) if 'error' in d[m] else f(d[m][k], ',.0f') for m in ('8L', '16L')
+        cells = [failed(r['long_error'])] + [''] * 3 if not d else [
+            failed(d[m]['error']) if 'error' in d[m] else cell(d[m][k], ',.0f') for m in ('8L', '16L')
             for k in ('tok_s', 'peak_MiB')]
         lines.append(f"| {n} | " + ' | '.join(cells) + f" | {label} |")
+    return lines
+
+
+def table(paths):
+    """Markdown of the model parts' JSON files `paths`: per part, one row a model, a later file's entry over an
+    earlier one's, each with the run it comes from. The pairs: each figure beside its goal, then rope's MFU and its
+    step beside each partner; then the attention times and the long forwards, where the files hold them."""
+    rows, metas, skipped = read_parts(paths)
+    lines = bullets(f"{label}: {run_setup(m)}" for label, m in metas.items())
+    lines += pairs_lines(rows, metas, skipped) + attn_time_lines(rows['attn_time']) + long_lines(rows['long'])
     return '\n'.join(lines)
 
 
@@ -979,7 +1042,7 @@ def smoke_run(name, args, a):
     output goes to its log, kept in --smoke_logs if given. --smoke_cache: 'cold' (an empty torch.compile
     cache) or 'user' (yours). Past --smoke_timeout, or when bench stops, its process group is killed."""
     cfg = f"config/{'nope' if name == 'none' else name}.py"  # the scheme's own config file, if it has one
-    cfg = cfg if os.path.exists(os.path.join(HERE, cfg)) else None
+    cfg = cfg if os.path.exists(os.path.join(ROOT, cfg)) else None
     with tempfile.TemporaryDirectory(prefix=f'nanope-smoke-{name}-') as tmp:
         first = [cfg] if cfg else [f'--pos_encoding={name}']
         cmd = [sys.executable, 'train.py'] + first + args + [f'--out_dir={tmp}']
@@ -1010,7 +1073,7 @@ def smoke_run(name, args, a):
 
 def smoke(a, names):
     """Part smoke (see the top of the file) -> {scheme: numbers}, and their table."""
-    if not os.path.exists(os.path.join(HERE, 'data', 'shakespeare_char', 'train.bin')):
+    if not os.path.exists(os.path.join(ROOT, 'data', 'shakespeare_char', 'train.bin')):
         sys.exit("part smoke: data/shakespeare_char/train.bin is missing; prepare it first "
                  "(python data/shakespeare_char/prepare.py) so that the runs time training, not the download")
     if a.smoke_logs:
@@ -1046,41 +1109,36 @@ def smoke(a, names):
 
 # --- main ---------------------------------------------------------------------------
 
-def main(argv):
-    if '--gpu_check=True' in argv:  # the GPU check's former command: gpu_check.py in this process's place
-        os.execv(sys.executable, [sys.executable, os.path.join(HERE, 'gpu_check.py')]
-                 + [x for x in argv if x != '--gpu_check=True'])
-    a = options(dict(
-        schemes='all',                     # comma list of positional.REGISTRY names; rope is always added
-        presets='',                        # comma list of presets.PRESETS (config/<preset>.py), or 'all'
-        windowed=0,                        # W > 0: also rope with a W-key sliding window on every layer
-        parts='train,memory,eval,sample',  # which measurements to run, or smoke, or of MODEL_PARTS
-        preset='',                         # the model: config/bench_<preset>.py ('default' | 'gpt2'; '': default)
-        n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,  # 0: the preset's
-        device='auto', dtype='auto',       # auto: CUDA + bf16 autocast where available, else CPU float32
-        compile=False,                     # torch.compile train and eval (not sampling: the KV cache changes shape)
-        threads=0, clock='',               # torch CPU threads (0: its default); 'cpu' | 'wall' ('': cpu on CPU)
-        rounds=5, iters=2, warmup=2,       # round-robin rounds; timed and untimed train iterations per round
-        eval_mult=8, eval_batch_tokens=16384, new_tokens=1000, sample_stride=10, json='', seed=0, decode_steps=16,
-        smoke_timeout=900, smoke_logs='', smoke_cache='cold', smoke_args='',  # part smoke: see smoke_run
-        blocks=5, block_steps=5,           # MODEL_PARTS: a model's blocks in its pairs, timed steps a block
-        budget=540.0, scheme_limit=0.0,    # no model started after budget s; one model stopped after scheme_limit s
-        classes='all', auto_only=False,    # the models of these GOALS classes; wall on 'auto', not fla
-        retry=False,                       # measure again the models whose entry holds an error
-        table='',                          # comma list of MODEL_PARTS JSON files: print their markdown table, exit
-    ), argv, rules=dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0', windowed='>=0',
-                        new_tokens='>0', sample_stride='>0', threads='>=0', smoke_timeout='>0', blocks='>0',
-                        block_steps='>0', budget='>0', scheme_limit='>=0',
-                        clock=(lambda v: v in ('', 'cpu', 'wall'), "'cpu' or 'wall'"),
-                        smoke_cache=(lambda v: v in ('cold', 'user'), "'cold' or 'user'"),
-                        classes=(lambda v: v == 'all' or set(v.split(',')) <= set(GOALS),
-                                 f"'all' or a comma list of {tuple(GOALS)}")))
-    if a.table:
-        print(table(a.table.split(',')))
-        return 0
-    started = (time.perf_counter(), time.process_time())
-    asked = scheme_names(a.schemes)
-    names = asked + ['rope'] * ('rope' not in asked)  # rope: the reference every ratio is taken against
+OPTIONS = dict(
+    schemes='all',                     # comma list of positional.REGISTRY names; rope is always added
+    presets='',                        # comma list of presets.PRESETS (config/<preset>.py), or 'all'
+    windowed=0,                        # W > 0: also rope with a W-key sliding window on every layer
+    parts='train,memory,eval,sample',  # which measurements to run, or smoke, or of MODEL_PARTS
+    preset='',                         # the model: config/bench_<preset>.py ('default' | 'gpt2'; '': default)
+    n_layer=0, n_head=0, n_embd=0, block_size=0, vocab_size=0, batch_size=0,  # 0: the preset's
+    device='auto', dtype='auto',       # auto: CUDA + bf16 autocast where available, else CPU float32
+    compile=False,                     # torch.compile train and eval (not sampling: the KV cache changes shape)
+    threads=0, clock='',               # torch CPU threads (0: its default); 'cpu' | 'wall' ('': cpu on CPU)
+    rounds=5, iters=2, warmup=2,       # round-robin rounds; timed and untimed train iterations per round
+    eval_mult=8, eval_batch_tokens=16384, new_tokens=1000, sample_stride=10, json='', seed=0, decode_steps=16,
+    smoke_timeout=900, smoke_logs='', smoke_cache='cold', smoke_args='',  # part smoke: see smoke_run
+    blocks=5, block_steps=5,           # MODEL_PARTS: a model's blocks in its pairs, timed steps a block
+    budget=540.0, scheme_limit=0.0,    # no model started after budget s; one model stopped after scheme_limit s
+    classes='all', auto_only=False,    # the models of these GOALS classes; wall on 'auto', not fla
+    retry=False,                       # measure again the models whose entry holds an error
+    table='',                          # comma list of MODEL_PARTS JSON files: print their markdown table, exit
+)
+RULES = dict(rounds='>0', iters='>0', warmup='>=0', eval_mult='>0', eval_batch_tokens='>0', windowed='>=0',
+             new_tokens='>0', sample_stride='>0', threads='>=0', smoke_timeout='>0', blocks='>0', block_steps='>0',
+             budget='>0', scheme_limit='>=0', clock=(lambda v: v in ('', 'cpu', 'wall'), "'cpu' or 'wall'"),
+             smoke_cache=(lambda v: v in ('cold', 'user'), "'cold' or 'user'"),
+             classes=(lambda v: v == 'all' or set(v.split(',')) <= set(GOALS),
+                      f"'all' or a comma list of {tuple(GOALS)}"))
+
+
+def parts_asked(a):
+    """--parts -> (the set of parts, the MODEL_PARTS among them in order); exits where it names an unknown part, or
+    mixes MODEL_PARTS with the others."""
     parts = a.parts.split(',')
     if set(parts) - SCHEME_PARTS - {'smoke'} - set(MODEL_PARTS):
         sys.exit(f"--parts takes a comma list of train, memory, eval, sample, decode, smoke, or of "
@@ -1089,14 +1147,64 @@ def main(argv):
     if one_model and len(one_model) < len(parts):
         sys.exit(f"--parts: {', '.join(MODEL_PARTS)} measure one model at a time into a JSON to resume from; run "
                  f"them apart from {', '.join(p for p in parts if p not in MODEL_PARTS)}")
-    parts = set(parts)
+    return set(parts), one_model
+
+
+def model_names(a, asked, size):
+    """The models MODEL_PARTS measure: the schemes asked (rope first) and the presets of --presets, those of the
+    --classes kept -> ({part: its models}, the presets' plans). attn_time takes those with a bias in layer 0."""
+    plans = preset_plans(a.presets, twins=False)
+    keep = a.classes.split(',') if a.classes != 'all' else list(GOALS)
+    shape, hooks = {k: v for k, v in size.items() if k != 'batch_size'}, {}
+    for n in asked + list(plans):
+        try:
+            hooks[n] = layer_hooks(model_config(n, shape, plans, a.auto_only))
+        except Exception:  # noqa: BLE001 - a plan that does not fit this size: its entry will say why
+            hooks[n] = None
+    models = [n for n in dict.fromkeys(['rope'] * ('rope' in asked) + asked + list(plans))  # rope first
+              if hooks[n] is None or goal_class(hooks[n]) in keep]
+    per_part = {'pairs': models, 'long': models,
+                'attn_time': [n for n in models if hooks[n] is None or hooks[n][0][2]]}  # a bias in layer 0
+    return per_part, plans
+
+
+def scheme_parts(a, names, parts, size, rt, clock, peak, peak_label, dev_name):
+    """The round-robin parts (SCHEME_PARTS) over `names`, the presets of --presets and rope in a --windowed window,
+    and their table -> (the results, the JSON's meta of them)."""
+    plans = {**preset_plans(a.presets), **({f'rope-window{a.windowed}': {'sliding_window': a.windowed}}
+                                            if a.windowed else {})}
+    b = Bench(names, size, a, rt, clock, plans)
+    if parts & {'train', 'memory'}:
+        b.train(parts, peak)
+    if parts & {'eval', 'memory'}:
+        b.eval(parts)
+    if 'sample' in parts:
+        b.sample()
+    if 'decode' in parts:
+        b.decode()
+    report(b.res, b.order, a, b.B, b.L, b.T8, clock, dev_name, rt.dtype)
+    return b.res, dict(model=b.size, batch_size=b.B, peak_flops=peak_label)
+
+
+def main(argv):
+    if '--gpu_check=True' in argv:  # the GPU check's former command: gpu_check.py in this process's place
+        os.execv(sys.executable, [sys.executable, os.path.join(ROOT, 'tools', 'gpu_check.py')]
+                 + [x for x in argv if x != '--gpu_check=True'])
+    a = options(OPTIONS, argv, rules=RULES)
+    if a.table:
+        print(table(a.table.split(',')))
+        return 0
+    started = (time.perf_counter(), time.process_time())
+    asked = scheme_names(a.schemes)
+    names = asked + ['rope'] * ('rope' not in asked)  # rope: the reference every ratio is taken against
+    parts, one_model = parts_asked(a)
     if a.threads:
         torch.set_num_threads(a.threads)
     threads = torch.get_num_threads()
     exit_on_ctrl_c('bench.py', 'the JSON holds the models measured so far; the same command goes on from there'
                    if one_model else '')
     rt = runtime.setup(a.device, a.dtype)
-    clock = runtime.Clock(a.clock or ('cpu' if rt.device_type == 'cpu' else 'wall'), rt.device_type)
+    clock = harness.Clock(a.clock or ('cpu' if rt.device_type == 'cpu' else 'wall'), rt.device_type)
     if one_model:  # on CUDA, as a GPU trains: GPT-2 124M compiled; every preset
         gpu = rt.device_type == 'cuda'
         a.preset = a.preset or ('gpt2' if gpu else 'default')
@@ -1113,33 +1221,10 @@ def main(argv):
         print(f"nanoPE bench: torch {torch.__version__}, {dev_name}, dtype {rt.dtype}, compile {a.compile}, clock "
               f"{clock.kind}\nmodel {shape}, batch {size['batch_size']}; MFU peak: {peak_label}")
     if one_model:
-        plans = preset_plans(a.presets, twins=False)
-        keep = a.classes.split(',') if a.classes != 'all' else list(GOALS)
-        shape, hooks = {k: v for k, v in size.items() if k != 'batch_size'}, {}
-        for n in asked + list(plans):
-            try:
-                hooks[n] = layer_hooks(model_config(n, shape, plans, a.auto_only))
-            except Exception:  # noqa: BLE001 - a plan that does not fit this size: its entry will say why
-                hooks[n] = None
-        models = [n for n in dict.fromkeys(['rope'] * ('rope' in asked) + asked + list(plans))  # rope first
-                  if hooks[n] is None or goal_class(hooks[n]) in keep]
-        per_part = {'pairs': models, 'long': models,
-                    'attn_time': [n for n in models if hooks[n] is None or hooks[n][0][2]]}  # a bias in layer 0
+        per_part, plans = model_names(a, asked, size)
         return model_parts(a, one_model, per_part, plans, size, rt, clock, peak, peak_label)
     if parts & SCHEME_PARTS:
-        plans = {**preset_plans(a.presets), **({f'rope-window{a.windowed}': {'sliding_window': a.windowed}}
-                                                if a.windowed else {})}
-        b = Bench(names, size, a, rt, clock, plans)
-        if parts & {'train', 'memory'}:
-            b.train(parts, peak)
-        if parts & {'eval', 'memory'}:
-            b.eval(parts)
-        if 'sample' in parts:
-            b.sample()
-        if 'decode' in parts:
-            b.decode()
-        report(b.res, b.order, a, b.B, b.L, b.T8, clock, dev_name, rt.dtype)
-        out['results'], meta = b.res, dict(model=b.size, batch_size=b.B, peak_flops=peak_label)
+        out['results'], meta = scheme_parts(a, names, parts, size, rt, clock, peak, peak_label, dev_name)
     if a.json:
         meta = dict(argv=sys.argv, torch=torch.__version__, device=runtime.device_name(rt), dtype=rt.dtype,
                     compile=a.compile, clock=clock.kind, threads=threads, **meta, time=time.strftime(

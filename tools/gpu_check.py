@@ -1,19 +1,19 @@
 """
 The one-command GPU check: does nanoPE work on this GPU. Correctness only; how fast is bench.py's
-(`python bench.py --parts=pairs,attn_time,long`, docs/gpu.md).
+(`python tools/bench.py --parts=pairs,attn_time,long`, docs/gpu.md).
 
-  python gpu_check.py                              # every scheme and preset -> gpu_check.json
-  python gpu_check.py --schemes=rope,alibi --json=check.json
-  python gpu_check.py --schemes=rope --presets=gemma3,gpt_oss
-  python gpu_check.py --schemes=rope --presets=gpt_oss --compile=False   # train eagerly
-  python gpu_check.py --schemes=stick_breaking,wall --presets= --parts=correct,attn_grads   # fla's gradients
+  python tools/gpu_check.py                              # every scheme and preset -> gpu_check.json
+  python tools/gpu_check.py --schemes=rope,alibi --json=check.json
+  python tools/gpu_check.py --schemes=rope --presets=gemma3,gpt_oss
+  python tools/gpu_check.py --schemes=rope --presets=gpt_oss --compile=False   # train eagerly
+  python tools/gpu_check.py --schemes=stick_breaking,wall --presets= --parts=correct,attn_grads   # fla's gradients
 
 In the device's dtype (bf16 autocast on CUDA), at config/bench_gpt2.py on CUDA (config/bench_default.py on CPU;
 --preset=, --n_layer= ... change it), every scheme, the main five first, then the attention stacks of config/
 (--presets, all by default), each with its parts (--parts, all by default):
   correct     flex == dense logits and KV cache == full forward at T = 256, flex == dense gradients of the whole
               model at T = L, the training length, where windows and chunks cut the block mask as in training
-              (CUDA only), each as runtime.rel_err against a tolerance (tolerance: bf16's, TF32's or float32's);
+              (CUDA only), each as harness.rel_err against a tolerance (tolerance: bf16's, TF32's or float32's);
   attn_grads  each kind of layer's attention alone: dq, dk, dv and its parameters' gradients on the model's own
               route against the dense path in float64, eager and (--compile) compiled (check_attn_grads);
   train       --steps compiled training steps on one repeated batch at CHECK_LR (--compile=False: eager): the
@@ -24,20 +24,25 @@ tune them as training does; kernels.AUTOTUNE). Exit status 1 if any failed a che
 """
 import copy
 import json
+import os
 import sys
 import time
 from contextlib import nullcontext
 
 import torch
 
-import kernels
-import positional
-import runtime
-from configurator import options
-from console import exit_on_ctrl_c
-from files import atomic_write
-from model import GPT
-from presets import model_config, model_size, preset_plans, scheme_names
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root's modules: the library
+
+import kernels  # noqa: E402
+import positional  # noqa: E402
+import runtime  # noqa: E402
+from configurator import options  # noqa: E402
+from console import exit_on_ctrl_c  # noqa: E402
+from files import atomic_write  # noqa: E402
+from model import GPT  # noqa: E402
+from presets import model_config, model_size, preset_plans, scheme_names  # noqa: E402
+
+import harness  # noqa: E402  (tools/harness.py: bench.py's and this check's training step and layer pass)
 
 MAIN_SCHEMES = ['rope', 'alibi', 't5', 'fire', 'learned']  # checked first
 # The training check's learning rate, constant: at GPT-2's 6e-4 with no warm-up, the 124M model's first steps spike
@@ -61,29 +66,23 @@ def runs_on_flex(model):
         any(b.attn.sink_logits is not None for b in model.transformer.h)
 
 
-def layer_grads(attn, scheme, x, g, autocast, backend=None, compile=False):
-    """One layer's attention of x [B, T, C] (no cache, positions 0..T-1) on `backend` (None: the layer's own),
-    compiled if asked (as train.py compiles the model: Inductor writes the backward of a bias table's layout), and
-    the gradients of (y * g).sum() -> ({'q', 'k', 'v': with respect to the layer's projected queries, keys and
-    values, c_attn's output before QK-norm and the scheme's hooks}, {name: each parameter's of the layer and its
-    scheme}), float64."""
+def layer_grads(attn, scheme, x, g, autocast, compile=False):
+    """One layer's attention alone on x [B, T, C], forward and backward (harness.layer_pass: the backward of
+    (y * g).sum()) -> ({'q', 'k', 'v': the gradients with respect to the layer's projected queries, keys and values,
+    c_attn's output before QK-norm and the scheme's hooks}, {name: each parameter's of the layer and its scheme}),
+    float64."""
     seen = []
-    run = torch.compile(attn) if compile else attn
 
     def keep(module, inputs, out):
         out.retain_grad()
         seen.append(out)
     params = {**{f'attn.{n}': p for n, p in attn.named_parameters()},
               **{f'pe.{n}': p for n, p in scheme.named_parameters()}}
-    hook, saved, T = attn.c_attn.register_forward_hook(keep), attn.backend, x.size(1)
-    attn.backend = backend or saved
+    hook = attn.c_attn.register_forward_hook(keep)
     try:
-        with autocast:
-            y = run(x, scheme, scheme.training_context(T, x.device))
-        (y.double() * g).sum().backward()
+        harness.layer_pass(attn, scheme, x, g, autocast, compile)
     finally:
         hook.remove()
-        attn.backend = saved
     kv = attn.kv_heads * attn.hd
     d = dict(zip('qkv', seen[0].grad.double().split((attn.q_heads * attn.hd, kv, kv), dim=-1)))
     grads = {n: p.grad.double() for n, p in params.items() if p.grad is not None}
@@ -95,7 +94,8 @@ def layer_grads(attn, scheme, x, g, autocast, backend=None, compile=False):
 def check_attn_grads(model, T, rt, r, rows=2, compile=False, tol=None):
     """Each kind of layer in the plan (its first layer), alone, at length T (the training length): dq, dk and dv
     (layer_grads) on the model's own backend on this device (fla, FlexAttention or SDPA; in its dtype) against a
-    float64 copy of the layer on the dense path, as relative errors (runtime.rel_err), in r['attn_grads']['layer i'];
+    float64 copy of the layer on the dense path, as relative errors (harness.rel_err), in r['attn_grads']['layer i']
+    beside the layer's route (`route`);
     with `compile` the same again with the layer compiled (`_compiled`, and `param_worst_compiled`), which passes
     within 2x the eager parameter error or `tol` (`compiled_ok`): torch 2.11's and 2.13's Inductor on the CPU
     miscompile T5's table gradient on route sdpa_bias (its vectorised C++; right with
@@ -113,27 +113,29 @@ def check_attn_grads(model, T, rt, r, rows=2, compile=False, tol=None):
     routes = model.routes(rt.device, dtype=rt.ptdtype)
     gen = torch.Generator(device=rt.device).manual_seed(1)
     for i in sorted({kinds.index(kind) for kind in kinds}):
-        attn, scheme = model.transformer.h[i].attn, model.pe.at(i)
+        attn, scheme = harness.layer(model, i)
         ref = copy.deepcopy(attn).double()
+        ref.backend = 'dense'  # (a copy of its own: the reference's path)
         if ref.pe_layer is not None:
             ref.pe_layer.float()
         x = torch.randn(rows, T, model.config.n_embd, device=rt.device, generator=gen)
         g = torch.randn(rows, T, model.config.n_embd, device=rt.device, generator=gen, dtype=torch.float64)
-        want, want_p = layer_grads(ref, copy.deepcopy(scheme), x.double(), g, nullcontext(), 'dense')
+        want, want_p = layer_grads(ref, copy.deepcopy(scheme), x.double(), g, nullcontext())
         got, got_p = layer_grads(attn, scheme, x, g, rt.autocast)
-        floor, _ = layer_grads(attn, scheme, x, g, rt.autocast, 'dense')
-        e = out[f'layer {i}'] = {f'd{n}': runtime.rel_err(got[n], want[n]) for n in 'qkv'}
-        e.update({f'd{n}_dense': runtime.rel_err(floor[n], want[n]) for n in 'qkv'})
-        e['backend'] = routes[i]
+        with model.attention_backend('dense'):
+            floor, _ = layer_grads(attn, scheme, x, g, rt.autocast)
+        e = out[f'layer {i}'] = {f'd{n}': harness.rel_err(got[n], want[n]) for n in 'qkv'}
+        e.update({f'd{n}_dense': harness.rel_err(floor[n], want[n]) for n in 'qkv'})
+        e['route'] = routes[i]
         # a gradient that cancels (a bias every logit of a row shares: FIRE's last bias) is rounding on both sides
         top = max((w.norm().item() for w in want_p.values()), default=0.0)
-        errs = {n: runtime.rel_err(got_p[n], w) for n, w in want_p.items() if n in got_p and w.norm() > 1e-6 * top}
+        errs = {n: harness.rel_err(got_p[n], w) for n, w in want_p.items() if n in got_p and w.norm() > 1e-6 * top}
         if errs:
             e['param_worst'], e['param_worst_err'] = max(errs.items(), key=lambda kv: kv[1])
         if compile:
             got, got_p = layer_grads(attn, scheme, x, g, rt.autocast, compile=True)
-            e.update({f'd{n}_compiled': runtime.rel_err(got[n], want[n]) for n in 'qkv'})
-            errs = {n: runtime.rel_err(got_p[n], want_p[n]) if n in got_p else 1.0 for n in errs}  # lost: 1
+            e.update({f'd{n}_compiled': harness.rel_err(got[n], want[n]) for n in 'qkv'})
+            errs = {n: harness.rel_err(got_p[n], want_p[n]) if n in got_p else 1.0 for n in errs}  # lost: 1
             if errs:
                 e['param_worst_compiled'], e['param_worst_compiled_err'] = max(errs.items(), key=lambda kv: kv[1])
                 e['compiled_ok'] = e['param_worst_compiled_err'] <= max(tol or 0.0, 2 * e['param_worst_err'])
@@ -141,8 +143,8 @@ def check_attn_grads(model, T, rt, r, rows=2, compile=False, tol=None):
 
 @torch.no_grad()
 def check_correct(model, x, rt, r):
-    """Eager model: flex vs dense logits, KV cache vs full forward (runtime.rel_err)."""
-    rel = runtime.rel_err
+    """Eager model: flex vs dense logits, KV cache vs full forward (harness.rel_err)."""
+    rel = harness.rel_err
     Tc = x.size(1)
     model.eval()
     with rt.autocast:
@@ -175,19 +177,21 @@ def check_grads(model, x, rt, r):
         grads[backend] = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     f, d = (torch.cat([g.flatten() for g in grads[b].values()]) for b in ('flex', 'dense'))
-    r['grad_flex_vs_dense'] = runtime.rel_err(f, d)
+    r['grad_flex_vs_dense'] = harness.rel_err(f, d)
     # the whole gradient's error can hide a wrong gradient of a few parameters (a sink logit per head)
-    err = {n: runtime.rel_err(grads['flex'][n], g) for n, g in grads['dense'].items()}
+    err = {n: harness.rel_err(grads['flex'][n], g) for n, g in grads['dense'].items()}
     r['grad_worst_param'], r['grad_worst_err'] = max(err.items(), key=lambda kv: kv[1])
 
 
 def check_train(model, size, B, L, a, rt, r):
-    """--steps training steps on one repeated batch: the loss of the first and of the last, and whether it fell (the
-    batch is learned: `learns`). --compile=False runs the model eagerly (FlexAttention stays compiled), which tells
+    """--steps training steps on one repeated batch at CHECK_LR, with the optimizer train.py trains the preset's model
+    with (harness.train_settings): the loss of the first and of the last, and whether it fell (the batch is learned:
+    `learns`). --compile=False runs the model eagerly (FlexAttention stays compiled), which tells
     a fault of the whole-model graph from one of the kernel; --backend=dense trains without FlexAttention, which
     tells a fault of the kernel from one of the optimisation."""
-    train_step, _ = runtime.train_stepper(model, torch.randint(size['vocab_size'], (B, L + 1), device=rt.device), rt,
-                                         CHECK_LR, a.compile, a.backend)
+    xy = torch.randint(size['vocab_size'], (B, L + 1), device=rt.device)
+    train_step, _ = harness.train_stepper(model, xy, rt, CHECK_LR, harness.train_settings(a.preset), a.compile,
+                                          a.backend)
     r['loss_first'] = train_step().item()
     for _ in range(a.steps - 1):
         loss = train_step()
@@ -246,7 +250,7 @@ def main(argv):
     exit_on_ctrl_c('gpu_check.py', f'{a.json} holds the schemes checked so far')
     rt = runtime.setup(a.device, a.dtype)
     kernels.AUTOTUNE = a.autotune  # fla's kernels: the first candidate config, untimed (kernels.AUTOTUNE)
-    preset = a.preset or ('gpt2' if rt.device_type == 'cuda' else 'default')
+    preset = a.preset = a.preset or ('gpt2' if rt.device_type == 'cuda' else 'default')
     size = model_size(a, preset)
     B = size.pop('batch_size')
     names = sorted(set(scheme_names(a.schemes) + ['rope']),
@@ -265,9 +269,9 @@ def main(argv):
             continue
         r = out['results'][name] = {}
         try:
-            with runtime.time_limit(a.scheme_limit):
+            with harness.time_limit(a.scheme_limit):
                 check_scheme(name, a, parts, size, plans, B, rt, tol, r, save)
-        except runtime.SchemeTimeout as e:
+        except harness.SchemeTimeout as e:
             r['error'] = f"SchemeTimeout: {e}"
         torch.cuda.empty_cache()  # (a no-op off CUDA)
         print(line(name, r), flush=True)
