@@ -554,7 +554,7 @@ def _dense(q, k, v, bias, dropout_p, seed, need_lse, att):
 
 def wide(t):
     """t in float32, or as it is where it is float64: the dense path computes in float32, and in float64 for
-    float64 inputs (gpu_check.py's reference for gradients)."""
+    float64 inputs (tools/gpu_check.py's reference for gradients)."""
     return t if t.dtype == torch.float64 else t.float()
 
 

@@ -254,7 +254,7 @@ def interpreting():
 
 
 # Whether fla's autotuned kernels time their candidate configs on first use (per input-size bucket) and keep the
-# fastest; False runs the first candidate untimed. gpu_check.py sets False: a correctness check needs a kernel, not
+# fastest; False runs the first candidate untimed. tools/gpu_check.py sets False: a correctness check needs a kernel, not
 # the fastest; Wall's three kernels tune 24 candidates each, each compiled, and its check, tuning included, ran past
 # 60 s on an H200.
 AUTOTUNE = True
@@ -331,7 +331,7 @@ def fla_plan(backend, scheme, index, mask, sink_logits, head_dim, dropout):
 def runs_fla(kernel, backend, device_type):
     """Whether a layer whose fla_plan gave `kernel` runs it on this device without a KV cache under `backend`:
     'fla' anywhere (on CPU under Triton's interpreter), 'auto' on CUDA; never 'flex' or 'dense', which a script may
-    set on a built model (bench.py, gpu_check.py)."""
+    set on a built model (tools/bench.py, tools/gpu_check.py)."""
     return kernel is not None and (backend == 'fla' or backend == 'auto' and device_type == 'cuda')
 
 

@@ -184,8 +184,8 @@ class GPT(nn.Module):
 
     @contextmanager
     def attention_backend(self, backend):
-        """Every attention layer on `backend` ('flex' | 'dense') inside the block, as before after it (bench.py and
-        gpu_check.py run one model on both paths)."""
+        """Every attention layer on `backend` ('flex' | 'dense') inside the block, as before after it (tools/bench.py
+        and tools/gpu_check.py run one model on both paths)."""
         saved = [(blk.attn, blk.attn.backend) for blk in self.transformer.h]
         for m, _ in saved:
             m.backend = backend

@@ -1179,7 +1179,7 @@ class Shaw(PositionalEncoding):
         def g(lse):
             p = (e - lse.unsqueeze(-1)).exp()  # [B, H, Tq, K] attention weights at distance 0..K-1
             p = torch.cat((p, 1 - p.sum(-1, keepdim=True)), -1)  # every farther key shares aV[K]
-            return p @ params.rel_v.to(p.dtype)  # (float64 lse: gpu_check.py's reference)
+            return p @ params.rel_v.to(p.dtype)  # (float64 lse: tools/gpu_check.py's reference)
         return g
 
 

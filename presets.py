@@ -1,7 +1,7 @@
 """
 The named setups the scripts run, read from config/: the attention stacks of 2025-26 models (PRESETS,
 config/NAME.py), each with its twin NAME-full, the same stack without windows or chunks, as GPTConfig keys
-(preset_plans: bench.py, gpu_check.py) or as train.py arguments (preset_args: sweep.py); bench.py's models
+(preset_plans: tools/bench.py, tools/gpu_check.py) or as train.py arguments (preset_args: sweep.py); bench.py's models
 (model_size: config/bench_NAME.py), a scheme or preset at such a size (model_config); and lists of schemes by name
 (scheme_names).
 """

@@ -127,7 +127,7 @@ def test_fla_without_a_gpu_or_the_interpreter_or_fla_is_refused(monkeypatch):
 
 @pytest.mark.parametrize('autotune', [True, False])
 def test_autotune_false_runs_fla_kernels_first_config_untimed(autotune):
-    """kernels.AUTOTUNE=False (gpu_check.py's default): once an fla kernel is loaded, every autotuned Triton kernel
+    """kernels.AUTOTUNE=False (tools/gpu_check.py's default): once an fla kernel is loaded, every autotuned Triton kernel
     keeps only its first candidate config and times none; with True (training) all candidates stay. In a process
     of its own: this one keeps fla unimported (test_auto_on_cpu_is_nanopes_path)."""
     if importlib.util.find_spec('triton') is None or importlib.util.find_spec('fla') is None:
@@ -197,7 +197,7 @@ def test_a_kv_cache_stays_on_nanopes_path(monkeypatch):
     assert not fla.uses_fla(q, cache=object())
     assert not Attender(backend='auto', fla='attn').uses_fla(q, None)  # 'auto' on CPU
     assert not Attender(backend='fla').uses_fla(q, None)  # no kernel for this layer
-    for backend in ('flex', 'dense'):  # set on a built model by bench.py and gpu_check.py: never fla
+    for backend in ('flex', 'dense'):  # set on a built model by tools/bench.py and gpu_check.py: never fla
         assert not kernels.runs_fla('attn', backend, 'cuda')
     assert kernels.runs_fla('attn', 'auto', 'cuda') and kernels.runs_fla('attn', 'fla', 'cpu')
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
