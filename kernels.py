@@ -254,9 +254,9 @@ def interpreting():
 
 
 # Whether fla's autotuned kernels time their candidate configs on first use (per input-size bucket) and keep the
-# fastest; False runs the first candidate untimed. tools/gpu_check.py sets False: a correctness check needs a kernel, not
-# the fastest; Wall's three kernels tune 24 candidates each, each compiled, and its check, tuning included, ran past
-# 60 s on an H200.
+# fastest; False runs the first candidate untimed. tools/gpu_check.py sets False: a correctness check needs a kernel,
+# not the fastest; Wall's three kernels tune 24 candidates each, each compiled, and its check, tuning included, ran
+# past 60 s on an H200.
 AUTOTUNE = True
 
 

@@ -127,9 +127,9 @@ def test_fla_without_a_gpu_or_the_interpreter_or_fla_is_refused(monkeypatch):
 
 @pytest.mark.parametrize('autotune', [True, False])
 def test_autotune_false_runs_fla_kernels_first_config_untimed(autotune):
-    """kernels.AUTOTUNE=False (tools/gpu_check.py's default): once an fla kernel is loaded, every autotuned Triton kernel
-    keeps only its first candidate config and times none; with True (training) all candidates stay. In a process
-    of its own: this one keeps fla unimported (test_auto_on_cpu_is_nanopes_path)."""
+    """kernels.AUTOTUNE=False (tools/gpu_check.py's default): once an fla kernel is loaded, every autotuned Triton
+    kernel keeps only its first candidate config and times none; with True (training) all candidates stay. In a
+    process of its own: this one keeps fla unimported (test_auto_on_cpu_is_nanopes_path)."""
     if importlib.util.find_spec('triton') is None or importlib.util.find_spec('fla') is None:
         pytest.skip('triton or fla-core is not installed')
     code = ("import kernels\n"
