@@ -261,6 +261,18 @@ def test_hope_with_turns_0_is_rope_and_by_default_p_rope_with_the_pairs_it_keeps
         assert not torch.allclose(hope(x)[0], rope(x)[0], atol=1e-3)
 
 
+def test_hope_tables_hold_the_cos_and_sin_it_computes(monkeypatch):
+    """Where the rotary tables are read (positional.ROTARY_TABLES_ON: CUDA; forced onto the CPU here), HoPE's hold its
+    own frequencies, the dropped pairs at 0: a forward equals the computed one bitwise."""
+    x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
+    m = tiny_model('hope', n_embd=64, n_head=2)
+    with torch.no_grad():
+        want = m(x)[0]
+        monkeypatch.setattr(P, 'ROTARY_TABLES_ON', ('cpu',))
+        assert m.pe.at(0).context(torch.arange(16), torch.arange(16), 16).extra['tabled']
+        assert torch.equal(m(x)[0], want)
+
+
 # --- CARoPE: the paper's formula ------------------------------------------------------------------------------------
 
 def carope_reference(q, k, v, x, W, b):
