@@ -47,16 +47,16 @@ def scheme64(name, seed=0, **opts):
     return pe, layer
 
 
-def layer_forward(pe, layer, q, k, v, x, q_pos, k_pos, cache=None, backend='dense'):
+def layer_forward(pe, layer, q, k, v, x, q_pos, k_pos, cache=None, backend='dense', sink_logits=None):
     """What CausalSelfAttention does with a scheme past its projections: layer_context, transform_qk, the cache (keys
-    kept transformed), the bias, attend. q_pos are the last positions of k_pos."""
+    kept transformed), the bias, attend (with sink logits where given). q_pos are the last positions of k_pos."""
     ctx = pe.context(q_pos, k_pos)
     ctx.consecutive = cache is None and q_pos.numel() == k_pos.numel() and int(k_pos[0]) == 0
     ctx = pe.layer_context(x, ctx, layer, cache)
     q, k = pe.transform_qk(q, k, ctx, layer)
     if cache is not None:
         k, v = cache.append(k, v)
-    return A.attend(q, k, v, pe.score_mod(q, k, ctx, layer), backend=backend)
+    return A.attend(q, k, v, pe.score_mod(q, k, ctx, layer), backend=backend, sink_logits=sink_logits)
 
 
 def causal_softmax(logits, v, q_pos, k_pos):
@@ -150,20 +150,22 @@ def test_cable_hands_its_bias_as_a_table_and_as_factors_and_both_routes_equal_th
 
 
 def test_cable_through_a_kv_cache_in_two_calls_equals_one_forward():
-    """Tokens :5 then 5: through a cache (each key's step kept in cache.state) give the one forward's output."""
+    """Tokens :5 then 5: through a cache (each key's step kept in cache.state) give the one forward's output, with sink
+    logits too, whose share reads each row's whole logits: b_i of the query as well as -b_j."""
     T, split = 11, 5
     pe, layer = scheme64('cable', seed=2)
     q, k, v = (rand64(B, H, T, D, seed=s) for s in (9, 10, 11))
     x = rand64(B, T, C, seed=12)
     pos = torch.arange(T)
-    full = layer_forward(pe, layer, q, k, v, x, pos, pos)
-    cache = kvcache.LayerKV()
-    a = layer_forward(pe, layer, q[:, :, :split], k[:, :, :split], v[:, :, :split], x[:, :split], pos[:split],
-                      pos[:split], cache)
-    b = layer_forward(pe, layer, q[:, :, split:], k[:, :, split:], v[:, :, split:], x[:, split:], pos[split:], pos,
-                      cache)
-    assert cache.state['cable_step'].shape == (B, H, T)
-    assert rel(torch.cat((a, b), 2), full) <= 1e-12
+    for sinks in (None, torch.linspace(-1, 1, H, dtype=torch.float64)):
+        full = layer_forward(pe, layer, q, k, v, x, pos, pos, sink_logits=sinks)
+        cache = kvcache.LayerKV()
+        a = layer_forward(pe, layer, q[:, :, :split], k[:, :, :split], v[:, :, :split], x[:, :split], pos[:split],
+                          pos[:split], cache, sink_logits=sinks)
+        b = layer_forward(pe, layer, q[:, :, split:], k[:, :, split:], v[:, :, split:], x[:, split:], pos[split:],
+                          pos, cache, sink_logits=sinks)
+        assert cache.state['cable_step'].shape == (B, H, T)
+        assert rel(torch.cat((a, b), 2), full) <= 1e-12
 
 
 def test_cable_defaults_as_the_authors_init():
