@@ -19,6 +19,9 @@ import kvcache
 import positional as P
 from conftest import ROOT, forced_cuda_routes, tiny_config, tiny_model
 from model import GPT
+from test_positional import test_successor_variants_cache_windows_sinks_and_16x as successor_checks
+from test_positional import \
+    test_successor_variants_compile_without_graph_breaks_and_flex_equals_dense as successor_compile_checks
 
 B, H, C = 2, 4, 32  # batch, heads, n_embd: head_dim 8
 D = C // H
@@ -349,6 +352,27 @@ def test_carope_at_init_is_rope_and_its_frequencies_follow_x_once_w_moves():
         for blk in carope.transformer.h:
             blk.attn.pe_layer.freq.weight.normal_(std=0.3)
         assert not torch.allclose(carope(x)[0], rope(x)[0], atol=1e-3)
+
+
+# --- the options' variants through test_positional.py's successor checks ---------------------------------------------
+
+VARIANTS = [('cable', {}), ('cable', {'qk_scale': 'none'}), ('hope', {}), ('hope', {'turns': 0.25}), ('carope', {}),
+            ('carope', {'bias': False, 'init_std': 0.02})]
+IDS = [n + ''.join(f"-{k}={v}" for k, v in o.items()) for n, o in VARIANTS]
+
+
+@pytest.mark.parametrize('name, opts', VARIANTS, ids=IDS)
+def test_variants_cache_windows_sinks_and_16x(name, opts):
+    """test_positional.py's checks of RoPE's successors (causality; a KV cache, windowed, chunked and rolling, equal to
+    a full forward; 16 x block_size; float32 tables under bf16 autocast), here for each scheme and option."""
+    successor_checks(name, opts)
+
+
+@pytest.mark.parametrize('name, opts', [v for v in VARIANTS if v[1]], ids=[i for i, v in zip(IDS, VARIANTS) if v[1]])
+def test_variants_compile_without_graph_breaks_flex_equals_dense_and_sinks(name, opts):
+    """test_positional.py's: one graph compiled, FlexAttention equal to dense, a rolling cache's step equal to a plain
+    forward over the kept tokens; the defaults get them from test_model.py by name."""
+    successor_compile_checks(name, opts)
 
 
 # --- options, docstrings, configs -----------------------------------------------------------------------------------
