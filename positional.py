@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import CAUSAL, Bias, key_distance_table, query_distance_table
+from attention import CAUSAL, Bias, key_distance_table, query_distance_table, wide
 from kernels import causal_conv, cumsum_tokens, path_scores, wall_scores
 from rope_scaling import EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, resolve_rope_scaling, rope_frequencies
 
@@ -998,6 +998,57 @@ class RoPEPP(RoPE):
         return torch.stack((real, imag), 2).flatten(1, 2), apply_rotary(k, kcos, ksin)
 
 
+def turn(x, cos, sin):
+    """x [..., d] turned over its whole head by cos and sin [..., d] (half-split, `rope`'s direction), computed in
+    float32, or in float64 where x is (the tests' references), and returned in x's dtype."""
+    w = wide(x)
+    return (w * cos + rotate_half(w) * sin).to(x.dtype)
+
+
+@register('hope')
+class HoPE(RoPE):
+    """High-frequency rotary Position Encoding, HoPE (Chen, Lv, Luan, Wang, Liu, arXiv 2410.21216, ACL 2025): RoPE
+    without its low-frequency components. Pair i (half-split, dims i and i + d/2, theta_i = base^(-2i/d)) keeps its
+    rotation only when it turns at least `turns` full periods within the training length L:
+        q'_m = R(m theta_i) q_m on pair i    where theta_i L >= 2 pi turns
+        q'_m = q_m         on pair i    otherwise: those dims carry no position (R = I)
+    so the kept pairs are the highest frequencies, a prefix i < r, and the rest are position-independent (HoPE's
+    "replaces the specific components in RoPE with position-independent ones, retaining only high-frequency
+    signals"). No authors' code was found; the paper's method section could not be read here either, so the
+    threshold's default is the reading of two independent re-implementations (theta_i >= 2 pi / L: a pair that
+    completes a period within L); turns=0.25 keeps the pairs that pass pi/2 within L. At nanoPE's default (head_dim
+    32, L = 128) 6 of the 16 pairs rotate (8 with turns=0.25). turns=0 keeps every pair: `rope` exactly (tested).
+    As `rope` otherwise (tables, cache, SDPA); HoPE is `rope` with p_rope = r / (d/2), r chosen from L, so no
+    rope_scaling applies (the paper extrapolates without one). Options (defaults in parentheses): base (10000),
+    train_len (block_size: L), turns (1.0)."""
+    uses_rope_scaling = False
+
+    @classmethod
+    def variant(cls, config, options):
+        return cls
+
+    def __init__(self, config, base=10000.0, train_len=None, turns=1.0):
+        super().__init__(config, base=check_number('hope', 'base', base, lo=1.0))
+        self.train_len = check_whole('hope', 'train_len', config.block_size if train_len is None else train_len,
+                                     what=' (the training length L)')
+        self.turns = check_number('hope', 'turns', turns, inclusive=True,
+                                  what=' (the periods a pair must turn within train_len to keep its rotation)')
+        d = self.head_dim
+        theta = self.base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        keep = theta * self.train_len >= 2 * math.pi * self.turns
+        self.n_rot = int(keep.sum())
+        self.register_buffer('theta64', theta * keep, persistent=False)  # float64 references' frequencies
+        self.inv_freq = (theta * keep).float()  # the dropped pairs at frequency 0: cos = 1, sin = 0
+        self.cos_table, self.sin_table = self.cos_sin(torch.arange(self.block_size), self.inv_freq)
+
+    def transform_qk(self, q, k, ctx, params):
+        if q.dtype != torch.float64:
+            return super().transform_qk(q, k, ctx, params)
+        cos, sin = cos_sin(ctx.q_pos.double()[:, None] * self.theta64)  # a float64 reference: float64 angles
+        kcos, ksin = cos_sin(ctx.k_pos[-k.size(2):].double()[:, None] * self.theta64)
+        return turn(q, cos, sin), turn(k, kcos, ksin)
+
+
 # --- a bias on the logits (`score_mod`): an additive logit bias f(score, b, h, i, j). A bias that depends only on
 # the distance is tabulated once per forward for distances 0..n_pos-1 (O(T)) and indexed in score_mod, so
 # FlexAttention never builds a TxT tensor and its backward scatters into that small table.
@@ -1605,6 +1656,72 @@ class GrapeAP(_GrapeABase):
         return att.rows(run, q, k, v)
 
 
+class _CableLayer(nn.Module):
+    def __init__(self, n_embd, n_head):
+        super().__init__()
+        self.bias_proj = nn.Linear(n_embd, n_head)  # row h: w_h, bias: c_h; the authors' nanoGPT init
+        nn.init.normal_(self.bias_proj.weight, std=0.02)
+        nn.init.zeros_(self.bias_proj.bias)
+
+
+@register('cable')
+class CABLE(PositionalEncoding):
+    """Context-Aware Biases for Length Extrapolation, CABLE (Veisi, Amirzadeh, Mansourian, arXiv 2503.08067; code
+    axiomlab/Cable, src/Cable.py at 8bc6b83, the nanoGPT model its README trains): ALiBi's fixed slope times the
+    distance replaced by learned per-token, per-head steps, accumulated along the sequence. For layer input x_t
+    (the attention's normalised input, which q, k, v are projected from), per head h:
+        b_t   = -sum_{l <= t} softplus(w_h . x_l + c_h)           (the code's cumsum(-softplus(h_attn(x))))
+        logit_ij = s q_i . k_j + b_i - b_j = s q_i . k_j - sum_{l = j+1..i} softplus(w_h . x_l + c_h)
+    the bias added after the scale s, unscaled. w_h, c_h: one Linear(n_embd, n_head) per layer with the authors'
+    init, weight N(0, 0.02), bias 0, so every step is about -ln 2 at init: ALiBi with slope ln 2 in every head.
+    Steps that do not depend on x (w = 0, softplus(c_h) = m_h) give ALiBi exactly (tested). Since log sigmoid(z) =
+    -softplus(-z), CABLE with (w, c) is FoX (arXiv 2503.02130) with (-w, -c) (tested): the same model, the gate's
+    sign flipped, here as a score_mod rather than an attention of its own.
+    The scale s where code and paper differ: the code's src/Cable.py computes q k^T / sqrt(C / n_embd)^2 with
+    C = n_embd, i.e. unscaled logits (s = 1), and its first release (Cable.py at 087c3a1) 1/sqrt(n_embd); the paper's
+    method section could not be read here. Option qk_scale picks it: 'head' (default: 1/sqrt(head_dim), nanoPE's
+    attention for every scheme, so that CABLE differs from the others in its positions only), 'none' (s = 1, the
+    code), 'embd' (1/sqrt(n_embd), the first release), applied as a gain on q in transform_qk. Not here: the
+    authors' later code (src/model_gpt.py, 'cable6', "biases and weights"), which the stored snapshot lacks.
+    The steps need x: made in layer_context, once per layer and forward; the KV cache keeps each key's step in
+    cache.state and sums the kept ones again every forward (as FoX), so windows, chunks and a rolling attention-sink
+    cache work unchanged. The bias comes in every form it has: the mod, factors (-b_j against 1, b_i the query's
+    alone: qk_lift) and, in training, the table b_i - b_j (sdpa_bias). Options (defaults in parentheses):
+    qk_scale ('head')."""
+    QK_SCALES = ('head', 'none', 'embd')
+
+    def __init__(self, config, qk_scale='head'):
+        super().__init__(config)
+        self.qk_scale = check_choice('cable', 'qk_scale', qk_scale, self.QK_SCALES)
+        self.q_gain = {'head': 1.0, 'none': math.sqrt(self.head_dim),
+                       'embd': math.sqrt(self.head_dim / self.n_embd)}[qk_scale]
+
+    def new_layer(self):
+        return _CableLayer(self.n_embd, self.n_head)
+
+    def layer_context(self, x, ctx, params, cache):
+        T = x.size(1)
+        with torch.autocast(x.device.type, enabled=False):  # the bias stays float32 (float64 for a reference)
+            step = -F.softplus(params.bias_proj(wide(x))).transpose(1, 2)  # [B, H, T]: each token's step
+            if cache is not None:
+                if 'cable_step' in cache.state:
+                    step = torch.cat((cache.state['cable_step'], step), 2)  # [B, H, Tk]: every kept key's step
+                cache.state['cable_step'] = step
+            b = cumsum_tokens(step[..., None])[..., 0]  # b_j = sum_{l <= j} step_l over the kept keys
+        return _layer_context(ctx, cable_b=b, cable_bq=b[..., b.size(-1) - T:])
+
+    def transform_qk(self, q, k, ctx, params):
+        return (q if self.q_gain == 1.0 else q * self.q_gain), k
+
+    def score_mod(self, q, k, ctx, params):
+        b, b_q = ctx.extra['cable_b'], ctx.extra['cable_bq']
+
+        def mod(score, bb, h, i, j):
+            return score + (b_q[bb, h, i] - b[bb, h, j])
+        return Bias(mod, factors=lambda: (b.new_ones(1, 1, 1, 1), -b[..., None]),  # -b_j; b_i of the query alone
+                    table=(lambda: b_q[..., :, None] - b[..., None, :]) if consecutive(ctx) else None)
+
+
 # --- data-dependent: angles from the layer input (`layer_context`), then rotated as RoPE
 
 
@@ -1812,6 +1929,63 @@ class SelectiveRoPE(PositionalEncoding):
         def mod(score, b, h, i, j):
             return score + (c_q[b, h, i] - c[b, h, j])
         return Bias(mod, factors=lambda: (c.new_ones(1, 1, 1, 1), -c[..., None]))  # -c_j; c_i of the query alone
+
+
+class _CaropeLayer(nn.Module):
+    def __init__(self, n_embd, n_head, bias, init_std, bias_init):
+        super().__init__()
+        self.freq = nn.Linear(n_embd, n_head, bias=bias)  # W (d x h in the paper) and, with bias, b
+        nn.init.normal_(self.freq.weight, std=init_std)
+        if bias:
+            nn.init.constant_(self.freq.bias, bias_init)
+
+
+@register('carope')
+class CARoPE(PositionalEncoding):
+    """Context-aware Rotary Position Embedding, CARoPE (Veisi, Fartoot, Amirzadeh, arXiv 2507.23083, section 2; no
+    code was found: the paper's formulas): RoPE whose base frequency theta_1 is a bounded function of each token,
+    per head, so that phases accumulate per token. For layer input x_t (the attention's normalised input), per head
+    h and pair i < d/2 (half-split, as `rope`):
+        f_h(x_t)     = 1 / (softplus(w_h . x_t + b_h) + 1)           in (0, 1)
+        phi_h,i(m)   = sum_{t <= m} f_h(x_t)^i                       (RoPE: sum_{t <= m} theta_1^i = m theta_i)
+        q_m, k_m turned by phi(m) like `rope`: (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos)
+    The paper writes f(x) = 1 / (softplus(x W) + 1) with W (d x h) and says CARoPE starts as standard RoPE, which x W
+    alone cannot be (W = 0 gives f = 1 / (1 + ln 2) for every head: RoPE at base (1 + ln 2)^(d/2)); so each head also
+    has a bias b_h = softplus^-1(base^(2/d) - 1) and W starts at 0: f = base^(-2/d) = RoPE's theta_1 for every token,
+    and CARoPE at init is `rope` at `base` with positions counted from 1, the same logits (tested). bias=False is the
+    formula as printed (W alone); init_std > 0 draws W from N(0, init_std) (0.02: nanoGPT's init). Sum from t = 1 to m
+    in the paper: inclusive, the token's own f counted. Pair 0 (f^0 = 1) turns by one radian a token for every x.
+    The pairs' layout (half-split here) is not stated; any fixed one gives the same model up to q's and k's weights.
+    The phases need x: made in layer_context, once per layer and forward, in float32 (float64 for a reference);
+    keys are cached transformed and cache.carry keeps the running phase; a rolling attention-sink cache numbers keys
+    by place, so the increments are kept per key in cache.state and summed again over the kept keys (as Selective
+    RoPE). Attention is SDPA's. Options (defaults in parentheses): base (10000), bias (True), init_std (0.0)."""
+
+    def __init__(self, config, base=10000.0, bias=True, init_std=0.0):
+        super().__init__(config)
+        if self.head_dim % 2:
+            raise ValueError(f"carope rotates pairs of 2 dims: head_dim must be even, got {self.head_dim}; "
+                             f"change n_embd/n_head")
+        self.base = check_number('carope', 'base', base, lo=1.0, what=" (the RoPE it starts as: f = base^(-2/d))")
+        self.bias = check_flag('carope', 'bias', bias)
+        self.init_std = check_number('carope', 'init_std', init_std, inclusive=True, what=" (W's initial std)")
+
+    def new_layer(self):
+        theta_1 = self.base ** (-2 / self.head_dim)
+        return _CaropeLayer(self.n_embd, self.n_head, self.bias, self.init_std, _softplus_inverse(1 / theta_1 - 1))
+
+    def layer_context(self, x, ctx, params, cache):
+        with torch.autocast(x.device.type, enabled=False):
+            log_f = -torch.log1p(F.softplus(params.freq(wide(x)))).transpose(1, 2)[..., None]  # [B, H, T, 1]
+            i = torch.arange(self.head_dim // 2, device=x.device, dtype=log_f.dtype)
+            s_q, s_k, _ = _running_sum(torch.exp(log_f * i), cache, 'carope_phase')  # sums of f^i, inclusive
+            q_tab = cos_sin(s_q)
+            k_tab = q_tab if s_k is s_q else cos_sin(s_k)
+        return _layer_context(ctx, carope_q=q_tab, carope_k=k_tab)
+
+    def transform_qk(self, q, k, ctx, params):
+        (cos, sin), (kcos, ksin) = ctx.extra['carope_q'], ctx.extra['carope_k']
+        return turn(q, cos, sin), turn(k, kcos, ksin)
 
 
 # --- data-dependent, in the scheme's own attention (`attention`): gates and logits computed from the layer

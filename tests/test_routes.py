@@ -25,6 +25,8 @@ B16 = torch.bfloat16
 # its own attention); one name for a model whose layers all take it, else a name a layer.
 ROUTE_TABLE = {
     'alibi': ('qk_lift', 'qk_lift', 'sdpa_bias', 'qk_lift'),
+    'cable': ('sdpa_bias', 'qk_lift', 'sdpa_bias', 'qk_lift'),
+    'carope': ('sdpa', 'sdpa', 'sdpa', 'sdpa'),
     'cope': ('sdpa_bias', 'flex', 'refused'),
     'deberta': ('sdpa_bias', 'flex', 'sdpa_bias', 'flex'),
     'fire': ('sdpa_bias', 'dense', 'sdpa_bias', 'dense'),
@@ -32,6 +34,7 @@ ROUTE_TABLE = {
     'fox': ('fla:attn', 'fla:attn', 'refused'),
     'grape_a': ('sdpa_bias', 'qk_lift', 'sdpa_bias', 'qk_lift'),
     'grape_m': ('sdpa', 'sdpa', 'sdpa', 'sdpa'),
+    'hope': ('sdpa', 'sdpa', 'sdpa', 'sdpa'),
     'kerple_log': ('sdpa_bias', 'flex', 'sdpa_bias', 'flex'),
     'kerple_power': ('sdpa_bias', 'flex', 'sdpa_bias', 'flex'),
     'learned': ('sdpa', 'sdpa', 'sdpa', 'sdpa'),

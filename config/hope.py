@@ -1,0 +1,4 @@
+# Scheme: hope. Every other setting is train.py's shared small CPU default,
+# so config/*.py runs differ only in the positional encoding.
+pos_encoding = 'hope'
+out_dir = 'out-hope'
