@@ -1679,18 +1679,19 @@ class CABLE(PositionalEncoding):
     sign flipped, here as a score_mod rather than an attention of its own.
     The scale s where code and paper differ: the code's src/Cable.py computes q k^T / sqrt(C / n_embd)^2 with
     C = n_embd, i.e. unscaled logits (s = 1), and its first release (Cable.py at 087c3a1) 1/sqrt(n_embd); the paper's
-    method section could not be read here. Option qk_scale picks it: 'head' (default: 1/sqrt(head_dim), nanoPE's
-    attention for every scheme, so that CABLE differs from the others in its positions only), 'none' (s = 1, the
-    code), 'embd' (1/sqrt(n_embd), the first release), applied as a gain on q in transform_qk. Not here: the
+    method section could not be read here. Option qk_scale picks it: 'none' (default: s = 1, the code, which this
+    repo follows where code and paper may differ), 'head' (1/sqrt(head_dim), nanoPE's attention for every other
+    scheme, so that CABLE differs from them in its positions only), 'embd' (1/sqrt(n_embd), the first release),
+    applied as a gain on q in transform_qk. Not here: the
     authors' later code (src/model_gpt.py, 'cable6', "biases and weights"), which the stored snapshot lacks.
     The steps need x: made in layer_context, once per layer and forward; the KV cache keeps each key's step in
     cache.state and sums the kept ones again every forward (as FoX), so windows, chunks and a rolling attention-sink
     cache work unchanged. The bias comes in every form it has: the mod, factors (-b_j against 1, b_i the query's
     alone: qk_lift) and, in training, the table b_i - b_j (sdpa_bias). Options (defaults in parentheses):
-    qk_scale ('head')."""
+    qk_scale ('none')."""
     QK_SCALES = ('head', 'none', 'embd')
 
-    def __init__(self, config, qk_scale='head'):
+    def __init__(self, config, qk_scale='none'):
         super().__init__(config)
         self.qk_scale = check_choice('cable', 'qk_scale', qk_scale, self.QK_SCALES)
         self.q_gain = {'head': 1.0, 'none': math.sqrt(self.head_dim),

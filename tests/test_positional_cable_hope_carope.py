@@ -144,7 +144,7 @@ def test_cable_hands_its_bias_as_a_table_and_as_factors_and_both_routes_equal_th
     assert rel(fq @ fk.transpose(-1, -2) + b_ref[..., :, None], want) <= 1e-12  # -b_j, then b_i of the query
     forced_cuda_routes(monkeypatch)
     wrt = [q, k, v, x, W, c]
-    ref = grads(cable_reference(q, k, v, x, W, c, 'head'), wrt)
+    ref = grads(cable_reference(q, k, v, x, W, c, pe.qk_scale), wrt)
     for forms, route in (({'factors': bias.factors}, 'qk_lift'), ({'table': bias.table}, 'sdpa_bias')):
         b = A.Bias(bias.mod, **forms)
         assert A.route(A.Call('cpu', bias=b, Tq=T, Tk=T, dtype=torch.float64)) == route
@@ -175,14 +175,15 @@ def test_cable_defaults_as_the_authors_init():
     m = tiny_model('cable')
     proj = m.transformer.h[0].attn.pe_layer.bias_proj
     assert proj.weight.shape == (4, 32) and (proj.bias == 0).all() and abs(proj.weight.std().item() - 0.02) < 0.006
-    assert m.pe.at(0).qk_scale == 'head' and m.pe.at(0).q_gain == 1.0
+    assert m.pe.at(0).qk_scale == 'none' and m.pe.at(0).q_gain == math.sqrt(32 / 4)  # the code's unscaled q.k
 
 
 def test_cable_with_constant_steps_is_alibi_and_with_the_gate_negated_is_fox():
     """w = 0, softplus(c_h) = m_h (ALiBi's slopes): every step is -m_h, the bias -m_h (i - j). And since
-    log sigmoid(z) = -softplus(-z), CABLE with (w, c) is FoX with (-w, -c)."""
+    log sigmoid(z) = -softplus(-z), CABLE with (w, c) is FoX with (-w, -c). (With qk_scale='head': their q.k scale.)"""
     x = torch.randint(0, 37, (2, 16))
-    cable, alibi, fox = tiny_model('cable', seed=3), tiny_model('alibi', seed=3), tiny_model('fox', seed=3)
+    cable = tiny_model('cable', seed=3, pos_options={'qk_scale': 'head'})
+    alibi, fox = tiny_model('alibi', seed=3), tiny_model('fox', seed=3)
     slopes = P.alibi_slopes(4).double()
     with torch.no_grad():
         for blk in cable.transformer.h:
@@ -356,7 +357,7 @@ def test_carope_at_init_is_rope_and_its_frequencies_follow_x_once_w_moves():
 
 # --- the options' variants through test_positional.py's successor checks ---------------------------------------------
 
-VARIANTS = [('cable', {}), ('cable', {'qk_scale': 'none'}), ('hope', {}), ('hope', {'turns': 0.25}), ('carope', {}),
+VARIANTS = [('cable', {}), ('cable', {'qk_scale': 'head'}), ('hope', {}), ('hope', {'turns': 0.25}), ('carope', {}),
             ('carope', {'bias': False, 'init_std': 0.02})]
 IDS = [n + ''.join(f"-{k}={v}" for k, v in o.items()) for n, o in VARIANTS]
 
