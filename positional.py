@@ -29,7 +29,7 @@ Attributes the scripts read are declared on PositionalEncoding; docs/schemes.md 
 
 Sections, one per row of the README's "how positions enter" table, in its order (each scheme's class sits in the
 section of its row; tested): the contract (Context, PositionalEncoding), helpers (option checks, small modules), not
-at all, embed, transform_qk, score_mod, layer_context, attention. The maths of RoPE context extension
+at all, embed, transform_qk, score_mod, layer_context, attention, stream. The maths of RoPE context extension
 (config.rope_scaling) is in rope_scaling.py. Adding a scheme: the README's "Adding a scheme".
 """
 
