@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import layers
-from attention import CAUSAL, Bias, key_distance_table, query_distance_table
+from attention import CAUSAL, Attender, Bias, key_distance_table, query_distance_table
 from kernels import causal_conv, cumsum_tokens, path_scores, wall_scores
 from rope_scaling import EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, resolve_rope_scaling, rope_frequencies
 
@@ -2199,9 +2199,10 @@ class TAPE(PositionalEncoding):
     cache.state, and keys are cached turned; a rolling cache (attention sinks) keeps keys raw and turns each
     kept key's stream by its change of place every forward, which is StreamingLLM's re-indexing for the first
     layer and the equivariant one for later layers.
-    Where it runs: its own attention hook, one attend call over the values with the stream's 2 x d/2 columns
-    per head appended (no bias: SDPA on CUDA), and the `stream` hook after the block's MLP; the last layer plain
-    attention. attn_scaling is refused (its own attention). Options (defaults in parentheses): base (10000),
+    Where it runs: its own attention hook, one attend call for the values and one for the stream, whose 2 x d/2
+    columns a head are q's width, as SDPA's fused kernels want (no bias: SDPA on CUDA; the stream's call without
+    attention dropout, which the code does not have), and the `stream` hook after the block's MLP; the last layer
+    one call. attn_scaling is refused (its own attention). Options (defaults in parentheses): base (10000),
     position_size (48), random_shift (True), shift (0), scaling_factor (1.0: the code's linear rope_scaling
     factor)."""
 
@@ -2281,12 +2282,11 @@ class TAPE(PositionalEncoding):
         return _turn(q, ctx.extra['tape_in']), _turn(k, keys[:, :, keys.size(2) - k.size(2):])
 
     def attention(self, q, k, v, x, ctx, params, cache, att):
-        if params is None:  # the model's last tape layer: its stream feeds nothing
-            return att(q, k, v)
-        e = ctx.extra['tape_keys']
-        y = att(q, k, torch.cat((v, e.to(v.dtype)), -1))  # the stream averaged by the same weights as the values
-        y, mixed = y.split((v.size(-1), e.size(-1)), -1)
-        ctx.extra['tape_mixed'] = mixed  # this layer's own ctx (layer_context made it), for the stream hook
+        y = att(q, k, v)
+        if params is not None:  # the stream averaged by the same weights (its d columns are q's width, as SDPA's
+            # fused kernels want), without attention dropout; left in this layer's own ctx for the stream hook
+            plain = Attender(att.mask, att.backend, 0.0, att.sink_logits)
+            ctx.extra['tape_mixed'] = plain(q, k, ctx.extra['tape_keys'].to(v.dtype))
         return y
 
     def stream(self, m, ctx, params, cache):
