@@ -2186,11 +2186,13 @@ class TAPE(PositionalEncoding):
     (HF's N(0, 0.02) for every Linear, then W_up and W_mix zeroed): W_mix = W_up = 0, so at init the stream stays
     RoPE's tables and TAPE is `rope` (tested); W_gate, W_down N(0, 0.02). Defaults from config/adape.json:
     position_size P = 48, base 10000; silu is its hidden_act.
-    The authors' code against its paper, followed here: the attention update's einsum 'bqnd,qe->bqnd' sums W_mix's
-    rows, so head h is scaled by s_h rather than the heads mixed (W_mix stays [H, H], so its gradients are the
-    code's); the MLP update reads the MLP's output (the code's "this order is important"); in training the start's
-    shift k is drawn uniformly from 0..2L (L = block_size; random_shift), a fixed `shift` overriding it, 0 in
-    evaluation. The paper was read through its abstract and summaries only; the formulas here are the code's.
+    The authors' code, followed here where it reads unlike a plain reading of its parts: the attention update's
+    einsum 'bqnd,qe->bqnd' sums W_mix's rows, so head h is scaled by s_h and no heads are mixed (a map of the heads
+    would be 'bqnd,qe->bend'; W_mix stays [H, H], so its gradients are the code's); the MLP update reads the MLP's
+    output (the code's "this order is important"); in training the start's shift k is drawn uniformly from 0..2L
+    (L = block_size; random_shift), a fixed `shift` overriding it, 0 in evaluation. The paper's text was read
+    through its abstract and summaries only, so where it differs from the code is not checked: the formulas here
+    are the code's.
     nanoPE's choices: its blocks (LayerNorm, GELU MLP) around the code's stream; the stream in float32 (float64
     in a float64 model), its start's angles in float64, averaged in the attention's dtype (the code casts it to
     the activations' dtype); the last layer that carries the stream has no update parameters, since its stream
