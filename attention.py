@@ -967,7 +967,9 @@ class CausalSelfAttention(nn.Module):
         if 'sink_logits' in names:
             self.sink_logits.fill_(SINK_FRESH)
 
-    def forward(self, x, scheme, ctx, cache=None):
+    def forward(self, x, scheme, ctx, cache=None, with_ctx=False):
+        """The layer's output [B, T, C]; with_ctx: (output, this layer's Context as the scheme's hooks left it), which
+        model.Block hands to the scheme's `stream` hook."""
         B, T, C = x.size()
         # 1. project
         hd, kv = self.hd, self.kv_heads * self.hd
@@ -1000,4 +1002,5 @@ class CausalSelfAttention(nn.Module):
                 q, bias = scale_logits(q, bias, s)
             y = att(q, k, v, bias, scheme.value_mod(q, k, ctx, self.pe_layer, bias, att))
         y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * hd)  # (B, T, attention heads x hs)
-        return self.resid_dropout(self.c_proj(y))
+        y = self.resid_dropout(self.c_proj(y))
+        return (y, ctx) if with_ctx else y

@@ -78,8 +78,10 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, scheme, ctx, cache=None):
-        x = x + self.attn(self.ln_1(x), scheme, ctx, cache)
-        return x + self.mlp(self.ln_2(x))
+        y, ctx = self.attn(self.ln_1(x), scheme, ctx, cache, with_ctx=True)
+        x = x + y
+        m = self.mlp(self.ln_2(x))
+        return x + m, scheme.stream(m, ctx, self.attn.pe_layer, cache)  # and the positional stream the next block gets
 
 
 class GPT(nn.Module):
@@ -223,6 +225,7 @@ class GPT(nn.Module):
         x = self.pe.embed(self.transformer.wte(idx), q_pos)
         x = self.transformer.drop(x)
         ctxs = {}  # one Context per scheme instance and key count, shared by the layers that have both
+        stream = None  # the positional stream a scheme carries beside the residual one, block to block (TAPE's)
         for i, block in enumerate(self.transformer.h):
             layer_cache = cache.layers[i] if cache is not None else None
             n_keys = T + (layer_cache.n if layer_cache is not None else 0)  # a windowed cache keeps fewer
@@ -231,7 +234,8 @@ class GPT(nn.Module):
             if key not in ctxs:
                 ctxs[key] = scheme.context(q_pos, k_pos if n_keys == k_pos.numel() else k_pos[-n_keys:], n_pos)
                 ctxs[key].consecutive = pos is None and cache is None  # q_pos = k_pos = 0..T-1
-            x = block(x, scheme, ctxs[key], layer_cache)
+            ctx = ctxs[key] if stream is None else replace(ctxs[key], stream=stream)
+            x, stream = block(x, scheme, ctx, layer_cache)
         if cache is not None:
             cache.advance(T)
         x = self.transformer.ln_f(x if last is None else x[:, -last:])

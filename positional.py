@@ -14,6 +14,9 @@ scheme it runs; it calls these hooks, each of which defaults to "nothing":
   value_mod(q, k, ctx, params, bias, att) -> g | None  g(lse) added to the output (Shaw's values)
   attention(q, k, v, x, ctx, params, cache, att) -> y | None   the layer's own attention; `att`
                                               (attention.Attender) carries the layer's mask and sink logits
+  stream(m, ctx, params, cache)   -> stream   the positional stream the next block gets, from this block's MLP
+                                              output m and this layer's ctx as its hooks left it (ctx.stream:
+                                              the one this block got, which the default hands on; TAPE)
   cache_keys = 'transformed'                  what the KV cache keeps: keys as transform_qk returned
                                               them; 'raw' (transformed every forward: xPos, ExtendedRoPE);
                                               'scheme' (the scheme appends and rewrites them itself)
@@ -26,10 +29,11 @@ Attributes the scripts read are declared on PositionalEncoding; docs/schemes.md 
 
 Sections, one per row of the README's "how positions enter" table, in its order (each scheme's class sits in the
 section of its row; tested): the contract (Context, PositionalEncoding), helpers (option checks, small modules), not
-at all, embed, transform_qk, score_mod, layer_context, attention. The maths of RoPE context extension
+at all, embed, transform_qk, score_mod, layer_context, attention, stream. The maths of RoPE context extension
 (config.rope_scaling) is in rope_scaling.py. Adding a scheme: the README's "Adding a scheme".
 """
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -37,7 +41,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import CAUSAL, Bias, key_distance_table, query_distance_table, wide
+import layers
+from attention import CAUSAL, Attender, Bias, key_distance_table, query_distance_table, wide
 from kernels import causal_conv, cumsum_tokens, path_scores, wall_scores
 from rope_scaling import EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, resolve_rope_scaling, rope_frequencies
 
@@ -63,6 +68,7 @@ class Context:
     extra: dict = None   # scheme-specific precomputation (e.g. cos/sin)
     n_pos: int = None    # every position is < n_pos (a Python int, so tables need no host sync)
     consecutive: bool = False  # k_pos runs start, start + 1, ... and q_pos is its tail: dist(i, j) = i + Tk - Tq - j
+    stream: object = None      # the positional stream at the new tokens as this block gets it (the stream hook's)
 
     def dist(self, i, j):
         """Query position minus key position for query index i and key index j, clamped at 0
@@ -170,6 +176,13 @@ class PositionalEncoding(nn.Module):
 
     def attention(self, q, k, v, x, ctx, params, cache, att):
         return None
+
+    def stream(self, m, ctx, params, cache):
+        """The positional stream the next block gets, for a scheme that carries one beside the residual stream
+        (TAPE): model.Block calls it after its MLP with the MLP's output m [B, Tq, C] and this layer's ctx as
+        layer_context and the attention left it. ctx.stream is the stream this block got (None before the first
+        layer that makes one); the default hands it on unchanged, so a layer of another scheme (NoPE) passes it."""
+        return ctx.stream
 
     @staticmethod
     def fla_schemes():
@@ -1728,7 +1741,7 @@ class CABLE(PositionalEncoding):
 
 def _layer_context(ctx, **extra):
     """A copy of the shared ctx with this layer's tables added to its extra (the shared one is left alone)."""
-    return Context(ctx.q_pos, ctx.k_pos, dict(ctx.extra, **extra), ctx.n_pos, ctx.consecutive)
+    return Context(ctx.q_pos, ctx.k_pos, dict(ctx.extra, **extra), ctx.n_pos, ctx.consecutive, ctx.stream)
 
 
 def _running_sum(inc, cache, name):
@@ -2302,3 +2315,163 @@ class Wall(PositionalEncoding):
                 C = gs.cumsum(-1)
                 A = A + C[..., C.size(-1) - T:, None] - C[..., None, :]
         return att.logits(A, v)
+
+
+# --- a positional stream carried beside the residual stream and updated by every layer (`stream`)
+
+
+def _turn(x, e):
+    """x [B, H, T, d] turned plane by plane (half-split pairs (c, c + d/2)) by its token's stream e = [C | S]
+    [B|1, H, T, d]: x * [C | C] + rotate_half(x) * [S | S], RoPE's rotation where C and S are a cos and a sin; in e's
+    dtype, returned in x's."""
+    c, s = e.chunk(2, -1)
+    xe = x.to(e.dtype)
+    return (xe * torch.cat((c, c), -1) + rotate_half(xe) * torch.cat((s, s), -1)).to(x.dtype)
+
+
+class _TapeLayer(nn.Module):
+    def __init__(self, n_embd, n_head, size):
+        super().__init__()
+        self.mix = nn.Parameter(torch.zeros(n_head, n_head))  # post_attention_linear: zero init
+        self.gate = nn.Parameter(torch.empty(size, n_embd))  # x_proj
+        self.up = nn.Parameter(torch.zeros(size, n_head))  # up_proj: zero init
+        self.down = nn.Parameter(torch.empty(n_head, size))  # down_proj
+        for w in (self.gate, self.down):  # the code's Llama init, N(0, 0.02)
+            nn.init.normal_(w, std=0.02)
+
+
+@register('tape')
+class TAPE(PositionalEncoding):
+    """TAPE, contextualized equivariant positional encoding (Zhu, Wang, Cai, Lee, Li, Wang, arXiv 2501.00712,
+    ICML 2025; code VITA-Group/TAPE, models/llama/adape.py with config/adape.json: 'adape' in the code). Every
+    token carries a positional stream beside the residual stream, e = (C, S), each [H, d/2] (per head h and
+    half-split plane c; the code keeps two [H, d] tensors whose halves are equal, kept once here), which each
+    layer reads and updates:
+        start    C = cos(theta_c (p + k) / f), S = sin(...), theta_c = base^(-2c/d), every head alike (RoPE's tables;
+                 p the position, k a shift, f = scaling_factor)
+        logits   q_i' = q_i * [C_i | C_i] + rotate_half(q_i) * [S_i | S_i], k_j' alike (RoPE where C, S are cos,
+                 sin), a_ij = softmax_j(q_i' . k_j' / sqrt(d)), y = a v
+        attention  e_i <- e_i + s_h sum_j a_ij e_j          the stream averaged by the layer's own weights,
+                 s_h = sum_g W_mix[h, g]
+        MLP      e <- e + W_down (silu(W_gate m) * (W_up e))  m: the block's MLP output (before its residual add),
+                 W_gate [P, n_embd], W_up [P, H], W_down [H, P] mix heads alike for every plane, C and S
+    Every update is linear in e with real weights from the content, the same for C and S and for every plane, so
+    turning each token's (C_c, S_c) by one angle turns every later stream by it and leaves every logit as it was
+    (the paper's orthogonal equivariance): the shift k changes no logit (tested in float64). Init as the code's
+    (HF's N(0, 0.02) for every Linear, then W_up and W_mix zeroed): W_mix = W_up = 0, so at init the stream stays
+    RoPE's tables and TAPE is `rope` (tested); W_gate, W_down N(0, 0.02). Defaults from config/adape.json:
+    position_size P = 48, base 10000; silu is its hidden_act.
+    The authors' code, followed here where it reads unlike a plain reading of its parts: the attention update's
+    einsum 'bqnd,qe->bqnd' sums W_mix's rows, so head h is scaled by s_h and no heads are mixed (a map of the heads
+    would be 'bqnd,qe->bend'; W_mix stays [H, H], so its gradients are the code's); the MLP update reads the MLP's
+    output (the code's "this order is important"); in training the start's shift k is drawn uniformly from 0..2L
+    (L = block_size; random_shift), a fixed `shift` overriding it, 0 in evaluation. The paper's text was read
+    through its abstract and summaries only, so where it differs from the code is not checked: the formulas here
+    are the code's.
+    nanoPE's choices: its blocks (LayerNorm, GELU MLP) around the code's stream; the stream in float32 (float64
+    in a float64 model), its start's angles in float64, averaged in the attention's dtype (the code casts it to
+    the activations' dtype); the last layer that carries the stream has no update parameters, since its stream
+    feeds nothing (the code keeps them, unused); no Flash/Triton kernel of the code's, which fuses the three
+    outputs. KV cache (the code refuses one): the stream each key entered a layer with is kept per key in
+    cache.state, and keys are cached turned; a rolling cache (attention sinks) keeps keys raw and turns each
+    kept key's stream by its change of place every forward, which is StreamingLLM's re-indexing for the first
+    layer and the equivariant one for later layers.
+    Where it runs: its own attention hook, one attend call for the values and one for the stream, whose 2 x d/2
+    columns a head are q's width, as SDPA's fused kernels want (no bias: SDPA on CUDA; the stream's call without
+    attention dropout, which the code does not have), and the `stream` hook after the block's MLP; the last layer
+    one call. attn_scaling is refused (its own attention). Options (defaults in parentheses): base (10000),
+    position_size (48), random_shift (True), shift (0), scaling_factor (1.0: the code's linear rope_scaling
+    factor)."""
+
+    def __init__(self, config, base=10000.0, position_size=48, random_shift=True, shift=0, scaling_factor=1.0):
+        super().__init__(config)
+        if self.head_dim % 2:
+            raise ValueError(f"tape turns planes of 2 dims: head_dim must be even, got {self.head_dim}; change "
+                             f"n_embd/n_head")
+        self.base = check_number('tape', 'base', base)
+        self.size = check_whole('tape', 'position_size', position_size, what=' (the stream update\'s width P)')
+        self.random_shift = check_flag('tape', 'random_shift', random_shift)
+        self.shift = check_whole('tape', 'shift', shift, lo=0)
+        self.scaling_factor = check_number('tape', 'scaling_factor', scaling_factor)
+        # which of this instance's layers update the stream, in the order new_layer builds them: all but the last
+        # layer of the model that runs tape, whose stream feeds nothing (the plan from the config, as model.py's)
+        sig = inspect.signature(type(self).__init__)
+
+        def resolved(opts):  # a layer's options with the defaults filled in
+            b = sig.bind(None, config, **opts)
+            b.apply_defaults()
+            return {k: v for k, v in b.arguments.items() if k not in ('self', 'config')}
+        plan = [None if s.pos_options is None else resolved(s.pos_options) for s in layers.layer_specs(config)]
+        last = max((i for i, o in enumerate(plan) if o is not None), default=None)
+        mine = resolved(dict(base=base, position_size=position_size, random_shift=random_shift, shift=shift,
+                             scaling_factor=scaling_factor))
+        self.updates = [i != last for i, o in enumerate(plan) if o == mine]
+
+    def new_layer(self):
+        """Once per layer of this instance, in layer order (attention.CausalSelfAttention): the stream update's
+        parameters, or None on the model's last tape layer."""
+        live = self.updates.pop(0) if self.updates else True
+        return _TapeLayer(self.n_embd, self.n_head, self.size) if live else None
+
+    def inv_freq(self, device):
+        d = self.head_dim
+        return self.base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=device) / d) / self.scaling_factor
+
+    def context(self, q_pos, k_pos, n_pos=None):
+        ctx = make_context(q_pos, k_pos, n_pos)
+        k = self.shift
+        if not k and self.training and self.random_shift:  # the code's draw: uniform in 0..2L
+            k = torch.randint(0, 2 * self.block_size + 1, (), device=q_pos.device)
+        ctx.extra['tape_shift'] = k
+        return ctx
+
+    def start(self, ctx, B, dtype):
+        """The stream before the first layer at the new tokens, [B, H, Tq, d]: RoPE's cos and sin of the
+        shifted positions, every head alike."""
+        ang = (ctx.q_pos.double() + ctx.extra['tape_shift'])[:, None] * self.inv_freq(ctx.q_pos.device)[None]
+        return torch.cat((ang.cos(), ang.sin()), -1).to(dtype).expand(B, self.n_head, -1, -1)
+
+    def moved(self, e, move):
+        """Each key's stream e [B, H, Tk, d] turned by its move of place move [Tk] (a rolling cache)."""
+        ang = move.double()[:, None] * self.inv_freq(e.device)[None]
+        cos, sin = ang.cos().to(e.dtype), ang.sin().to(e.dtype)
+        c, s = e.chunk(2, -1)
+        return torch.cat((c * cos - s * sin, c * sin + s * cos), -1)
+
+    def layer_context(self, x, ctx, params, cache):
+        e = ctx.stream if ctx.stream is not None else self.start(ctx, x.size(0), torch.promote_types(x.dtype,
+                                                                                                  torch.float32))
+        keys = e  # the stream at every key this layer's attention reads
+        if cache is not None and (params is not None or cache.mode == 'raw'):
+            if 'tape' in cache.state:
+                keys = torch.cat((cache.state['tape'], e), 2)
+            cache.state['tape'] = keys
+            if cache.mode == 'raw':  # a rolling cache places its keys anew every forward: each key's stream turned
+                made = ctx.q_pos.view(1, 1, -1)  # the places the new tokens' streams were made at
+                if 'tape_pos' in cache.state:
+                    made = torch.cat((cache.state['tape_pos'], made), 2)
+                cache.state['tape_pos'] = made
+                keys = self.moved(keys, ctx.k_pos[ctx.k_pos.numel() - keys.size(2):] - made.view(-1))
+        return _layer_context(ctx, tape_in=e, tape_keys=keys)
+
+    def transform_qk(self, q, k, ctx, params):
+        keys = ctx.extra['tape_keys']
+        return _turn(q, ctx.extra['tape_in']), _turn(k, keys[:, :, keys.size(2) - k.size(2):])
+
+    def attention(self, q, k, v, x, ctx, params, cache, att):
+        y = att(q, k, v)
+        if params is not None:  # the stream averaged by the same weights (its d columns are q's width, as SDPA's
+            # fused kernels want), without attention dropout; left in this layer's own ctx for the stream hook
+            plain = Attender(att.mask, att.backend, 0.0, att.sink_logits)
+            ctx.extra['tape_mixed'] = plain(q, k, ctx.extra['tape_keys'].to(v.dtype))
+        return y
+
+    def stream(self, m, ctx, params, cache):
+        if params is None:
+            return ctx.stream
+        e = ctx.extra['tape_in']
+        with torch.autocast(m.device.type, enabled=False):
+            mix, gate, up, down = (p.to(e.dtype) for p in (params.mix, params.gate, params.up, params.down))
+            e = e + mix.sum(1)[:, None, None] * ctx.extra['tape_mixed'].to(e.dtype)  # the code's 'bqnd,qe->bqnd'
+            g = F.silu(F.linear(m.to(e.dtype), gate)).transpose(1, 2)[..., None]  # [B, P, Tq, 1]
+            return e + torch.einsum('hp,bptc->bhtc', down, g * torch.einsum('ph,bhtc->bptc', up, e))

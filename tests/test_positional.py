@@ -1485,7 +1485,7 @@ def test_learned_position_parameters_get_gradients(name):
 
 
 HOOKS = ('embed', 'context', 'new_layer', 'heads', 'layer_context', 'transform_qk', 'score_mod', 'value_mod',
-         'attention', 'cache_keys', 'softmax', 'fla_kernel')
+         'attention', 'stream', 'cache_keys', 'softmax', 'fla_kernel')
 
 
 def test_docs_hook_table_lists_every_hook():

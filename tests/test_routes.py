@@ -52,6 +52,7 @@ ROUTE_TABLE = {
     'sinusoidal': ('sdpa', 'sdpa', 'sdpa', 'sdpa'),
     'stick_breaking': ('fla:stickbreaking', 'fla:stickbreaking', 'refused'),
     't5': ('sdpa_bias', 'flex', 'sdpa_bias', 'flex'),
+    'tape': ('sdpa', 'sdpa', 'refused'),
     'wall': ('flex', 'flex', 'refused'),
     'xl': ('sdpa_bias', 'sdpa', 'sdpa_bias', 'sdpa'),
     'xpos': ('sdpa', 'sdpa', 'sdpa', 'sdpa'),
