@@ -78,10 +78,10 @@ def causal_conv(x, weight, past=None):
     return sum(xp[:, s:s + x.size(1)] * weight[:, s] for s in range(W))
 
 
-def depthwise_conv(x, weight, past=None):
-    """causal_conv(x, weight, past); on CUDA by torch's depthwise conv1d (groups = channels), one kernel rather than
-    W products and sums."""
-    if not x.is_cuda:
+def depthwise_conv(x, weight, past=None, conv1d=None):
+    """causal_conv(x, weight, past); by torch's depthwise conv1d (groups = channels) where conv1d is True (default: on
+    CUDA), one kernel rather than W products and sums."""
+    if not (x.is_cuda if conv1d is None else conv1d):
         return causal_conv(x, weight, past)
     xp = torch.cat((past, x), 1) if past is not None else F.pad(x, (0, 0, weight.size(1) - 1, 0))
     return F.conv1d(xp.transpose(1, 2), weight.to(x.dtype)[:, None], groups=weight.size(0)).transpose(1, 2)

@@ -67,7 +67,7 @@ pos_options = {}
 rope_scaling = None       # run-time RoPE context extension (rope_scaling.py)
 # the layer plan's per-layer keys, each a value for every layer or {layer index or layer type: value}:
 # layer_types, nope_layers, layer_options, attn_scaling, sliding_window, attention_chunk_size, qk_norm,
-# sink_logits (defaults and meanings: layers.PlanKeys)
+# sink_logits, canon_set, canon_kernel (defaults and meanings: layers.PlanKeys)
 globals().update(vars(layers.PlanKeys()))
 attn_backend = 'auto'      # 'auto' | 'flex' | 'dense' | 'fla' (docs/speed.md#fla-kernels)
 # optimizer
