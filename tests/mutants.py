@@ -111,6 +111,36 @@ MUTANTS = {
     'table_budget': ('attention.py', "sdpa_bias takes a bias table of any size",
                      "(c.dtype or torch.float32).itemsize <= SDPA_BIAS_BYTES",
                      "(c.dtype or torch.float32).itemsize > 0"),
+    'canon_residual': ('kernels.py', "a Canon layer returns its convolution without the residual",
+                       "        return x + depthwise_conv(x, self.weight, past).to(x.dtype)",
+                       "        return depthwise_conv(x, self.weight, past).to(x.dtype)"),
+    'canon_b_before_norm': ('attention.py', "Canon-B convolves q and k before QK-norm, not after",
+                            "        if self.q_norm is not None:\n            q, k = self.q_norm(q), self.k_norm(k)\n"
+                            "        if self.canonB is not None:",
+                            "        if self.canonB is not None:"),
+    'canon_d_after_gelu': ('model.py', "Canon-D convolves the MLP's hidden layer after the GELU",
+                           "        h = h if self.canonD is None else self.canonD(h, cache)\n"
+                           "        return self.dropout(self.c_proj(F.gelu(h, approximate=self.gelu)))",
+                           "        h = F.gelu(h, approximate=self.gelu)\n        return self.dropout(self.c_proj("
+                           "h if self.canonD is None else self.canonD(h, cache)))"),
+    'canon_carry_reset': ('kernels.py', "a Canon layer's carry forgets the inputs before the newest forward",
+                          "seen = torch.cat((x.new_zeros(x.size(0), W - 1, x.size(2)) if past is None else past, x)",
+                          "seen = torch.cat((x.new_zeros(x.size(0), W - 1, x.size(2)), x)"),
+    'canon_conv1d_flip': ('kernels.py', "the depthwise conv1d route (CUDA's) reads the taps in reverse",
+                          "weight.to(x.dtype)[:, None], groups=weight.size(0))",
+                          "weight.flip(1).to(x.dtype)[:, None], groups=weight.size(0))"),
+    'canon_init': ('kernels.py', "Canon weights start from N(0, 0.02) (GPT-2's), not nn.Conv1d's U(-1/sqrt(K), ..)",
+                   "torch.empty(dim, kernel).uniform_(-kernel ** -0.5, kernel ** -0.5)",
+                   "torch.empty(dim, kernel).normal_(0.0, 0.02)"),
+    'canon_fresh': ('kernels.py', "Canon layers a fine-tune adds keep their random init, changing the trained outputs",
+                    "        if 'weight' in names:\n            self.weight.zero_()",
+                    "        if False:\n            self.weight.zero_()"),
+    'canon_mlp_plan_weights': ('model.py', "the MLP's Canon layers are not plan weights: a fine-tune may not add them",
+                               "    PLAN_WEIGHTS = ('.mlp.canonC.weight', '.mlp.canonD.weight')",
+                               "    PLAN_WEIGHTS = ()"),
+    'canon_kernel_plain': ('layers.py', "a plain canon_kernel applies to the layers without Canon layers too",
+                           "        widths = [k if p else None for k, p in zip(widths, places)]",
+                           "        widths = [k for k, p in zip(widths, places)]"),
 }
 
 
