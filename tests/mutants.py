@@ -23,6 +23,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# attention.py's QK-norm and Canon-B, in their order (canon_b_before_norm swaps them)
+_QK_NORM = "        if self.q_norm is not None:\n            q, k = self.q_norm(q), self.k_norm(k)\n"
+_CANON_B = ("        if self.canonB is not None:  # Canon-B: q, k, v after QK-norm and before the positions, as the "
+            "authors' code\n            qkv = self.canonB(torch.cat([t.transpose(1, 2).reshape(B, T, -1) for t in "
+            "(q, k, v)], 2), cache)\n            q, k, v = (t.view(B, T, -1, hd).transpose(1, 2) for t in "
+            "qkv.split((self.q_heads * hd, kv, kv), dim=2))\n")
 # name: (file, what the bug is, exact text, its replacement)
 MUTANTS = {
     'rope_sign': ('positional.py', "RoPE's rotate_half loses the minus sign",
@@ -114,10 +120,8 @@ MUTANTS = {
     'canon_residual': ('kernels.py', "a Canon layer returns its convolution without the residual",
                        "        return x + depthwise_conv(x, self.weight, past).to(x.dtype)",
                        "        return depthwise_conv(x, self.weight, past).to(x.dtype)"),
-    'canon_b_before_norm': ('attention.py', "Canon-B convolves q and k before QK-norm, not after",
-                            "        if self.q_norm is not None:\n            q, k = self.q_norm(q), self.k_norm(k)\n"
-                            "        if self.canonB is not None:",
-                            "        if self.canonB is not None:"),
+    'canon_b_before_norm': ('attention.py', "Canon-B convolves q, k, v before QK-norm, not after (the authors' order)",
+                            _QK_NORM + _CANON_B, _CANON_B + _QK_NORM),
     'canon_d_after_gelu': ('model.py', "Canon-D convolves the MLP's hidden layer after the GELU",
                            "        h = h if self.canonD is None else self.canonD(h, cache)\n"
                            "        return self.dropout(self.c_proj(F.gelu(h, approximate=self.gelu)))",
