@@ -905,14 +905,14 @@ SINK_FRESH = -16.0
 # attn_backend: 'auto' (FlexAttention on CUDA, dense on CPU; fla's kernels on CUDA for the schemes that have one),
 # 'flex', 'dense', or 'fla' (fla's kernels, refused where they cannot run; kernels.py)
 BACKENDS = ('auto', 'flex', 'dense', 'fla')
-# the weights a layer plan adds to a layer's attention (sink_logits, attn_scaling's SSMax, qk_norm): a fine-tune
-# that changes the plan may add or drop them (model.changeable)
-PLAN_WEIGHTS = ('sink_logits', 'ssmax', 'q_norm.weight', 'k_norm.weight')
+# the weights a layer plan adds to a layer's attention (sink_logits, attn_scaling's SSMax, qk_norm, canon_set's A and
+# B): a fine-tune that changes the plan may add or drop them (model.changeable)
+PLAN_WEIGHTS = ('sink_logits', 'ssmax', 'q_norm.weight', 'k_norm.weight', 'canonA.weight', 'canonB.weight')
 
 
 class CausalSelfAttention(nn.Module):
     """One layer's attention, as its LayerSpec says: what a query may see (mask), QK-norm, sink
-    logits and logit scaling belong to it; positions to its scheme (pe_layer: its parameters)."""
+    logits, logit scaling and Canon layers A and B belong to it; positions to its scheme (pe_layer: its parameters)."""
 
     def __init__(self, config, spec, pe):
         super().__init__()
@@ -951,6 +951,8 @@ class CausalSelfAttention(nn.Module):
                 raise ValueError(f"sink_logits add a logit to attention.attend's softmax, but {scheme.name} {why} "
                                  f"on layer {spec.index}: drop sink_logits there, or use another scheme")
             self.sink_logits = nn.Parameter(torch.randn(self.n_head) * 0.02)  # HF gpt-oss's init, N(0, 0.02)
+        # Canon layers (layers.CANON): A on the attention's input, B on q, k and v together (c_attn's width)
+        self.canonA, self.canonB = kernels.canons(spec, A=config.n_embd, B=self.c_attn.out_features)
         # the fla kernel this layer may run, and under 'auto' why it runs none ('fla' refuses what cannot run)
         self.fla, self.fla_note = kernels.fla_plan(self.backend, scheme, spec.index, self.mask, spec.sink_logits, hd,
                                                    config.dropout)
@@ -971,6 +973,8 @@ class CausalSelfAttention(nn.Module):
         """The layer's output [B, T, C]; with_ctx: (output, this layer's Context as the scheme's hooks left it), which
         model.Block hands to the scheme's `stream` hook."""
         B, T, C = x.size()
+        if self.canonA is not None:  # Canon-A: everything the attention reads of x reads it after the convolution
+            x = self.canonA(x, cache)
         # 1. project
         hd, kv = self.hd, self.kv_heads * self.hd
         q, k, v = self.c_attn(x).split((self.q_heads * hd, kv, kv), dim=2)
@@ -978,6 +982,9 @@ class CausalSelfAttention(nn.Module):
         # 2. QK-norm, before the positions: the one well-defined place once a scheme changes q and k (xPos, xl)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.canonB is not None:  # Canon-B: q, k, v after QK-norm and before the positions, as the authors' code
+            qkv = self.canonB(torch.cat([t.transpose(1, 2).reshape(B, T, -1) for t in (q, k, v)], 2), cache)
+            q, k, v = (t.view(B, T, -1, hd).transpose(1, 2) for t in qkv.split((self.q_heads * hd, kv, kv), dim=2))
         # this layer's positions where they depend on its input x (the shared ctx otherwise)
         ctx = scheme.layer_context(x, ctx, self.pe_layer, cache)
         # 3. positions and the cache, as the cache's mode says (kvcache.LayerKV): keys cached as transform_qk made

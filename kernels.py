@@ -5,6 +5,7 @@ the adapters to flash-linear-attention's Triton kernels (fla-core).
 nanoPE's own (the readable reference, and the path on CPU):
   cumsum_tokens(x)                 prefix sums over tokens; on CUDA one opaque op that Inductor leaves to ATen
   causal_conv(x, weight, past)     a depthwise causal convolution over time (PaTH's short convolution)
+  Canon(dim, kernel, name)         a Canon layer, x + causal_conv(x), its last inputs carried in a KV cache
   path_scores(q, k, w, beta, ...)  PaTH's logits by the chunked UT transform, no d x d matrix
   wall_scores(q, k, P, ...)        Wall's logits, every exponent a difference of prefix sums <= 0
 
@@ -38,6 +39,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 
@@ -74,6 +76,50 @@ def causal_conv(x, weight, past=None):
     W = weight.size(1)
     xp = torch.cat((x.new_zeros(x.size(0), W - 1, x.size(2)) if past is None else past, x), 1)
     return sum(xp[:, s:s + x.size(1)] * weight[:, s] for s in range(W))
+
+
+def depthwise_conv(x, weight, past=None, conv1d=None):
+    """causal_conv(x, weight, past); by torch's depthwise conv1d (groups = channels) where conv1d is True (default: on
+    CUDA), one kernel rather than W products and sums."""
+    if not (x.is_cuda if conv1d is None else conv1d):
+        return causal_conv(x, weight, past)
+    xp = torch.cat((past, x), 1) if past is not None else F.pad(x, (0, 0, weight.size(1) - 1, 0))
+    return F.conv1d(xp.transpose(1, 2), weight.to(x.dtype)[:, None], groups=weight.size(0)).transpose(1, 2)
+
+
+class Canon(nn.Module):
+    """A Canon layer (Allen-Zhu, "Physics of Language Models: Part 4.1, Architecture Design and the Magic of Canon
+    Layers", arXiv 2512.17351; facebookresearch/PhysicsLM4): h + conv(h) for h [B, T, dim], conv a depthwise causal
+    convolution over time with weight [dim, kernel] (the last tap on the current token), no bias, no activation,
+    init U(-1/sqrt(kernel), 1/sqrt(kernel)) as nn.Conv1d's (layers.CANON: the places and the authors' defaults).
+    With a KV cache (a layer's kvcache.LayerKV) the convolution continues from the last kernel - 1 inputs, which ride
+    in cache.carry[name]."""
+
+    def __init__(self, dim, kernel, name):
+        super().__init__()
+        self.name = name
+        self.weight = nn.Parameter(torch.empty(dim, kernel).uniform_(-kernel ** -0.5, kernel ** -0.5))
+
+    def forward(self, x, cache=None):
+        W = self.weight.size(1)
+        past = cache.carry.get(self.name) if cache is not None else None
+        if cache is not None and W > 1:  # the last W - 1 inputs, for the next forward
+            seen = torch.cat((x.new_zeros(x.size(0), W - 1, x.size(2)) if past is None else past, x), 1)
+            cache.carry[self.name] = seen[:, seen.size(1) - (W - 1):]
+        return x + depthwise_conv(x, self.weight, past).to(x.dtype)
+
+    @torch.no_grad()
+    def start_fresh(self, names):
+        """Added by a fine-tune to trained weights (names), it starts at zero: the identity, so the outputs stay as
+        they were, and the gradient of each tap (its input) still moves it."""
+        if 'weight' in names:
+            self.weight.zero_()
+
+
+def canons(spec, **dims):
+    """A layer's Canon layers at the places named (dims: place -> width), as its LayerSpec says: None where it has
+    none."""
+    return [Canon(n, spec.canon_kernel, 'canon' + p) if p in spec.canon_set else None for p, n in dims.items()]
 
 
 def _path_chunk(q, k, w, beta):
@@ -326,6 +372,19 @@ def fla_plan(backend, scheme, index, mask, sink_logits, head_dim, dropout):
     if backend == 'fla':
         raise ValueError(f"attn_backend='fla' cannot run {where}: {why}; or use attn_backend='auto'")
     return None, (why if torch.cuda.is_available() else None)
+
+
+def fla_notes(notes, device):
+    """Under attn_backend='auto' on CUDA: why layers whose scheme has an fla kernel run nanoPE's path instead, one line
+    per reason with its layers (train.py prints them once). notes: each layer's fla_plan note (None: none)."""
+    if torch.device(device).type != 'cuda':
+        return []
+    layers = {}
+    for i, why in enumerate(notes):
+        if why:
+            layers.setdefault(why, []).append(str(i))
+    return [f"attn_backend='auto': layers {', '.join(ix)} run nanoPE's PyTorch attention, not fla's kernel: {why}"
+            for why, ix in layers.items()]
 
 
 def runs_fla(kernel, backend, device_type):

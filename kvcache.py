@@ -93,9 +93,10 @@ class LayerKV:
     an earlier step saved for backward would break that backward.
     `state` belongs to the positional scheme: per-key tensors it keeps next to the keys
     (e.g. FoX's log forget gates), one entry per key along dim 2, appended by the scheme;
-    keep() and evict() drop them with their keys. `carry` belongs to the scheme too: per-layer
-    tensors that are not per key (a running sum of angles, a convolution's last inputs), which
-    keep() and evict() leave as they are.
+    keep() and evict() drop them with their keys. `carry` holds per-layer tensors that are not per
+    key, the scheme's (a running sum of angles, a convolution's last inputs) and the Canon layers'
+    (each one's last kernel - 1 inputs, under 'canonA' .. 'canonD': kernels.Canon), which keep()
+    and evict() leave as they are.
     `mode` says who transforms the keys: 'transformed' (the model, before they are cached), 'raw' (the model,
     all of them every forward, after they are cached) or 'scheme' (the scheme, which appends them itself)."""
 

@@ -20,12 +20,17 @@ is named by its index (0-based) or by its type in `layer_types`; layers not name
   layer_options         {layer: dict}: pos_options overrides on those layers (Gemma 3's global base)
   attn_scaling          {'type': 'logn' | 'ssmax' | 'llama4', ..., 'layers': ...}: length-dependent
                         logit scaling on the layers 'all' | 'nope' | 'pe' | a list | a layer type
+  canon_set             Canon layers (Allen-Zhu, arXiv 2512.17351; HF LlamaCanonConfig's names): the places of
+                        a layer that get one, a string of 'A' (the attention's input), 'B' (q, k and v), 'C' (the
+                        MLP's input), 'D' (the MLP's hidden layer), or True for 'ABCD'; see CANON
+  canon_kernel          K >= 1: the Canon layers' convolution width (default 4, the authors')
 As in HF, a plain number for sliding_window (attention_chunk_size) applies to the layers whose type is
 sliding ('S' or 'sliding_attention'; chunked: 'C' or 'chunked_attention') when layer_types is set,
 and to every layer when it is not.
   Gemma 3:  layer_types='SSSSSF', sliding_window=32, qk_norm=True, pos_options={'base': 1e4},
             layer_options={'F': {'base': 1e6}}
   gpt-oss:  layer_types='SF', sliding_window=32, sink_logits=True
+  Canon:    canon_set='ABCD' (every layer, every place), or canon_set={'F': 'AC'}, canon_kernel=3
 """
 
 import math
@@ -35,6 +40,17 @@ from rope_scaling import OPTIONAL, is_number
 
 SLIDING, CHUNKED = ('S', 'sliding_attention'), ('C', 'chunked_attention')
 QK_NORMS = {True: 'weight', 'weight': 'weight', 'weightless': 'weightless'}
+# Canon layers (Allen-Zhu, "Physics of Language Models: Part 4.1, Architecture Design and the Magic of Canon
+# Layers", arXiv 2512.17351; code: facebookresearch/PhysicsLM4, huggingface/canon_helper.py and
+# modeling_llama_canon.py): at each place, h <- h + conv(h), conv a causal depthwise convolution over time of
+# width K, y_t = sum_k w[:, k] h_{t-K+1+k}, zeros before the first token. The authors' defaults: K = 4, the
+# residual on, no bias, no activation (their SiLU option is off and advised against for Transformers), the weights
+# nn.Conv1d's init, U(-1/sqrt(K), 1/sqrt(K)), kept (not GPT-2's N(0, 0.02)). The places, as in their code:
+CANON = {'A': "the attention's input, after ln_1 (hidden size n_embd)",
+         'B': "q, k and v as one vector, after QK-norm, before the positions (c_attn's width, 3 n_embd)",
+         'C': "the MLP's input, after ln_2 (n_embd)",
+         'D': "the MLP's hidden layer before the GELU (4 n_embd; the authors' gated MLP: gate and up together)"}
+CANON_KERNEL = 4
 
 
 @dataclass
@@ -50,6 +66,8 @@ class PlanKeys:
     attention_chunk_size: object = None  # C: a query sees the earlier keys of its own chunk of C tokens (Llama 4)
     qk_norm: object = None               # True / 'weight' | 'weightless': RMSNorm of q and k per head
     sink_logits: object = None           # True: a learned logit per head in every row's softmax denominator
+    canon_set: object = None             # Canon layers' places, 'A' 'B' 'C' 'D' (True: 'ABCD'); see CANON
+    canon_kernel: object = None          # K: the Canon layers' convolution width (None: 4, the authors')
 
 
 PLAN_KEYS = tuple(f.name for f in fields(PlanKeys))
@@ -66,6 +84,8 @@ class LayerSpec:
     qk_norm: str = None              # None | 'weight' | 'weightless'
     sink_logits: bool = False
     attn_scaling: dict = None        # a checked attn_scaling dict without 'layers', or None
+    canon_set: str = ''              # the places of its Canon layers, some of 'ABCD' in that order
+    canon_kernel: int = CANON_KERNEL  # their convolution width
 
     def describe(self, scheme):
         parts = [f"{scheme} {self.pos_options}" if self.pos_options else scheme if self.pos_options is not None
@@ -76,6 +96,9 @@ class LayerSpec:
         parts += ['sink_logits'] * self.sink_logits
         if self.attn_scaling:
             parts.append(f"attn_scaling {self.attn_scaling}")
+        if self.canon_set:
+            parts.append(f"canon_set {self.canon_set}" + f", canon_kernel {self.canon_kernel}" *
+                         (self.canon_kernel != CANON_KERNEL))
         return f"layer {self.index}" + (f" ({self.type})" if self.type else '') + ': ' + ', '.join(parts)
 
 
@@ -280,6 +303,34 @@ def check_attn_scaling(sc, n_layer):
     return out
 
 
+def check_canon(sets, kernel, types):
+    """canon_set (a value a layer: per_layer) and config.canon_kernel -> (places a layer, width a layer). A plain
+    canon_kernel applies to the layers with Canon layers; one a dict names must have them."""
+    places = []
+    for v in sets:
+        p = 'ABCD' if v is True else '' if v in (None, False) else v
+        if not isinstance(p, str) or any(c not in CANON for c in p) or len(set(p)) < len(p):
+            raise ValueError(f"canon_set takes the places of Canon layers, some of 'A' (the attention's input), 'B' "
+                             f"(q, k, v), 'C' (the MLP's input), 'D' (the MLP's hidden layer), e.g. 'ABCD' or 'AC', "
+                             f"or True (all four); got {v!r}")
+        places.append(''.join(c for c in CANON if c in p))
+    widths = per_layer('canon_kernel', kernel, types)
+    if kernel is not None and not isinstance(kernel, dict):
+        widths = [k if p else None for k, p in zip(widths, places)]
+    if kernel is not None and not any(places):
+        raise ValueError(f"canon_kernel={kernel!r} is the width of Canon layers, and this model has none: set "
+                         f"canon_set (e.g. canon_set='ABCD'), or drop canon_kernel")
+    bare = [i for i, (p, k) in enumerate(zip(places, widths)) if k is not None and not p]
+    if bare:
+        raise ValueError(f"canon_kernel names layer {bare[0]}, which has no Canon layers: set canon_set there, or "
+                         f"name only the layers canon_set gives Canon layers")
+    bad = [k for k in widths if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1)]
+    if bad:
+        raise ValueError(f"canon_kernel is a convolution's width, a whole number of tokens >= 1 (the authors' 4), "
+                         f"got {bad[0]!r}")
+    return places, [CANON_KERNEL if k is None else k for k in widths]
+
+
 def _positive_ints(key, values):
     for v in values:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -308,6 +359,8 @@ def layer_specs(config, nope_scheme=False):
     if any(not isinstance(v, bool) for v in sinks):
         raise ValueError(f"sink_logits must be True or False (per layer: a dict of them), got "
                          f"{next(v for v in sinks if not isinstance(v, bool))!r}")
+    canon, width = check_canon(per_layer('canon_set', getattr(config, 'canon_set', None), types),
+                               getattr(config, 'canon_kernel', None), types)
     base = dict(config.pos_options or {})
     pos = [None if i in nope else {**base, **per.get(i, {})} for i in range(n)]
     scaling = [None] * n
@@ -329,5 +382,5 @@ def layer_specs(config, nope_scheme=False):
             one['original_max_len'] = float(config.block_size)
         for i in chosen:
             scaling[i] = one
-    return [LayerSpec(i, types[i], pos[i], window[i], chunk[i], QK_NORMS.get(norms[i]), sinks[i], scaling[i])
-            for i in range(n)]
+    return [LayerSpec(i, types[i], pos[i], window[i], chunk[i], QK_NORMS.get(norms[i]), sinks[i], scaling[i],
+                      canon[i], width[i]) for i in range(n)]

@@ -16,6 +16,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 import attention
+import kernels
 import kvcache
 import layers
 import runtime
@@ -51,21 +52,25 @@ def is_positional(name):
 def changeable(name):
     """True for a weight that a change of scheme (pos_encoding, pos_options) or of the layer plan may
     add or drop in a fine-tune: a positional one, or one of the weights a layer plan adds to a layer's
-    attention (attention.PLAN_WEIGHTS: sink logits, SSMax scales, QK-norm weights)."""
-    return is_positional(name) or name.endswith(tuple('.attn.' + w for w in attention.PLAN_WEIGHTS))
+    attention or MLP (attention.PLAN_WEIGHTS, MLP.PLAN_WEIGHTS: sink logits, SSMax scales, QK-norm, Canon layers)."""
+    return is_positional(name) or name.endswith(tuple('.attn.' + w for w in attention.PLAN_WEIGHTS) + MLP.PLAN_WEIGHTS)
 
 
 class MLP(nn.Module):
+    PLAN_WEIGHTS = ('.mlp.canonC.weight', '.mlp.canonD.weight')  # the Canon layers a layer plan may add here
 
-    def __init__(self, config):
+    def __init__(self, config, spec):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
         self.gelu = config.gelu
+        self.canonC, self.canonD = kernels.canons(spec, C=config.n_embd, D=4 * config.n_embd)  # None where it has none
 
-    def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
+    def forward(self, x, cache=None):  # Canon-C on the MLP's input, Canon-D on its hidden layer before the GELU
+        h = self.c_fc(x if self.canonC is None else self.canonC(x, cache))
+        h = h if self.canonD is None else self.canonD(h, cache)
+        return self.dropout(self.c_proj(F.gelu(h, approximate=self.gelu)))
 
 
 class Block(nn.Module):
@@ -75,12 +80,12 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = attention.CausalSelfAttention(config, spec, pe)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, spec)
 
     def forward(self, x, scheme, ctx, cache=None):
         y, ctx = self.attn(self.ln_1(x), scheme, ctx, cache, with_ctx=True)
         x = x + y
-        m = self.mlp(self.ln_2(x))
+        m = self.mlp(self.ln_2(x), cache)
         return x + m, scheme.stream(m, ctx, self.attn.pe_layer, cache)  # and the positional stream the next block gets
 
 
@@ -120,10 +125,10 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def start_fresh(self, names):
-        """Weights a fine-tune adds to trained ones (names) keep their init, except where a layer's attention
-        starts them where they change nothing yet (sink logits)."""
-        for i, block in enumerate(self.transformer.h):
-            block.attn.start_fresh({n.split('.attn.', 1)[1] for n in names if n.startswith(f'transformer.h.{i}.attn.')})
+        """Weights a fine-tune adds (names) keep their init, but where their module starts them changing nothing."""
+        for prefix, m in self.named_modules():
+            if prefix and hasattr(m, 'start_fresh'):
+                m.start_fresh({n[len(prefix) + 1:] for n in names if n.startswith(prefix + '.')})
 
     @staticmethod
     def _init_weights(m):
@@ -171,18 +176,6 @@ class GPT(nn.Module):
         if why is not None:
             why.update(probe.why)
         return [f or '+'.join(probe.seen.get(i, ['own'])) for i, f in enumerate(fla)]
-
-    def fla_notes(self, device):
-        """Under attn_backend='auto' on CUDA: why layers whose scheme has an fla kernel run nanoPE's path instead,
-        one line per reason with its layers (train.py prints them once)."""
-        if torch.device(device).type != 'cuda':
-            return []
-        notes = {}
-        for i, block in enumerate(self.transformer.h):
-            if block.attn.fla_note:
-                notes.setdefault(block.attn.fla_note, []).append(str(i))
-        return [f"attn_backend='auto': layers {', '.join(ix)} run nanoPE's PyTorch attention, not fla's kernel: {why}"
-                for why, ix in notes.items()]
 
     @contextmanager
     def attention_backend(self, backend):

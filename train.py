@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import attention
+import kernels
 import layers
 import runtime
 import tasks
@@ -67,7 +68,7 @@ pos_options = {}
 rope_scaling = None       # run-time RoPE context extension (rope_scaling.py)
 # the layer plan's per-layer keys, each a value for every layer or {layer index or layer type: value}:
 # layer_types, nope_layers, layer_options, attn_scaling, sliding_window, attention_chunk_size, qk_norm,
-# sink_logits (defaults and meanings: layers.PlanKeys)
+# sink_logits, canon_set, canon_kernel (defaults and meanings: layers.PlanKeys)
 globals().update(vars(layers.PlanKeys()))
 attn_backend = 'auto'      # 'auto' | 'flex' | 'dense' | 'fla' (docs/speed.md#fla-kernels)
 # optimizer
@@ -306,7 +307,7 @@ if master:
           f"rope_scaling={model_args['rope_scaling']}; layer plan:")
     for line in model.plan_lines(device, ptdtype, batch_size, block_size):
         print('  ' + line)
-    for line in model.fla_notes(device):
+    for line in kernels.fla_notes([block.attn.fla_note for block in model.transformer.h], device):
         print(line)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 # float16 needs loss scaling against gradient underflow; a no-op for float32/bfloat16

@@ -23,6 +23,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# attention.py's QK-norm and Canon-B, in their order (canon_b_before_norm swaps them)
+_QK_NORM = "        if self.q_norm is not None:\n            q, k = self.q_norm(q), self.k_norm(k)\n"
+_CANON_B = ("        if self.canonB is not None:  # Canon-B: q, k, v after QK-norm and before the positions, as the "
+            "authors' code\n            qkv = self.canonB(torch.cat([t.transpose(1, 2).reshape(B, T, -1) for t in "
+            "(q, k, v)], 2), cache)\n            q, k, v = (t.view(B, T, -1, hd).transpose(1, 2) for t in "
+            "qkv.split((self.q_heads * hd, kv, kv), dim=2))\n")
 # name: (file, what the bug is, exact text, its replacement)
 MUTANTS = {
     'rope_sign': ('positional.py', "RoPE's rotate_half loses the minus sign",
@@ -167,6 +173,34 @@ MUTANTS = {
                   "made.view(-1) - ctx.k_pos[ctx.k_pos.numel() - keys.size(2):]"),
     'tape_last': ('positional.py', "the model's last tape layer gets stream weights that feed nothing",
                   "self.updates = [i != last for", "self.updates = [True for"),
+    'canon_residual': ('kernels.py', "a Canon layer returns its convolution without the residual",
+                       "        return x + depthwise_conv(x, self.weight, past).to(x.dtype)",
+                       "        return depthwise_conv(x, self.weight, past).to(x.dtype)"),
+    'canon_b_before_norm': ('attention.py', "Canon-B convolves q, k, v before QK-norm, not after (the authors' order)",
+                            _QK_NORM + _CANON_B, _CANON_B + _QK_NORM),
+    'canon_d_after_gelu': ('model.py', "Canon-D convolves the MLP's hidden layer after the GELU",
+                           "        h = h if self.canonD is None else self.canonD(h, cache)\n"
+                           "        return self.dropout(self.c_proj(F.gelu(h, approximate=self.gelu)))",
+                           "        h = F.gelu(h, approximate=self.gelu)\n        return self.dropout(self.c_proj("
+                           "h if self.canonD is None else self.canonD(h, cache)))"),
+    'canon_carry_reset': ('kernels.py', "a Canon layer's carry forgets the inputs before the newest forward",
+                          "seen = torch.cat((x.new_zeros(x.size(0), W - 1, x.size(2)) if past is None else past, x)",
+                          "seen = torch.cat((x.new_zeros(x.size(0), W - 1, x.size(2)), x)"),
+    'canon_conv1d_flip': ('kernels.py', "the depthwise conv1d route (CUDA's) reads the taps in reverse",
+                          "weight.to(x.dtype)[:, None], groups=weight.size(0))",
+                          "weight.flip(1).to(x.dtype)[:, None], groups=weight.size(0))"),
+    'canon_init': ('kernels.py', "Canon weights start from N(0, 0.02) (GPT-2's), not nn.Conv1d's U(-1/sqrt(K), ..)",
+                   "torch.empty(dim, kernel).uniform_(-kernel ** -0.5, kernel ** -0.5)",
+                   "torch.empty(dim, kernel).normal_(0.0, 0.02)"),
+    'canon_fresh': ('kernels.py', "Canon layers a fine-tune adds keep their random init, changing the trained outputs",
+                    "        if 'weight' in names:\n            self.weight.zero_()",
+                    "        if False:\n            self.weight.zero_()"),
+    'canon_mlp_plan_weights': ('model.py', "the MLP's Canon layers are not plan weights: a fine-tune may not add them",
+                               "    PLAN_WEIGHTS = ('.mlp.canonC.weight', '.mlp.canonD.weight')",
+                               "    PLAN_WEIGHTS = ()"),
+    'canon_kernel_plain': ('layers.py', "a plain canon_kernel applies to the layers without Canon layers too",
+                           "        widths = [k if p else None for k, p in zip(widths, places)]",
+                           "        widths = [k for k, p in zip(widths, places)]"),
 }
 
 

@@ -22,6 +22,11 @@ FLA_SCHEMES = ['fox', 'path', 'path_fox', 'stick_breaking', 'wall']
 MISSING = [m for m in ('triton', 'einops', 'fla') if importlib.util.find_spec(m) is None]
 
 
+def fla_notes(model, device):
+    """kernels.fla_notes of a model's layers."""
+    return kernels.fla_notes([block.attn.fla_note for block in model.transformer.h], device)
+
+
 # fla_interpret.py's cases in two halves, a subprocess each, in two xdist groups, so that under pytest -n 2 the
 # two workers can interpret them at the same time: the whole-model cases (and explain), and the hooks.
 HALVES = {'fla-models': [c for c in CASES if c.startswith(('model_', 'explain_'))]}
@@ -154,7 +159,7 @@ def test_auto_on_cpu_is_nanopes_path(scheme):
     x = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(0))
     auto, dense = tiny_model(scheme, attn_backend='auto'), tiny_model(scheme, attn_backend='dense')
     route = 'own' if scheme == 'stick_breaking' else 'dense'  # its own attention; the others' logits through attend
-    assert auto.routes('cpu') == [route, route] and auto.fla_notes('cpu') == []
+    assert auto.routes('cpu') == [route, route] and fla_notes(auto, 'cpu') == []
     la, ld = auto(x, x)[1], dense(x, x)[1]
     assert torch.equal(la, ld)
     la.backward()
@@ -171,21 +176,21 @@ def test_auto_on_cuda_uses_fla_where_it_can_and_says_once_why_not(monkeypatch):
     assert m.routes('cuda') == ['fla:path', 'flex', 'fla:path']  # layer 1: its logits to FlexAttention
     assert m.routes('cpu') == ['dense', 'dense', 'dense']
     assert m.plan_lines('cuda')[0] == 'layer 0: path; attention fla:path'
-    notes = m.fla_notes('cuda')
+    notes = fla_notes(m, 'cuda')
     assert notes == ["attn_backend='auto': layers 1 run nanoPE's PyTorch attention, not fla's kernel: "
                      "parallel_path_attn has no sliding window: drop sliding_window on this layer"]
-    assert m.fla_notes('cpu') == []
+    assert fla_notes(m, 'cpu') == []
     monkeypatch.setattr(kernels, 'fla_status', lambda: (False, 'fla-core is not installed: pip install fla-core'))
     m = tiny_model('fox', attn_backend='auto')
     assert m.routes('cuda') == ['qk_lift', 'qk_lift']  # its bias as an extra column of q and k
     assert m.routes('cuda', dtype=torch.bfloat16) == ['flex', 'flex']  # its gates' gradients: float32
-    assert m.fla_notes('cuda') == ["attn_backend='auto': layers 0, 1 run nanoPE's PyTorch attention, not fla's "
+    assert fla_notes(m, 'cuda') == ["attn_backend='auto': layers 0, 1 run nanoPE's PyTorch attention, not fla's "
                                    "kernel: fla-core is not installed: pip install fla-core"]
-    assert tiny_model('rope', attn_backend='auto').fla_notes('cuda') == []  # no kernel: nothing to fall back from
+    assert fla_notes(tiny_model('rope', attn_backend='auto'), 'cuda') == []  # no kernel: nothing to fall back from
     monkeypatch.setattr(kernels, 'fla_status', lambda: (True, None))
     m = tiny_model('wall', attn_backend='auto')  # exact only in a range a trained gate can leave: not under 'auto'
     assert m.routes('cuda') == ['flex', 'flex']
-    assert 'decays by more than about 76 nats' in m.fla_notes('cuda')[0]
+    assert 'decays by more than about 76 nats' in fla_notes(m, 'cuda')[0]
     assert tiny_model('wall', attn_backend='fla').routes('cuda') == ['fla:wall', 'fla:wall']
 
 

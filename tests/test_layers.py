@@ -548,7 +548,7 @@ def test_every_plan_key_has_one_default_in_the_config_train_py_and_the_fine_tune
     out = subprocess.run([sys.executable, 'train.py', '--dry_run=True'], cwd=ROOT, capture_output=True, text=True)
     train = json.loads(out.stdout)
     defaults = vars(layers.PlanKeys())
-    assert set(layers.PLAN_KEYS) == set(defaults) and len(layers.PLAN_KEYS) == 8
+    assert set(layers.PLAN_KEYS) == set(defaults) and len(layers.PLAN_KEYS) == 10
     for key, default in defaults.items():
         assert GPTConfig.__dataclass_fields__[key].default == default, key
         assert train[key] == default, key
