@@ -213,7 +213,8 @@ def local_slots(workers=1, one_thread=False, gpu_ids=(), runs_per_gpu=1, gpus_pe
     for i, g in enumerate(slots):
         own = cores[i * per:(i + 1) * per] if len(cores) >= len(slots) else None
         label = 'cuda:' + ','.join(g)  # the physical GPUs (nvidia-smi's numbers); the child sees them as cuda:0..
-        out.append(dict(label=label, gpus=g, env={'CUDA_VISIBLE_DEVICES': ','.join(g), 'OMP_NUM_THREADS': str(per)},
+        threads = str(max(1, per // len(g)))  # per process: a torchrun's ranks share their slot's cores
+        out.append(dict(label=label, gpus=g, env={'CUDA_VISIBLE_DEVICES': ','.join(g), 'OMP_NUM_THREADS': threads},
                         nproc=len(g), cores=own, share=runs_per_gpu,
                         note=f"{label}" + (f", {runs_per_gpu} runs per GPU" if runs_per_gpu > 1 else '')
                         + (f", torchrun of {len(g)} ranks" if len(g) > 1 else '')))

@@ -231,6 +231,7 @@ def slots_for(sweep, train_args, one_thread):
         if sweep['runs_per_gpu'] > 1 or sweep['gpu_ids'] not in (None, 'auto'):
             sys.exit("sweep: --runs_per_gpu and --gpu_ids are for --launcher=local; under SLURM each run is a job "
                      "with GPUs of its own (--gpus_per_run)")
+        launch.slurm_ready()  # sbatch and submitit, or one line naming what to install
         return []
     ids, device = sweep['gpu_ids'], str(train_args.get('device', 'auto'))
     if device == 'cpu' or ids == '':
@@ -250,6 +251,9 @@ def slots_for(sweep, train_args, one_thread):
     if per_run > max(1, len(gpus)):
         sys.exit(f"sweep: --gpus_per_run={per_run} but {len(gpus)} GPU(s) here ({', '.join(gpus) or 'none'}); lower "
                  f"it, or name them with --gpu_ids")
+    if len(gpus) % per_run:
+        print(f"sweep: GPU(s) {', '.join(gpus[len(gpus) - len(gpus) % per_run:])} left idle: {len(gpus)} GPUs do not "
+              f"split into runs of {per_run}", flush=True)
     workers = sweep['workers'] or (2 if sweep['tasks'] else 1)
     return launch.local_slots(workers, one_thread, gpus, sweep['runs_per_gpu'], per_run)
 

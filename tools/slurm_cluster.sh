@@ -15,6 +15,8 @@ set -euo pipefail
 CMD=${1:-}
 DIR=$(realpath -m "${2:-${SLURM_DIR:-/tmp/nanope-slurm}}")
 BASE=${SLURM_PORT_BASE:-16817}
+# a requeued job waits cred_expire seconds before it starts again (SLURM's default: 120)
+CRED_EXPIRE=${SLURM_CRED_EXPIRE:-15}
 export SLURM_CONF=$DIR/slurm.conf
 DAEMONS="slurmd slurmctld slurmdbd mysqld munged"  # stop order
 
@@ -110,7 +112,7 @@ SlurmdPort=$((BASE + 1))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$socket
+AuthInfo=socket=$socket,cred_expire=$CRED_EXPIRE
 CredType=cred/munge
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
@@ -140,10 +142,14 @@ EOF
     sacctmgr -i add cluster nanope > /dev/null 2>&1 || true
     alive slurmctld || slurmctld
     alive slurmd || slurmd
-    wait_for 30 'the node' bash -c "sinfo -h -o %t | grep -qx idle"
+    wait_for 30 'the node' bash -c "sinfo -h -o %t | grep -qvE '^(unk|down|drain|fail|boot)'"
     echo "slurm_cluster: running in $DIR (partition debug, $cpus CPUs); export SLURM_CONF=$SLURM_CONF"
     ;;
 stop)
+    if alive slurmctld; then  # no job left running on past its cluster: cancel them, wait for their steps to end
+        scancel --full --quiet --partition=debug 2> /dev/null || true
+        for _ in $(seq 60); do [ -z "$(squeue -h -o %i 2> /dev/null)" ] && break; sleep 0.5; done
+    fi
     for d in $DAEMONS; do
         if alive "$d"; then
             pid=$(cat "$DIR/$d.pid")
