@@ -497,10 +497,13 @@ def run_slurm(runs, out, params, wait=False, poll_s=30.0):
         now = states(submitit, runs, records)
         show(runs, now, records, rows)
         rows = now
-    failed = [(n, f"job {jid} {state}" + (f": {why}" if (why := job_log(records[n], last_line=True)) else '')
-               + f"; see {r['dir']}/sweep.log and {job_log(records[n])}")
-              for r in runs for n, (state, jid) in [(r['name'], rows[r['name']])]
-              if state not in ACTIVE | {'done', 'submitted', 'not submitted'}]
+    failed = []
+    for r in runs:
+        (state, jid), rec = rows[r['name']], records.get(r['name'])
+        if state not in ACTIVE | {'done', 'submitted', 'not submitted'}:
+            why = job_log(rec, last_line=True)
+            failed.append((r['name'], f"job {jid} {state}" + (f": {why}" if why else f"; see {r['dir']}/sweep.log")
+                           + f"; the job's log: {job_log(rec)}"))
     return failed, [n for n, (state, _) in rows.items() if state in ACTIVE | {'submitted'}]
 
 

@@ -16,7 +16,7 @@ CMD=${1:-}
 DIR=$(realpath -m "${2:-${SLURM_DIR:-/tmp/nanope-slurm}}")
 BASE=${SLURM_PORT_BASE:-16817}
 # a requeued job waits cred_expire seconds before it starts again (SLURM's default: 120)
-CRED_EXPIRE=${SLURM_CRED_EXPIRE:-15}
+CRED_EXPIRE=${SLURM_CRED_EXPIRE:-5}
 export SLURM_CONF=$DIR/slurm.conf
 DAEMONS="slurmd slurmctld slurmdbd mysqld munged"  # stop order
 
@@ -63,7 +63,7 @@ start)
     chmod 755 "$DIR" "$DIR/munge"  # munged wants its socket's folders searchable by all, its key's by root only
     chmod 700 "$DIR/munge-key"
     host=$(hostname -s)
-    cpus=$(nproc)
+    cpus=$(getconf _NPROCESSORS_ONLN)  # (nproc would count OMP_NUM_THREADS)
     mem=$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)
     socket=$DIR/munge/munge.socket.2
     pass=nanope-local  # the database listens on 127.0.0.1 only, for this cluster's slurmdbd
