@@ -26,7 +26,6 @@ import subprocess
 import sys
 import time
 
-import runtime
 from files import atomic_json, open_append, open_no_follow, read_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -44,10 +43,23 @@ def step(cmd, result, what, iters=None, train=False):
     return dict(cmd=cmd, result=result, what=what, iters=iters, train=train)
 
 
+def read_result(path):
+    """A result JSON -> (dict, None) when whole, (None, None) when missing, (None, why) when damaged or stopped half
+    way: report.read_result's answer without importing torch, so that a SLURM job that only runs a run's children
+    starts in a second (tests/test_sweep_slots.py holds the two to the same answers)."""
+    res, why = read_json(path)
+    if why or res is None:
+        return None, why
+    if not isinstance(res, dict):
+        return None, f"not a JSON object (a {type(res).__name__})"
+    if res.get('complete') is False:
+        return None, "incomplete (complete: false; its evaluation was stopped half way)"
+    return res, None
+
+
 def result(path):
     """A result file's dict, or None when missing; a damaged or incomplete one is named and moved
     aside (NAME.bad) so that what it should hold is redone, never mixed into a report."""
-    from report import read_result  # here: report imports torch, which the sweep's own start does without
     res, why = read_result(path)
     if why:
         os.replace(path, path + '.bad')
@@ -63,7 +75,6 @@ def finished(res, iters):
 def step_done(s, quiet=False):
     """Whether step s left its whole result; quiet: only read (another rank may be moving a damaged one aside)."""
     if quiet:
-        from report import read_result
         return finished(read_result(s['result'])[0], s['iters'])
     return finished(result(s['result']), s['iters'])
 
@@ -83,7 +94,6 @@ def command(s, run_dir):
 def outcome(rc, path, log, what, iters=None):
     """None when the child `what` left its result in path (at `iters`), else why not, naming its log.
     Exit code 0 is not enough: train.py stopped by a signal saves and exits 0 too."""
-    from report import read_result
     res, why = read_result(path)
     if rc == 0 and finished(res, iters):
         return None
@@ -146,8 +156,18 @@ def holder(d):
             return f.read().strip() or 'another process'
 
 
+def spawn(cmd, log, env=None, preexec_fn=None):
+    """Start cmd in the repo with its output going straight to the open file `log`: no pipe through the parent, so
+    the child never dies of a broken pipe, and the log is written line by line as it runs. A session of its own: a
+    terminal's Ctrl-C reaches the parent only, which decides what the child gets. (runtime.spawn's child, without
+    importing torch: a SLURM job that only runs a run's children starts in a second.)"""
+    return subprocess.Popen(cmd, cwd=HERE, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONUNBUFFERED='1', **(env or {})), start_new_session=True,
+                            preexec_fn=preexec_fn)
+
+
 def start(cmd, log_path, env=None, note='', cores=None):
-    """Start a child whose output goes to log_path (runtime.spawn), that gets SIGTERM when its parent dies and that
+    """Start a child whose output goes to log_path (spawn), that gets SIGTERM when its parent dies and that
     a SIGTERM/SIGINT to the sweep stops; its command line, with `env` and `note` (its device), is printed and
     logged."""
     stop_if_asked()
@@ -156,7 +176,7 @@ def start(cmd, log_path, env=None, note='', cores=None):
     with open(log_path, 'a') as log:
         log.write(line + '\n')
         log.flush()
-        p = runtime.spawn(cmd, log, env, preexec_fn=lambda parent=os.getpid(), f=PRCTL: in_child(parent, f, cores))
+        p = spawn(cmd, log, env, preexec_fn=lambda parent=os.getpid(), f=PRCTL: in_child(parent, f, cores))
     children.append(p)
     if stop_signal:  # the signal came while it was starting
         on_signal(stop_signal, None)

@@ -44,6 +44,19 @@ def test_slots_split_the_gpus_and_cores_as_asked():
     assert [x['env'] for x in launch.local_slots(workers=1, one_thread=True)] == [{'OMP_NUM_THREADS': '1'}]
 
 
+def test_launch_reads_results_as_the_report_does(tmp_path):
+    """launch.read_result (no torch in a SLURM job's own process) gives report.read_result's answer on every kind of
+    file: missing, truncated, not an object, stopped half way, whole."""
+    from report import read_result
+    p = str(tmp_path / 'eval.json')
+    assert launch.read_result(p) == read_result(p) == (None, None)
+    for text in ('{"iter": 3, "nonov', '[1, 2]', '{"iter": 3, "complete": false}', '{"iter": 3, "complete": true}'):
+        open(p, 'w').write(text)
+        assert launch.read_result(p) == read_result(p)
+    os.symlink(p, str(tmp_path / 'link.json'))
+    assert launch.read_result(str(tmp_path / 'link.json')) == read_result(str(tmp_path / 'link.json'))
+
+
 @pytest.mark.parametrize('args, says', [
     (['--gpu_ids=0,1', '--gpus_per_run=2', '--runs_per_gpu=2'], 'a run over several GPUs shares none of them'),
     (['--gpu_ids=0,1', '--gpus_per_run=4'], '--gpus_per_run=4 but 2 GPU(s) here (0, 1)'),
