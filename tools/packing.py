@@ -13,12 +13,13 @@ cut short keeps what it measured and the next lease goes on. The seeds of one sc
 are not built: the JSON says so, and nothing is measured for them.
 
   python tools/packing.py --json=out-lease/packing.json      # on a GPU: 1, 2, 4, 8 runs; processes, then MPS
-  python tools/packing.py --json=/tmp/packing.json --counts=1,2 --modes=procs --iters=20 --log_interval=5 \\
-      --train_args="--n_layer=1 --n_head=2 --n_embd=32 --block_size=32 --batch_size=4 --compile=False"  # CPU check
+  python tools/packing.py --json=/tmp/packing.json --device=cpu --counts=1,2 --iters=40 --log_interval=10 \\
+      --n_layer=1 --n_head=2 --n_embd=32 --block_size=32 --batch_size=4 --compile=False     # a check on the CPU
+Options: json, counts, modes (procs, mps), iters, log_interval, budget (s: no measurement started past it), limit (s
+a measurement), device ('cpu': no GPU), data, work (folders); any other --key=value goes to every train.py run.
 """
 import json
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 import launch  # noqa: E402
 from configurator import options, read_config_file  # noqa: E402
+from console import exit_on_ctrl_c  # noqa: E402
 from files import atomic_json, read_json  # noqa: E402
 
 CONFIG = os.path.join(HERE, 'config', 'sweep_gpu.py')
@@ -50,10 +52,11 @@ def synthetic_chars(folder, n=2_000_000):
 
 def env_line():
     """What ran: the GPU, torch, the commit."""
-    r = subprocess.run([sys.executable, '-c', "import torch; print(torch.__version__, torch.cuda.is_available() and "
-                        "torch.cuda.get_device_name())"], capture_output=True, text=True, cwd=HERE)
+    r = subprocess.run([sys.executable, '-c', "import torch; print(f'torch {torch.__version__}, ' + "
+                        "(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA'))"],
+                       capture_output=True, text=True, cwd=HERE)
     commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True, cwd=HERE)
-    return dict(torch=r.stdout.strip(), commit=commit.stdout.strip(), cpus=os.cpu_count(),
+    return dict(machine=r.stdout.strip(), commit=commit.stdout.strip(), cpus=os.cpu_count(),
                 date=time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()))
 
 
@@ -76,9 +79,10 @@ def stop_mps(env):
                    text=True, timeout=60)
 
 
-def measure(n, iters, extra_env, o, data, folder, limit):
-    """n runs of the config side by side in n slots of one GPU (or of the CPU), each to `iters` iterations ->
-    the measurement's dict; runs still going after `limit` seconds are stopped and the measurement says so."""
+def measure(n, iters, extra_env, o, train_args, data, folder, limit):
+    """n runs of the config side by side in n slots of one GPU (or of the CPU), each to `iters` iterations, with
+    extra_env (MPS's; None: a warm-up, nothing projected) -> the measurement's dict; runs still going after `limit`
+    seconds are stopped and the measurement says so."""
     gpus = ['0'] if o.device != 'cpu' else []
     slots = launch.local_slots(workers=n, one_thread=True, gpu_ids=gpus, runs_per_gpu=n)
     procs, t0, walls, stopped = [], time.time(), [], False
@@ -89,9 +93,8 @@ def measure(n, iters, extra_env, o, data, folder, limit):
             os.makedirs(d)
             cmd = [sys.executable, 'train.py', CONFIG, f'--data_dir={data}', f'--out_dir={d}', f'--max_iters={iters}',
                    f'--eval_interval={10 * iters}', '--eval_tokens=4096', '--eval_mults=[1]', '--final_eval=False',
-                   '--wandb_log=False', f'--log_interval={o.log_interval}', f'--seed={1337 + i}'] + \
-                shlex.split(o.train_args)
-            env = dict(slot['env'], **extra_env, **({} if gpus else {'CUDA_VISIBLE_DEVICES': ''}))
+                   '--wandb_log=False', f'--log_interval={o.log_interval}', f'--seed={1337 + i}'] + train_args
+            env = dict(slot['env'], **(extra_env or {}), **({} if gpus else {'CUDA_VISIBLE_DEVICES': ''}))
             with open(os.path.join(d, 'log.txt'), 'w') as log:  # (PDEATHSIG: none outlives a stopped measurement)
                 procs.append((d, launch.spawn(cmd, log, env, preexec_fn=lambda c=slot['cores'], me=os.getpid():
                                                       launch.in_child(me, launch.PRCTL, c)), time.time()))
@@ -119,7 +122,7 @@ def measure(n, iters, extra_env, o, data, folder, limit):
                          if len(ms) > 1 else None, log_lines=len(ms)))
     m = dict(n=n, iters=iters, runs=runs, wall_s=round(time.time() - t0, 2), stopped=stopped)
     ms = [r['ms_per_iter'] for r in runs if r['ms_per_iter']]
-    if len(ms) == n and not stopped and all(r['exit'] == 0 for r in runs):
+    if len(ms) == n and not stopped and all(r['exit'] == 0 for r in runs) and extra_env is not None:
         max_iters = int(read_config_file(CONFIG)['max_iters'])
         per = statistics.mean(ms)
         run_s = statistics.mean(r['wall_s'] for r in runs) + (max_iters - iters) * per / 1000
@@ -130,10 +133,14 @@ def measure(n, iters, extra_env, o, data, folder, limit):
 
 
 def main(argv):
-    o = options(dict(json='packing.json', counts='1,2,4,8', modes='procs,mps', iters=300, log_interval=50, budget=0.0,
-                     limit=240.0, train_args='', device='auto', data='/tmp/packing-data', work='/tmp/packing'), argv,
-                dict(iters='>0', log_interval='>0', budget='>=0', limit='>0'))
-    counts = [int(c) for c in str(o.counts).strip('()[]').split(',') if str(c).strip()]
+    exit_on_ctrl_c('packing.py', 'run it again: it goes on from its JSON')  # (a lease's timeout sends SIGINT)
+    keys = dict(json='packing.json', counts=[1, 2, 4, 8], modes='procs,mps', iters=300, log_interval=50, budget=0.0,
+                limit=240.0, device='auto', data='/tmp/packing-data', work='/tmp/packing')
+    ours = [a for a in argv if a.split('=', 1)[0][2:] in keys]
+    train_args = [a for a in argv if a not in ours]
+    o = options(keys, ours, dict(iters='>0', log_interval='>0', budget='>=0', limit='>0', counts=(
+        lambda v: all(isinstance(c, int) and c > 0 for c in v), 'run counts: --counts=1,2,4,8')))
+    counts = [int(c) for c in o.counts]
     modes = [m for m in str(o.modes).split(',') if m]
     bad = [m for m in modes if m not in ('procs', 'mps')]
     if bad or o.log_interval >= o.iters:
@@ -150,7 +157,7 @@ def main(argv):
     have = {(m['mode'], m['n']) for m in res['measurements']}
     if ('warmup', 1) not in have:  # the compile cache filled once (the sweep's later runs find it too)
         print("packing: warm-up run (compile)", flush=True)
-        res['measurements'].append(dict(mode='warmup', **measure(1, 2 * o.log_interval, {}, o, data,
+        res['measurements'].append(dict(mode='warmup', **measure(1, 2 * o.log_interval, None, o, train_args, data,
                                                                  os.path.join(o.work, 'warmup'), o.limit)))
         atomic_json(res, o.json)
     for mode in modes:
@@ -171,7 +178,8 @@ def main(argv):
                     print(f"packing: {mode} x {n} not started, {left:.0f} s of --budget left", flush=True)
                     break
                 print(f"packing: {mode}, {n} run(s) side by side", flush=True)
-                m = measure(n, o.iters, extra, o, data, os.path.join(o.work, f'{mode}-{n}'), min(o.limit, left))
+                m = measure(n, o.iters, extra, o, train_args, data, os.path.join(o.work, f'{mode}-{n}'),
+                            min(o.limit, left))
                 res['measurements'].append(dict(mode=mode, **m))
                 atomic_json(res, o.json)  # after every measurement: a cut-off keeps it
                 last = m['wall_s']
