@@ -17,7 +17,9 @@ Under SLURM: the jobs are SLURM's, and outlive the command; SLURM's signal befor
 reaches submitit in the job, which stops train.py (it saves) and requeues the job, whose run then resumes from
 its checkpoint. RUN/slurm.json names the run's job, so a run is never submitted while its job is queued or running.
 """
+import contextlib
 import ctypes
+import io
 import json
 import os
 import shutil
@@ -510,7 +512,7 @@ def run_slurm(runs, out, params, wait=False, poll_s=30.0):
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=params.get('max_num_timeout', 3))
         executor.update_parameters(**{k: v for k, v in params.items() if k != 'max_num_timeout' and v not in
                                       (None, '')})
-        submit(executor, todo, records, {n for n, (state, _) in rows.items() if state in ACTIVE})
+        submit(submitit, executor, todo, records, {n for n, (state, _) in rows.items() if state in ACTIVE})
         rows.update({r['name']: ('submitted', records[r['name']]['job_id']) for r in todo})
     while wait and any(state in ACTIVE | {'submitted'} for state, _ in rows.values()):
         time.sleep(poll_s)
@@ -527,7 +529,7 @@ def run_slurm(runs, out, params, wait=False, poll_s=30.0):
     return failed, [n for n, (state, _) in rows.items() if state in ACTIVE | {'submitted'}]
 
 
-def submit(executor, todo, records, active):
+def submit(submitit, executor, todo, records, active):
     """sbatch each run in `todo`, its folder as the job's comment (squeue_jobs), and record its job in
     RUN/slurm.json at once. A run that comes after another that is queued, running or submitted here waits for
     that job to end well (SLURM's afterok; cancelled if it cannot)."""
@@ -536,7 +538,13 @@ def submit(executor, todo, records, active):
         dep = records[r['after']]['job_id'] if r.get('after') in names else None
         extra = dict(chdir=HERE, **({'dependency': f'afterok:{dep}', 'kill-on-invalid-dep': 'yes'} if dep else {}))
         executor.update_parameters(comment=r['dir'], job_name=r['name'], additional_parameters=extra)
-        job = executor.submit(SlurmRun(r))
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # (submitit prints sbatch's refusal too: one line, below)
+                job = executor.submit(SlurmRun(r))
+        except submitit.core.utils.FailedJobError as e:  # sbatch refused the job: its own words, then the fix
+            words = '; '.join(line.strip() for line in str(e).splitlines() if line.strip())
+            sys.exit(f"sweep: sbatch refused {r['name']}: {words}; fix the option it names (--partition, --account, "
+                     f"--time, --gpus_per_run, --cpus_per_task, --nodes) and run the same command again")
         records[r['name']] = dict(job_id=job.job_id, folder=str(executor.folder), submitted=time.time())
         atomic_json(records[r['name']], os.path.join(r['dir'], 'slurm.json'))
         print(f"sweep: submitted {r['name']} as job {job.job_id}" + (f" (after job {dep})" if dep else '')

@@ -229,3 +229,15 @@ def test_run_over_two_tasks_takes_its_rendezvous_from_slurm(cluster, local_ref, 
     got = json.load(open(os.path.join(out, 'rope-s1337', 'eval.json')))
     want = local_ref['results']['rope-s1337/eval.json']
     assert got['nonoverlap'] == pytest.approx(want['nonoverlap'], rel=1e-3)
+
+
+def test_a_job_sbatch_refuses_is_one_line(cluster, data, tmp_path):
+    """A partition the cluster lacks: sbatch's own words and the fix in one line, nothing recorded as submitted."""
+    out = str(tmp_path / 'out')
+    r = sweep(['--schemes=rope', '--scalings=', f'--data_dir={data}', f'--out={out}', '--partition=nowhere'] + MODEL +
+              SLURM, cluster)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("sweep: sbatch refused rope-s1337: sbatch: error: invalid partition specified: nowhere")
+    assert r.stderr.strip().endswith("fix the option it names (--partition, --account, --time, --gpus_per_run, "
+                                     "--cpus_per_task, --nodes) and run the same command again")
+    assert not os.path.exists(os.path.join(out, 'rope-s1337', 'slurm.json'))
