@@ -348,8 +348,10 @@ def run_local(runs, slots, out, on_done, echo=False):
 
 # --- SLURM ---------------------------------------------------------------------------------------------------------
 
+# a job in one of these states may still run its run (PREEMPTED is final: a preempted job to be requeued shows as
+# REQUEUED or PENDING)
 ACTIVE = {'PENDING', 'RUNNING', 'REQUEUED', 'REQUEUE_FED', 'REQUEUE_HOLD', 'RESIZING', 'SUSPENDED', 'COMPLETING',
-          'CONFIGURING', 'STAGE_OUT', 'SIGNALING', 'PREEMPTED', 'SPECIAL_EXIT', 'RESV_DEL_HOLD'}
+          'CONFIGURING', 'STAGE_OUT', 'SIGNALING', 'SPECIAL_EXIT', 'RESV_DEL_HOLD'}
 
 
 class SlurmRun:
@@ -454,9 +456,9 @@ def slurm_held(runs):
 
 
 def states(submitit, runs, records):
-    """{run name: (state, job id)}: 'done' where every step's result is whole, else its job's state from one sacct
-    call (submitit's watcher; a job sacct does not know yet from squeue; UNKNOWN where neither knows it), else
-    'not submitted'."""
+    """{run name: (state, job id)}: 'done' where every step's result is whole, else its job's state: squeue's while
+    the controller lists the job (it knows a requeue at once), else sacct's (one call, submitit's watcher: the
+    accounting keeps jobs the controller has forgotten), UNKNOWN where neither knows it; else 'not submitted'."""
     jobs = {n: submitit.SlurmJob(folder=r['folder'], job_id=r['job_id']) for n, r in records.items()}
     if jobs:
         submitit.SlurmJob.watcher.update()
@@ -468,7 +470,7 @@ def states(submitit, runs, records):
             rows[n] = ('done', records.get(n, {}).get('job_id', ''))
         elif n in jobs:
             state = submitit.SlurmJob.watcher.get_state(jobs[n].job_id, mode='cache').split()[0]  # 'CANCELLED by 0'
-            rows[n] = (listed.get(jobs[n].job_id, 'UNKNOWN') if state == 'UNKNOWN' else state, jobs[n].job_id)
+            rows[n] = (listed.get(jobs[n].job_id, state), jobs[n].job_id)
         else:
             rows[n] = ('not submitted', '')
     return rows
