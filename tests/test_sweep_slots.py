@@ -88,7 +88,7 @@ def test_slurm_launcher_without_sbatch_or_submitit_names_what_to_install(tmp_pat
 
 
 def test_scheduler_keeps_every_device_busy_while_runs_are_left(tmp_path, capsys):
-    """Nine runs of stand-in steps (0.2-0.6 s each) on 2 stand-in GPUs x 2 slots: the children's own records show
+    """Nine runs of stand-in steps (0.45-1.5 s each) on 2 stand-in GPUs x 2 slots: the children's own records show
     4 running at once and never 3 on one GPU; the scheduler's accounting shows no free slot while a run that could
     start was waiting; a run that comes after another starts once it ended; a failed train step is reported with
     its log and ends its run (its next step never runs) while the other runs go on."""
@@ -97,7 +97,7 @@ def test_scheduler_keeps_every_device_busy_while_runs_are_left(tmp_path, capsys)
     for i in range(9):
         d = tmp_path / f'r{i}'
         d.mkdir()
-        secs = [0.2, 0.6, 0.4][i % 3]
+        secs = [0.9, 1.5, 1.2][i % 3]  # (each long past a loaded machine's interpreter start: 4 at once)
         how = 'fail' if i == 4 else 'ok'
         runs.append(dict(name=f'r{i}', dir=str(d), after='r1' if i == 0 else None, steps=[
             launch.step([sys.executable, '-c', STEP, str(d / 'a.json'), str(secs), how], str(d / 'a.json'), 'a',
