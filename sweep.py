@@ -48,8 +48,8 @@ Sweep options (the rest go to train.py; a config file's sweep keys set the sweep
                       modelling, with every thread)
   --gpu_ids=0,1       the GPUs runs go to (default: CUDA_VISIBLE_DEVICES, else all that nvidia-smi lists; '' none)
   --runs_per_gpu=K    runs side by side on each GPU (default 1; small models: see docs/gpu.md's packing)
-  --gpus_per_run=G    GPUs per run: locally a torchrun of G ranks, under SLURM --gpus-per-node and one task a GPU
-                      (default 1; under SLURM 1 with --gpu, else 0)
+  --gpus_per_run=G    GPUs per run: locally a torchrun of G ranks; under SLURM per node of the run (SLURM's
+                      --gpus-per-node), one task a GPU (default 1; under SLURM 1 with --gpu, else 0)
   --launcher=slurm    each run a SLURM job: --partition, --account, --time (minutes, default 60), --nodes,
                       --cpus_per_task (default 8 with GPUs, 2 without, 1 for the task suite), --ntasks_per_node
                       (default one per GPU), --signal_delay_s (SLURM's signal this long before the time limit,
