@@ -68,6 +68,17 @@ def test_slot_options_that_cannot_be_are_one_line(args, says):
     assert r.returncode != 0 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_a_config_file_sets_the_sweeps_own_keys(tmp_path):
+    """A site's config file: its sweep keys reach the sweep (here a choice that cannot be, refused in one line), and
+    the command line wins over it."""
+    site = tmp_path / 'site.py'
+    site.write_text("gpu_ids = '0,1'\ngpus_per_run = 2\nruns_per_gpu = 2\n")
+    r = fork_run(['sweep.py', str(site), '--schemes=rope'])
+    assert r.returncode != 0 and 'a run over several GPUs shares none of them' in r.stderr, r.stderr
+    r = fork_run(['sweep.py', str(site), '--schemes=rope', '--runs_per_gpu=1', '--gpus_per_run=3'])  # the line wins
+    assert r.returncode != 0 and '--gpus_per_run=3 but 2 GPU(s) here (0, 1)' in r.stderr, r.stderr
+
+
 def test_slurm_launcher_without_sbatch_or_submitit_names_what_to_install(tmp_path):
     """One line, before anything is locked or trained: sbatch missing, then (a fake sbatch on PATH) submitit."""
     env = dict(ENV, PATH=str(tmp_path))
