@@ -40,7 +40,12 @@ install)
         exit 1
     fi
     export DEBIAN_FRONTEND=noninteractive
+    policy=/usr/sbin/policy-rc.d  # no system service starts at install: `start` runs the daemons, each its own
+    if [ ! -e $policy ]; then
+        printf '#!/bin/sh\nexit 101\n' > $policy && chmod +x $policy && trap 'rm -f $policy' EXIT
+    fi
     apt-get update -qq && apt-get install -y -qq slurm-wlm munge slurmdbd mariadb-server > /dev/null
+    echo "slurm_cluster: installed $(dpkg-query -W -f '${Package} ${Version}  ' slurm-wlm munge slurmdbd mariadb-server)"
     ;;
 start)
     missing=$(for b in munged slurmctld slurmd slurmdbd sacctmgr mariadbd mariadb-install-db; do
