@@ -4,8 +4,8 @@ skipped where its result is already whole. Runs go to the slots of this machine,
 slots, or to SLURM, one job a run (submitit), which checkpoints and is requeued at its time limit or on preemption.
 
   slots = local_slots(workers=2, one_thread=True)          # CPU: 2 runs at a time, one thread each
-  slots = local_slots(gpu_ids=[0, 1], runs_per_gpu=4)      # 8 at a time, 4 on each GPU (small models packed)
-  slots = local_slots(gpu_ids=[0, 1, 2, 3], gpus_per_run=2)  # 2 at a time, each a torchrun over 2 GPUs
+  slots = local_slots(gpu_ids=['0', '1'], runs_per_gpu=4)  # 8 at a time, 4 on each GPU (small models packed)
+  slots = local_slots(gpu_ids=['0', '1', '2', '3'], gpus_per_run=2)  # 2 at a time, each a torchrun over 2 GPUs
   failed = run_local(runs, slots, out, on_done)
   failed, active = run_slurm(runs, out, params, wait)      # submit what is missing or failed; the rest's state
 
@@ -222,7 +222,7 @@ def local_slots(workers=1, one_thread=False, gpu_ids=(), runs_per_gpu=1, gpus_pe
     """The slots of this machine: without GPUs, `workers` CPU slots (one thread each where one_thread or workers > 1,
     else all the cores); with them, `runs_per_gpu` slots on each GPU or one slot per `gpus_per_run` GPUs (a torchrun
     of as many ranks), the cores split evenly between the slots (each its own where there are enough).
-    Each slot: dict(label, gpus, env, nproc, cores, share)."""
+    Each slot: dict(label, gpus, env, nproc, cores, share, note: its words in a child's command line)."""
     cores = sorted(os.sched_getaffinity(0)) if cores is None else cores
     if not gpu_ids:
         env = {'OMP_NUM_THREADS': '1'} if one_thread or workers > 1 else {}
