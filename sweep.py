@@ -7,6 +7,16 @@ context-extension method), run the passkey probe, and write the report (compare.
   python sweep.py --gpu                            # config/sweep_gpu.py -> out-sweep-gpu/
   python sweep.py --schemes=rope,alibi --max_iters=20 --out=out-tiny   # a quick check
   python sweep.py --key=value                      # any other train.py key, for every run
+  python sweep.py --gpu --runs_per_gpu=4           # every GPU here busy, 4 runs side by side on each
+  python sweep.py --gpu --launcher=slurm           # one SLURM job a run; run again for their state and the report
+
+Many runs at once (launch.py): each run is handed a slot of this machine, as many at a time as there are slots: on
+the CPU --workers runs, one thread each; with GPUs one run per GPU, --runs_per_gpu=K runs side by side on each, or
+--gpus_per_run=G GPUs to a run under torchrun. Each child's command line, printed and in its log, names its slot
+(its GPUs as CUDA_VISIBLE_DEVICES); OUT/schedule.jsonl records each change of the slots. Under --launcher=slurm each
+run is a job (submitit): the command returns after submitting, naming each job and its log; run again, it shows
+every run's state, submits only what is missing or failed, and writes the report once all have ended (or waits:
+--wait=True). A job stopped by its time limit or a preemption saves and is requeued, and resumes as a resumed run.
 
 Resumable: a run whose eval.json is whole, complete and at max_iters is not trained again, a
 half-trained run resumes from its checkpoint (init_from='resume'), and each eval/passkey JSON
@@ -22,7 +32,7 @@ trained from scratch, exact match by length up to 4x the training sizes, heat ma
   python sweep.py --tasks=default                  # the default suite, config/task_small.py -> out-tasks/
   python sweep.py --tasks=copy,reverse --schemes=rope,alibi --randomized=rope --workers=2
 
-Sweep options (the rest go to train.py):
+Sweep options (the rest go to train.py; a config file's sweep keys set the sweep, its other keys every run):
   --out=DIR           where runs go (default out-sweep, or out-sweep-gpu with --gpu)
   --schemes=a,b       'all': every scheme in positional.REGISTRY (the default, but for the task suite's six
                       and with --presets, where only the presets run)
@@ -34,7 +44,17 @@ Sweep options (the rest go to train.py):
                       sweep, none when --schemes is given; 'default' all; '' none)
   --tasks=a,b         the task suite instead of language modelling ('default': TASK_SUITE below)
   --randomized=a,b    task suite: schemes also trained with randomized positions (default rope,learned)
-  --workers=N         task suite: runs at a time, one CPU thread each (default 2)
+  --workers=N         on the CPU: runs at a time, one thread each (default 2 for the task suite; 1 for language
+                      modelling, with every thread)
+  --gpu_ids=0,1       the GPUs runs go to (default: CUDA_VISIBLE_DEVICES, else all that nvidia-smi lists; '' none)
+  --runs_per_gpu=K    runs side by side on each GPU (default 1; small models: see docs/gpu.md's packing)
+  --gpus_per_run=G    GPUs per run: locally a torchrun of G ranks; under SLURM per node of the run (SLURM's
+                      --gpus-per-node), one task a GPU (default 1; under SLURM 1 with --gpu, else 0)
+  --launcher=slurm    each run a SLURM job: --partition, --account, --time (minutes, default 60), --nodes,
+                      --cpus_per_task (default 8 with GPUs, 2 without, 1 for the task suite), --ntasks_per_node
+                      (default one per GPU), --signal_delay_s (SLURM's signal this long before the time limit,
+                      default 90), --max_num_timeout (requeues at a time limit, default 3), --wait=True (poll
+                      every --poll_s seconds until none is queued or running, then the report)
   --presets=a,b       the attention stacks of config/ (presets.PRESETS; 'default': all), each also as NAME-full, its
                       twin without windows or chunks; with --presets and no --schemes, only these run
   --drope=True        DroPE (config/drope.py, drope.py) on each seed's rope run: NoPE recalibrated for a fifth
@@ -50,7 +70,6 @@ Sweep options (the rest go to train.py):
                       --passkey_iters=N (default 300), --passkey_trials=N prompts per
                       length x depth cell (default 20)
 """
-import ctypes
 import json
 import os
 import signal
@@ -62,6 +81,7 @@ from console import exit_on_ctrl_c
 
 if __name__ == '__main__':  # a Ctrl-C before the runs start (torch loading, the dry run): one line, no traceback
     exit_on_ctrl_c('sweep.py', 'no run had started; run the same command again')
+import launch  # noqa: E402
 import positional  # noqa: E402
 import rope_scaling  # noqa: E402
 import runtime  # noqa: E402
@@ -69,7 +89,8 @@ import tasks  # noqa: E402
 from checkpoint import lock_out_dir  # noqa: E402
 from configurator import configure, read_config_file, unknown_names  # noqa: E402
 from evaluation import scaling_tag  # noqa: E402
-from files import atomic_json, open_no_follow, read_json  # noqa: E402
+from files import atomic_json, read_json  # noqa: E402
+from launch import finished, result  # noqa: E402
 from presets import preset_args  # noqa: E402
 from report import make_report, make_task_report, read_result  # noqa: E402
 
@@ -129,134 +150,6 @@ def scaling_dicts(names, factor, L, rot_dim=32):
     return out
 
 
-children = []       # running children: a SIGTERM/SIGINT to the sweep is passed on to each
-stop_signal = None  # the signal that asked the sweep to stop
-PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith('linux') else None
-
-
-def on_signal(signum, frame):
-    """Pass SIGTERM on to every running child (train.py finishes its step, saves and exits); the
-    sweep then stops as soon as they have exited. A second signal is passed on too (exit at once)."""
-    global stop_signal
-    stop_signal = stop_signal or signum
-    for p in children:
-        try:
-            if p.returncode is None:  # (not yet reaped: its pid is still its own)
-                os.kill(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
-
-def die_with_parent(parent, prctl):
-    """In the child before exec: SIGTERM when sweep.py dies (even by kill -9), so a run saves and stops
-    rather than running on detached (Linux prctl PR_SET_PDEATHSIG; libc's prctl is looked up before the fork)."""
-    if prctl is not None:
-        prctl(1, signal.SIGTERM)
-        if os.getppid() != parent:  # the sweep died before the prctl
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
-def wait_for_folder(d, timeout=120):
-    """A child of an earlier sweep that was killed may still be saving into d (it got SIGTERM when
-    that sweep died): wait for it to let go of d/.lock rather than have the new run refused."""
-    import fcntl
-    path, t0 = os.path.join(d, '.lock'), time.time()
-    if not os.path.exists(path):
-        return
-    try:
-        f = os.fdopen(open_no_follow(path, os.O_RDONLY))
-    except OSError:  # a link: train.py refuses it in one line, in the run's log
-        return
-    with f:
-        said = False
-        while time.time() - t0 < timeout and not stop_signal:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return  # (closing the file lets go again, for the child)
-            except BlockingIOError:
-                if not said:
-                    f.seek(0)
-                    print(f"sweep: waiting for {f.read().strip() or 'another process'} to let go of {d}", flush=True)
-                    said = True
-                time.sleep(0.2)
-
-
-def start(cmd, log_path, env=None):
-    """Start a child whose output goes to log_path (runtime.spawn) and that gets SIGTERM when the sweep dies;
-    a SIGTERM/SIGINT to the sweep passes one SIGTERM on to it."""
-    wait_for_folder(os.path.dirname(log_path))
-    stop_if_asked()
-    with open(log_path, 'a') as log:
-        log.write('$ ' + ' '.join(cmd) + '\n')
-        log.flush()
-        p = runtime.spawn(cmd, log, env, preexec_fn=lambda parent=os.getpid(), f=PRCTL: die_with_parent(parent, f))
-    children.append(p)
-    if stop_signal:  # the signal came while it was starting
-        on_signal(stop_signal, None)
-    return p
-
-
-def stop_if_asked():
-    """After a SIGTERM/SIGINT: wait for the children (saving), then exit with one line on resuming."""
-    if stop_signal:
-        for p in children:
-            p.wait()
-        print(f"sweep: stopped by {signal.Signals(stop_signal).name} (its runs saved first); run the same command "
-              f"again to resume", file=sys.stderr, flush=True)
-        raise SystemExit(128 + stop_signal)
-
-
-def reap(p):
-    """A finished child's exit code (or the sweep's exit, if it was asked to stop)."""
-    rc = p.wait()
-    children.remove(p)
-    stop_if_asked()
-    return rc
-
-
-def run(cmd, log_path):
-    """Run a child to the end -> exit code; on a terminal its output is echoed from its log."""
-    print('$ ' + ' '.join(cmd), flush=True)
-    pos = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-    p = start(cmd, log_path)
-    with open(log_path, errors='replace') as log:
-        log.seek(pos)
-        log.readline()  # the '$ cmd' line, printed above
-        while p.poll() is None:
-            time.sleep(0.2)
-            if sys.stdout.isatty():
-                sys.stdout.write(log.read())
-                sys.stdout.flush()
-        if sys.stdout.isatty():
-            sys.stdout.write(log.read())
-    return reap(p)
-
-
-def result(path):
-    """A result file's dict, or None when missing; a damaged or incomplete one is named and moved
-    aside (NAME.bad) so that what it should hold is redone, never mixed into a report."""
-    res, why = read_result(path)
-    if why:
-        os.replace(path, path + '.bad')
-        print(f"sweep: {path} is {why}: moved to {path}.bad, redoing it", flush=True)
-    return res
-
-
-def outcome(rc, path, log, what, iters=None):
-    """None when the child `what` left its result in path (at `iters`), else why not, naming its log.
-    Exit code 0 is not enough: train.py stopped by a signal saves and exits 0 too."""
-    res, why = read_result(path)
-    if rc == 0 and res is not None and (iters is None or res.get('iter') == iters):
-        return None
-    if rc != 0:
-        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"failed (exit code {rc})"
-    elif res is None:
-        how = f"stopped before the end ({why or 'no ' + os.path.basename(path)})"
-    else:
-        how = f"stopped before the end ({os.path.basename(path)} at iter {res.get('iter')}, not {iters})"
-    return f"{what} {how}; see {log}; run the sweep again to redo it"
-
-
 def claim(d, args):
     """Record the settings of the run in d, or say why not: it holds a run with other settings."""
     os.makedirs(d, exist_ok=True)
@@ -286,11 +179,6 @@ def seed_list(spec, base):
 COST = {'lm': (0.165, 30.0), 'task': (0.03, 3.0)}
 
 
-def finished(res, iters):
-    """Whether a run's result (its eval.json's dict, or None) is whole and at max_iters = iters."""
-    return res is not None and res.get('iter') == int(iters)
-
-
 def estimate(jobs, kind, workers, evals=0):
     """(runs left, expected seconds): runs whose eval.json is whole and at max_iters are done; each
     other run costs what this folder's finished runs of its task took per iteration trained (the
@@ -317,27 +205,117 @@ def estimate(jobs, kind, workers, evals=0):
     return len(left), (sum(cost(a) for a in left) + evals * (median(eval_s) if eval_s else COST[kind][1])) / workers
 
 
-def plan_line(what, jobs, seeds, kind, workers, out, evals=0):
-    left, secs = estimate(jobs, kind, workers, evals)
+def plan_line(what, jobs, seeds, kind, slots, out, evals=0):
+    """The plan: runs, how many are left, and about how long they take here (none of that under SLURM)."""
+    left, secs = estimate(jobs, kind, len(slots) or 1, evals)
     return (f"sweep: {what}: {len(jobs)} runs ({len(jobs) // len(seeds)} x {len(seeds)} seed(s): "
-            f"{', '.join(map(str, seeds))}), {left} to do, about {secs / 60:.0f} min"
-            + (f" at {workers} at a time" if workers > 1 else '') + " on 2 CPU cores -> " + out + "/")
+            f"{', '.join(map(str, seeds))}), {left} to do, "
+            + (f"about {secs / 60:.0f} min, {launch.describe(slots)}" if slots else "as SLURM jobs") + f" -> {out}/")
+
+
+LAUNCH_KEYS = dict(launcher='local', gpu_ids=None, runs_per_gpu=1, gpus_per_run=None, partition='', account='',
+                   time=60, nodes=1, ntasks_per_node=None, cpus_per_task=None, signal_delay_s=90, max_num_timeout=3,
+                   wait=False, poll_s=30.0)
+LAUNCH_RULES = dict(launcher=(lambda v: v in ('local', 'slurm'), "'local' or 'slurm'"), runs_per_gpu='>0',
+                    gpus_per_run='>=0', time='>0', nodes='>0', ntasks_per_node='>0', cpus_per_task='>0',
+                    signal_delay_s='>=0', max_num_timeout='>=0', poll_s='>0',
+                    wait=(lambda v: isinstance(v, bool), 'True or False'),
+                    gpu_ids=(lambda v: isinstance(v, (int, str, list, tuple)) and not isinstance(v, bool),
+                             "GPU numbers: --gpu_ids=0,1 ('' for none, 'auto' for all)"))
+
+
+def slots_for(sweep, train_args, one_thread):
+    """This machine's slots (launch.local_slots) from the sweep's options, or exit naming a choice that cannot be.
+    GPUs: --gpu_ids, else CUDA_VISIBLE_DEVICES, else every GPU nvidia-smi lists; none with --device=cpu."""
+    if sweep['launcher'] == 'slurm':
+        if sweep['runs_per_gpu'] > 1 or sweep['gpu_ids'] not in (None, 'auto'):
+            sys.exit("sweep: --runs_per_gpu and --gpu_ids are for --launcher=local; under SLURM each run is a job "
+                     "with GPUs of its own (--gpus_per_run)")
+        launch.slurm_ready()  # sbatch and submitit, or one line naming what to install
+        return []
+    ids, device = sweep['gpu_ids'], str(train_args.get('device', 'auto'))
+    if device == 'cpu' or ids == '':
+        gpus = []
+    elif ids is None or ids == 'auto':
+        gpus = launch.visible_gpus()
+    else:
+        gpus = [str(x).strip() for x in (ids.split(',') if isinstance(ids, str) else ids if isinstance(ids, (list,
+                tuple)) else [ids])]
+    per_run = sweep['gpus_per_run'] or 1
+    if gpus and device not in ('auto', 'cuda'):
+        sys.exit(f"sweep: --device={device}: sweep.py hands each run its GPU(s) itself (CUDA_VISIBLE_DEVICES); drop "
+                 f"--device and choose GPUs with --gpu_ids=0,1")
+    if per_run > 1 and sweep['runs_per_gpu'] > 1:
+        sys.exit("sweep: --gpus_per_run > 1 with --runs_per_gpu > 1: a run over several GPUs shares none of them; "
+                 "choose one")
+    if per_run > max(1, len(gpus)):
+        sys.exit(f"sweep: --gpus_per_run={per_run} but {len(gpus)} GPU(s) here ({', '.join(gpus) or 'none'}); lower "
+                 f"it, or name them with --gpu_ids")
+    if len(gpus) % per_run:
+        print(f"sweep: GPU(s) {', '.join(gpus[len(gpus) - len(gpus) % per_run:])} left idle: {len(gpus)} GPUs do not "
+              f"split into runs of {per_run}", flush=True)
+    workers = sweep['workers'] or (2 if sweep['tasks'] else 1)
+    return launch.local_slots(workers, one_thread, gpus, sweep['runs_per_gpu'], per_run)
+
+
+def slurm_params(sweep, gpu, tasks):
+    """submitit's SlurmExecutor parameters (SLURM's names) for one run: --gpu's runs take a GPU and 8 CPUs each,
+    CPU runs 2 CPUs (the task suite's single-threaded runs 1); one task per GPU (a DDP rank each)."""
+    per_run = sweep['gpus_per_run'] if sweep['gpus_per_run'] is not None else int(gpu)
+    return dict(partition=sweep['partition'] or None, account=sweep['account'] or None, time=sweep['time'],
+                nodes=sweep['nodes'], ntasks_per_node=sweep['ntasks_per_node'] or max(1, per_run),
+                gpus_per_node=per_run or None, cpus_per_task=sweep['cpus_per_task'] or (8 if per_run else 1 if tasks
+                                                                                       else 2),
+                signal_delay_s=sweep['signal_delay_s'], max_num_timeout=sweep['max_num_timeout'])
+
+
+def execute(runs, sweep, slots, out, on_done):
+    """The claimed runs to their launcher -> (failed [(name, why)], names still queued or running in SLURM)."""
+    if sweep['launcher'] == 'slurm':
+        def stop(signum, frame):
+            raise SystemExit(f"sweep: stopped ({signal.Signals(signum).name}); the jobs go on in SLURM: run the same "
+                             f"command again for their state, and the report once all have ended")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, stop)
+        return launch.run_slurm(runs, out, slurm_params(sweep, sweep['gpu'], bool(sweep['tasks'])), sweep['wait'],
+                                sweep['poll_s'])
+    held = launch.slurm_held(runs)
+    for n, why in held:
+        print(f"sweep: {n}: {why}", flush=True)
+    launch.catch_signals()  # from here on a signal stops the runs, which save first
+    return held + launch.run_local([r for r in runs if r['name'] not in dict(held)], slots, out, on_done,
+                                   echo=sys.stdout.isatty() and len(slots) == 1), []
+
+
+def waiting(active, failed):
+    """What a SLURM sweep with runs still queued or running says (no report yet) -> its exit code."""
+    for n, why in failed:
+        print(f"sweep: FAILED {n}: {why}")
+    print(f"sweep: {len(active)} run(s) queued or running in SLURM: run the same command again for every run's state "
+          f"(it submits only what is missing or failed), and the report once all have ended; or add --wait=True",
+          flush=True)
+    return 1 if failed else 0
 
 
 def main(argv):
     sweep = dict(out='', schemes='', scalings=','.join(SCALINGS), scaling_factor=float(EVAL_MULTS), passkey=None,
                  passkey_iters=300, passkey_trials=20, gpu=False, tasks='', randomized=TASK_SUITE['randomized'],
-                 workers=2, variants='default', seeds=None, presets='', drope=False)
-    ours = [a for a in argv if a == '--gpu' or a.split('=', 1)[0][2:] in sweep]
-    train_args = dict(a[2:].split('=', 1) for a in argv if a not in ours and a.startswith('--') and '=' in a)
-    bad = [a for a in argv if a not in ours and not (a.startswith('--') and '=' in a)]
+                 workers=None, variants='default', seeds=None, presets='', drope=False, **LAUNCH_KEYS)
+    # config files: their sweep keys set the sweep, the rest go to every train.py run; the command line wins
+    files = [a for a in argv if not a.startswith('--') and a.endswith('.py')]
+    args = [f"--{k}={v!r}" if k in sweep else f"--{k}={v}" for f in files for k, v in read_config_file(f).items()] \
+        + [a for a in argv if a not in files]
+    ours = [a for a in args if a == '--gpu' or a.split('=', 1)[0][2:] in sweep]
+    train_args = dict(a[2:].split('=', 1) for a in args if a not in ours and a.startswith('--') and '=' in a)
+    bad = [a for a in args if a not in ours and not (a.startswith('--') and '=' in a)]
     if bad:
-        sys.exit(f"bad argument(s) {bad}: use --key=value (sweep keys: {', '.join(sweep)}; others go to train.py)")
-    configure(sweep, ['--gpu=True' if a == '--gpu' else a for a in ours], dict(scaling_factor='>0', passkey_iters='>=0',
-              passkey_trials='>0', passkey=(lambda v: isinstance(v, bool), 'True or False'), workers='>0',
-              drope=(lambda v: isinstance(v, bool), 'True or False'),
+        sys.exit(f"bad argument(s) {bad}: use --key=value or a config file (sweep keys: {', '.join(sweep)}; others "
+                 f"go to train.py)")
+    configure(sweep, ['--gpu=True' if a == '--gpu' else a for a in ours], dict(scaling_factor='>0',
+              passkey_iters='>=0', passkey_trials='>0', passkey=(lambda v: isinstance(v, bool), 'True or False'),
+              workers='>0', drope=(lambda v: isinstance(v, bool), 'True or False'),
               seeds=(lambda v: seed_list(v, 0) is not None,
-                     'a count (--seeds=3) or a list of seeds (--seeds=[1337,7,42])')))
+                     'a count (--seeds=3) or a list of seeds (--seeds=[1337,7,42])'), **LAUNCH_RULES))
     if sweep['tasks']:
         return task_suite(sweep, train_args, argv)
     if sweep['passkey'] is None:
@@ -356,6 +334,7 @@ def main(argv):
     base.update({'seed': '1337', 'wandb_group': os.path.basename(out)})
     base.update(train_args)  # the user's keys win
     seeds = seed_list(sweep['seeds'], int(base['seed']))
+    slots = slots_for(sweep, train_args, one_thread=False)
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
     # train.py resolves (and checks) the settings every run will use: one dry run, no training
     cfg = train_config(base)
@@ -386,66 +365,58 @@ def main(argv):
     evals = sum(not os.path.exists(os.path.join(out, s, f'eval_{scaling_tag(sc)}.json')) for s, a in runs
                 if a['pos_encoding'] in SCALED_SCHEMES and 'wandb_run_name' not in a for sc in scalings)
     print(plan_line('language modelling', [{**base, 'max_iters': max_iters, **a, 'out_dir': os.path.join(out, s)}
-                                           for s, a in runs], seeds, 'lm', 1, out, evals)
+                                           for s, a in runs], seeds, 'lm', slots, out, evals)
           + (f"; with {evals} rope_scaling evaluations of rope runs" if evals else ''), flush=True)
-    failed, t_start = [], time.time()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # from here on a signal stops the runs, which save first
-        signal.signal(sig, on_signal)
-    for s, run_args in runs:
+    failed, plan, t_start = [], [], time.time()
+    tokens = [f"--tokens={base['eval_tokens']}"] if 'eval_tokens' in base else []  # the final eval's budget
+    for s, run_args in runs:  # each run's steps: train.py, then DroPE's fit, rope_scaling evals, passkey
         d = os.path.join(out, s)
-        log = os.path.join(d, 'sweep.log')
         args = dict(base, **run_args, out_dir=d)
         why = claim(d, args)
         if why:
             failed.append((s, why))
             print(f"sweep: {why}")
             continue
-        t0, n, iters = time.time(), len(failed), int(run_args.get('max_iters', max_iters))
-        if not finished(result(os.path.join(d, 'eval.json')), iters):
-            resume = ['--init_from=resume'] if os.path.exists(os.path.join(d, 'ckpt.pt')) else []
-            rc = run([sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()] + resume, log)
-            why = outcome(rc, os.path.join(d, 'eval.json'), log, 'train.py', iters)
-            if why:
-                failed.append((s, why))
-                continue
-        if s.startswith('drope-') and result(os.path.join(d, 'eval_drope.json')) is None:  # fit c, then evaluate
-            cmd = [sys.executable, 'drope.py', f'--out_dir={d}'] + \
-                  ([f"--tokens={base['eval_tokens']}"] if 'eval_tokens' in base else [])
-            why = outcome(run(cmd, log), os.path.join(d, 'eval_drope.json'), log, 'drope.py')
-            failed += [(s, why)] if why else []
-        variants = [None] + (scalings if run_args['pos_encoding'] in SCALED_SCHEMES and 'wandb_run_name' not in run_args
-                             else [])
-        for sc in variants[1:]:
-            path = os.path.join(d, f'eval_{scaling_tag(sc)}.json')
-            if result(path) is None:
-                cmd = [sys.executable, 'eval.py', f'--out_dir={d}', f'--rope_scaling={sc!r}']
-                if 'eval_tokens' in base:  # the same budget as the final eval in train.py
-                    cmd.append(f"--tokens={base['eval_tokens']}")
-                why = outcome(run(cmd, log), path, log, f'eval.py with {scaling_tag(sc)}')
-                failed += [(s, why)] if why else []
-        if sweep['passkey']:
-            for sc in variants:
-                tag = scaling_tag(sc)
-                path = os.path.join(d, 'passkey' + (f'_{tag}' if tag else '') + '.json')
-                if result(path) is None:
-                    cmd = [sys.executable, 'passkey.py', f"--out_dir={d}", f"--iters={sweep['passkey_iters']}",
-                           f"--trials={sweep['passkey_trials']}"]
-                    why = outcome(run(cmd + ([f'--rope_scaling={sc!r}'] if sc else []), log), path, log,
-                                  f'passkey.py {tag}'.strip())
-                    failed += [(s, why)] if why else []
-        if len(failed) == n:
-            print(f"sweep: {s} done in {time.time() - t0:.0f}s ({time.time() - t_start:.0f}s so far)", flush=True)
+        steps = [launch.step([sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()],
+                             os.path.join(d, 'eval.json'), 'train.py', int(run_args.get('max_iters', max_iters)),
+                             train=True)]
+        if s.startswith('drope-'):  # fit c, then evaluate
+            steps.append(launch.step([sys.executable, 'drope.py', f'--out_dir={d}'] + tokens,
+                                     os.path.join(d, 'eval_drope.json'), 'drope.py'))
+        scaled = scalings if run_args['pos_encoding'] in SCALED_SCHEMES and 'wandb_run_name' not in run_args else []
+        steps += [launch.step([sys.executable, 'eval.py', f'--out_dir={d}', f'--rope_scaling={sc!r}'] + tokens,
+                              os.path.join(d, f'eval_{scaling_tag(sc)}.json'), f'eval.py with {scaling_tag(sc)}')
+                  for sc in scaled]
+        for sc in [None] + scaled if sweep['passkey'] else []:
+            tag = scaling_tag(sc)
+            steps.append(launch.step([sys.executable, 'passkey.py', f"--out_dir={d}",
+                                      f"--iters={sweep['passkey_iters']}", f"--trials={sweep['passkey_trials']}"]
+                                     + ([f'--rope_scaling={sc!r}'] if sc else []),
+                                     os.path.join(d, 'passkey' + (f'_{tag}' if tag else '') + '.json'),
+                                     f'passkey.py {tag}'.strip()))
+        plan.append(dict(name=s, dir=d, steps=steps, after=f"rope-s{run_args['seed']}" if s.startswith('drope-')
+                         else None))
+
+    def on_done(run, whys):
+        if not whys:
+            print(f"sweep: {run['name']} done in {time.time() - run['t0']:.0f}s ({time.time() - t_start:.0f}s so far)",
+                  flush=True)
+    fails, active = execute(plan, sweep, slots, out, on_done)
+    failed += fails
+    if active:
+        return waiting(active, failed)
     done = [os.path.join(out, s) for s, a in runs if finished(read_result(os.path.join(out, s, 'eval.json'))[0],
                                                               int(a.get('max_iters', max_iters)))]
     if done:
         notes = (f"Sweep: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}; rope_scaling "
-                 f"variants at eval time with factor {factor:g} and original_max_len {L}.\n")
+                 f"variants at eval time with factor {factor:g} and original_max_len {L}; runs "
+                 + (launch.describe(slots) if slots else 'as SLURM jobs') + ".\n")
         print(f"sweep: report -> {make_report(done, os.path.join(out, 'report'), notes=notes)} "
               f"({time.time() - t_start:.0f}s in all)")
         log_aggregate(os.path.join(out, 'report'), base)
     for s, why in failed:
         print(f"sweep: FAILED {s}: {why}")
-    stop_if_asked()
+    launch.stop_if_asked()
     return 1 if failed else 0
 
 
@@ -455,9 +426,10 @@ def scheme_list(value):
 
 
 def task_suite(sweep, train_args, argv):
-    """Train every task x scheme (x randomized positions for some schemes) from scratch, `workers`
-    runs at a time (one thread each: tiny models gain nothing from a second thread), resumable as
-    the LM sweep; then report.make_task_report. Each run: out/<task>/<scheme>[-randomized]-s<seed>."""
+    """Train every task x scheme (x randomized positions for some schemes) from scratch, as many runs at a time as
+    the machine has slots (--workers on the CPU, one thread each: tiny models gain nothing from a second thread), or
+    as SLURM jobs, resumable as the LM sweep; then report.make_task_report.
+    Each run: out/<task>/<scheme>[-randomized]-s<seed>."""
     names = TASK_SUITE['tasks'] if sweep['tasks'] == 'default' else sweep['tasks']
     names = names.split(',')
     presets = preset_args(sweep['presets'], task=True)
@@ -472,6 +444,7 @@ def task_suite(sweep, train_args, argv):
     base.update({'seed': '1337', 'wandb_group': os.path.basename(out)})  # (job type: the task's name)
     base.update(train_args)
     seeds = seed_list(sweep['seeds'], int(base['seed']))
+    slots = slots_for(sweep, train_args, one_thread=True)
     lock_out_dir(out, 'sweep.py', hint='or pass --out=ANOTHER_DIR')  # two sweeps into one folder undo each other
     train_config({**base, 'task': names[0]})  # checks the settings once
     jobs = []
@@ -493,38 +466,36 @@ def task_suite(sweep, train_args, argv):
     print(f"sweep: task suite, {len(names)} tasks x {len(schemes)} schemes + {len(presets)} presets, randomized "
           f"positions for "
           f"{', '.join(randomized) or 'none'}", flush=True)
-    print(plan_line('task suite', jobs, seeds, 'task', sweep['workers'], out), flush=True)
-    t_start, failed, running, pending = time.time(), [], {}, list(jobs)
+    print(plan_line('task suite', jobs, seeds, 'task', slots, out), flush=True)
+    t_start, failed, plan, ended = time.time(), [], [], []
     pct = lambda v: 'unaddressable' if v is None else f"{v:.2f}"  # noqa: E731 (None: a finite position table)
-    for sig in (signal.SIGTERM, signal.SIGINT):  # from here on a signal stops the runs, which save first
-        signal.signal(sig, on_signal)
-    while pending or running:  # `workers` children at a time, each one thread
-        while pending and len(running) < sweep['workers']:
-            args = pending.pop(0)
-            d = args['out_dir']
-            why = claim(d, args)
-            if why or finished(result(os.path.join(d, 'eval.json')), args['max_iters']):
-                failed += [(d, why)] if why else []
-                continue
-            resume = ['--init_from=resume'] if os.path.exists(os.path.join(d, 'ckpt.pt')) else []
-            cmd = [sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()] + resume
-            running[start(cmd, os.path.join(d, 'sweep.log'), env={'OMP_NUM_THREADS': '1'})] = args
-        for p in [p for p in running if p.poll() is not None]:
-            args = running.pop(p)
-            d = args['out_dir']
-            why = outcome(reap(p), os.path.join(d, 'eval.json'), os.path.join(d, 'sweep.log'), 'train.py',
-                          int(args['max_iters']))
-            res = read_result(os.path.join(d, 'eval.json'))[0] or {}
-            print(f"sweep: {os.path.relpath(d, out)}: " + (f"FAILED: {why}" if why else f"exact match "
-                  f"{pct(res.get('exact_id'))} in distribution, {pct(res.get('exact_ood'))} beyond")
-                  + f" ({len(jobs) - len(pending) - len(running)}/{len(jobs)} runs, {time.time() - t_start:.0f}s since "
-                  f"the suite started)", flush=True)
-            failed += [(d, why)] if why else []
-        time.sleep(0.1)
+    for args in jobs:
+        d = args['out_dir']
+        why = claim(d, args)
+        if why:
+            failed.append((d, why))
+            continue
+        plan.append(dict(name=os.path.relpath(d, out), dir=d, steps=[launch.step(
+            [sys.executable, 'train.py'] + [f'--{k}={v}' for k, v in args.items()], os.path.join(d, 'eval.json'),
+            'train.py', int(args['max_iters']), train=True)]))
+
+    def on_done(run, whys):
+        ended.append(run['name'])
+        if not run.get('ran'):  # finished before this invocation
+            return
+        res = read_result(os.path.join(run['dir'], 'eval.json'))[0] or {}
+        print(f"sweep: {run['name']}: " + (f"FAILED: {whys[0]}" if whys else f"exact match "
+              f"{pct(res.get('exact_id'))} in distribution, {pct(res.get('exact_ood'))} beyond")
+              + f" ({len(ended)}/{len(jobs)} runs, {time.time() - t_start:.0f}s since the suite started)", flush=True)
+    fails, active = execute(plan, sweep, slots, out, on_done)
+    failed += [(os.path.join(out, n), why) for n, why in fails]
+    if active:
+        return waiting(active, failed)
     own_iters = {a['task']: a['max_iters'] for a in jobs if a['max_iters'] != base['max_iters']}
     notes = (f"Task suite: `python sweep.py {' '.join(argv)}` ({provenance()}); train args {base}"
-             + (f" (max_iters per task: {own_iters})" if own_iters else '') + f"; {sweep['workers']} single-threaded "
-             f"runs at a time; {time.time() - t_start:.0f}s for this invocation.\n")
+             + (f" (max_iters per task: {own_iters})" if own_iters else '') + "; runs "
+             + (launch.describe(slots) if slots else 'as SLURM jobs') + f"; {time.time() - t_start:.0f}s for this "
+             f"invocation.\n")
     done = [a['out_dir'] for a in jobs if finished(read_result(os.path.join(a['out_dir'], 'eval.json'))[0],
                                                    a['max_iters'])]
     if done:
@@ -533,7 +504,7 @@ def task_suite(sweep, train_args, argv):
         log_aggregate(os.path.join(out, 'report'), base)
     for d, why in failed:
         print(f"sweep: FAILED {d}: {why}")
-    stop_if_asked()
+    launch.stop_if_asked()
     return 1 if failed else 0
 
 

@@ -1,7 +1,8 @@
 """Sweeps under faults: sweep.py (the LM sweep and the task suite) killed at random-ish moments
 with SIGKILL, SIGTERM or SIGINT and run again ends with the report of an uninterrupted sweep;
-its children stop (saving) when it stops; a second sweep into its folder is refused; damaged
-results are named and redone; compare.py names a damaged file and reports the rest."""
+its children stop (saving) when it stops, torchrun's ranks included; a second sweep into its folder
+is refused; damaged results are named and redone; compare.py names a damaged file and reports the
+rest. Runs side by side (stand-in GPUs) report as runs one after the other, number for number."""
 import glob
 import json
 import os
@@ -32,6 +33,11 @@ NEXT_LINE = '\niter '  # a run's next progress line, whichever step it resumed a
 def sweep(args):
     return subprocess.run([sys.executable, 'sweep.py'] + args, cwd=ROOT, capture_output=True, text=True, env=ENV,
                           timeout=300)
+
+
+def script(line):
+    """The script a '$ ...' line of the sweep's output runs."""
+    return next(w for w in line.split() if w.endswith('.py'))
 
 
 def results(out):
@@ -155,7 +161,7 @@ def test_finished_sweep_run_again_starts_nothing_and_other_settings_are_refused(
     starts nothing and writes the same tables; the folder with other settings is refused, not mixed
     in, and left as it was; a bad option gets one line."""
     out, args = lm_ref['out'], lm_ref['args']
-    started = [line.split()[2] for line in lm_ref['stdout'].splitlines() if line.startswith('$ ')]
+    started = [script(line) for line in lm_ref['stdout'].splitlines() if line.startswith('$ ')]
     assert sorted(started) == ['eval.py', 'train.py', 'train.py'] and 'passkey off' in lm_ref['stdout']
     for s in ('rope', 'alibi'):
         assert json.load(open(os.path.join(out, s + '-s1337', 'eval.json')))['iter'] == 300
@@ -198,6 +204,67 @@ def test_lm_sweep_killed_then_rerun_ends_with_the_uninterrupted_report(lm_ref, d
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert tables(out) == lm_ref['tables']
     assert results(out) == lm_ref['results']
+
+
+def test_concurrent_lm_sweep_reports_as_the_sequential_one(lm_ref, data, tmp_path):
+    """lm_ref's sweep (rope and alibi, one after the other) again with both runs side by side on one stand-in GPU
+    (2 per GPU): each child was handed GPU 0, never more than 2 at once, both at once at some point; the tables
+    and every eval*.json equal lm_ref's."""
+    out = str(tmp_path / 'out')
+    p, log = start(LM + [f'--data_dir={data}', f'--out={out}', '--gpu_ids=0', '--runs_per_gpu=2'], tmp_path)
+    seen = []
+    while p.poll() is None:  # the children's environment, as the kernel has it
+        found = []
+        for pid, name in children(out):
+            try:
+                env = dict(kv.split('=', 1) for kv in open(f'/proc/{pid}/environ').read().split('\0') if '=' in kv)
+            except OSError:
+                continue
+            found.append(env.get('CUDA_VISIBLE_DEVICES'))
+        seen.append(found)
+        time.sleep(0.02)
+    log.seek(0)
+    said = log.read()
+    assert p.returncode == 0, said[-3000:]
+    assert all(set(s) <= {'0'} and len(s) <= 2 for s in seen) and max(map(len, seen)) == 2, seen
+    starts = [line for line in said.splitlines() if line.startswith('$ ')]
+    assert [script(line) for line in starts].count('train.py') == 2
+    assert all(line.startswith('$ CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=1 ') for line in starts), starts
+    assert '2 at a time on GPU(s) 0, 2 per GPU' in said
+    assert tables(out) == lm_ref['tables'] and results(out) == lm_ref['results']
+
+
+def test_torchrun_run_over_two_gpus_stops_saving_and_resumes(lm_ref, data, tmp_path):
+    """rope over 2 stand-in GPUs (a torchrun of 2 ranks, gloo on the CPU): SIGTERM to the sweep mid-training stops
+    both ranks at one iteration, saving, and the sweep exits with its one line; run again, it resumes on 2 ranks
+    and ends at max_iters with the losses of lm_ref's single-process rope (the same gradient, summed in another
+    order)."""
+    import torch
+    out = str(tmp_path / 'out')
+    args = [a for a in LM if not a.startswith('--schemes')] + ['--schemes=rope', f'--data_dir={data}', f'--out={out}',
+                                                              '--gpu_ids=0,1', '--gpus_per_run=2']
+    log_path = os.path.join(out, 'rope-s1337', 'sweep.log')
+    p, log = start(args, tmp_path)
+    assert wait_for(p, log_path, 'iter 100:', timeout=180), open(log.name).read()[-3000:]
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=120)
+    log.seek(0)
+    said = log.read()
+    assert p.returncode == 128 + signal.SIGTERM and not children(out), said[-3000:]
+    assert said.splitlines()[-1] == ("sweep: stopped by SIGTERM (its runs saved first); run the same command again "
+                                     "to resume")
+    text = open(log_path).read()
+    assert '$ CUDA_VISIBLE_DEVICES=0,1 ' in text and 'torch.distributed.run --standalone --nproc_per_node=2' in text
+    stopped = int(text.split('stopped by SIGTERM at iter ')[1].split(':')[0])
+    assert 100 <= stopped < 300
+    r = subprocess.run([sys.executable, 'sweep.py'] + args, cwd=ROOT, capture_output=True, text=True, env=ENV,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ck = torch.load(os.path.join(out, 'rope-s1337', 'ckpt.pt'), weights_only=True)
+    assert ck['config']['world_size'] == 2 and ck['iter_num'] == 300
+    got = json.load(open(os.path.join(out, 'rope-s1337', 'eval.json')))
+    want = json.load(open(os.path.join(lm_ref['out'], 'rope-s1337', 'eval.json')))
+    assert got['nonoverlap'] == pytest.approx(want['nonoverlap'], rel=1e-3)
 
 
 def test_task_suite_faults_then_rerun_ends_with_the_uninterrupted_report(task_ref, tmp_path):
@@ -263,7 +330,7 @@ def test_damaged_results_are_named_and_redone(lm_ref, tmp_path):
     lines = said.splitlines()
     assert f"sweep: {scaled} is truncated or corrupt JSON" in said and f"moved to {scaled}.bad, redoing it" in said
     assert f"sweep: {alibi} is incomplete (complete: false" in said and os.path.exists(alibi + '.bad')
-    assert [line.split()[2] for line in lines if line.startswith('$ ')] == ['eval.py', 'train.py']
+    assert [script(line) for line in lines if line.startswith('$ ')] == ['eval.py', 'train.py']
     assert tables(out) == lm_ref['tables'] and results(out) == lm_ref['results']
 
 

@@ -82,7 +82,8 @@ def test_two_seed_sweep_reports_spread_logs_to_wandb_and_resumes_per_seed(data, 
     said = p.communicate(timeout=300)[0]
     assert p.returncode == 0, said[-3000:]
     assert 'sweep: language modelling: 4 runs (2 x 2 seed(s): 1337, 1338), 4 to do, about' in said
-    assert sorted(os.listdir(ref)) == ['.lock', 'alibi-s1337', 'alibi-s1338', 'report', 'rope-s1337', 'rope-s1338']
+    assert sorted(os.listdir(ref)) == ['.lock', 'alibi-s1337', 'alibi-s1338', 'report', 'rope-s1337', 'rope-s1338',
+                                       'schedule.jsonl']
     md = open(os.path.join(ref, 'report', 'report.md')).read()
     detail = md.split('### Val loss', 1)[1]  # past the leaderboard, whose cells have no min–max
     rows = [l for l in detail.splitlines() if l.startswith(('| rope | 2 |', '| alibi | 2 |'))]

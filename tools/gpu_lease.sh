@@ -11,6 +11,8 @@
 #                                     # 1's) in 220 s
 #   bash tools/gpu_lease.sh mfu       # where train.py's step changed: profile, mfu16, mfu64 in 400 s
 #   bash tools/gpu_lease.sh STAGE...  # any stages by name, in LEASE_S seconds (default 540)
+#   bash tools/gpu_lease.sh packing   # one call, timeout_s=600: runs per hour of config/sweep_gpu.py at 1, 2, 4, 8
+#                                     # runs side by side, processes then MPS (RESUME=DIR goes on from DIR's JSON)
 #
 # Stages, in priority order (call 2 runs the checks and long before going on with the pairs, which take what is left:
 # the rope they are timed against compiles again in a new process, and the pairs of every model do not fit a lease):
@@ -27,10 +29,14 @@
 #   correct_fla            stick_breaking and wall on their fla kernels: KV cache against the full forward, each
 #                          layer's dq, dk, dv against float64 dense (gpu_check.py), 60 s each at most;
 #   long                   no-grad forwards at 8L and 16L (bench.py --parts=long);
-#   grads_rest             (in neither call) gpu_check.py's gradient check of every scheme and preset.
+#   grads_rest             (in neither call) gpu_check.py's gradient check of every scheme and preset;
+#   packing                (its own call) tools/packing.py: N train.py runs of config/sweep_gpu.py side by side on
+#                          GPU 0 as sweep.py --runs_per_gpu=N packs them, N = 1, 2, 4, 8, plain processes then under
+#                          MPS where its daemon starts; a warm-up run first fills the compile cache; synthetic
+#                          characters, no network; packing.json after every measurement (PACKING_ARGS appended).
 # $OUT ends with at most 8 files, one folder deep: env.txt, lease-CALL.log, train.jsonl, profile.json and a JSON a
-# bench or gpu_check stage. BENCH_ARGS, GPU_CHECK_ARGS and TRAIN_ARGS are appended to every bench.py, gpu_check.py
-# and train.py command (a CPU dry run: tiny sizes, fewer steps).
+# bench, gpu_check or packing stage. BENCH_ARGS, GPU_CHECK_ARGS, PACKING_ARGS and TRAIN_ARGS are appended to every
+# bench.py, gpu_check.py, tools/packing.py and train.py command (a CPU dry run: tiny sizes, fewer steps).
 set -u
 cd "$(dirname "$0")/.."
 
@@ -76,8 +82,9 @@ limits() {  # LIMIT BUDGET: the stage's limit capped by the time left, and its b
     [ "$BUDGET" -gt $((LIMIT - 20)) ] && BUDGET=$((LIMIT - 20))
 }
 
-stage() {  # SCRIPT NAME LIMIT BUDGET ARGS...: bench.py or gpu_check.py within LIMIT s, no model started after
-           # BUDGET s, into $OUT/NAME.json (bench.py's resumed: from itself, or from $RESUME/NAME.json)
+stage() {  # SCRIPT NAME LIMIT BUDGET ARGS...: bench.py, gpu_check.py or tools/packing.py within LIMIT s, nothing
+           # started after BUDGET s, into $OUT/NAME.json (bench.py's and packing's resumed: from themselves, or from
+           # $RESUME/NAME.json)
     local script=$1 name=$2 t0=$SECONDS extra=${GPU_CHECK_ARGS:-}
     limits "$3" "$4"
     shift 4
@@ -85,11 +92,13 @@ stage() {  # SCRIPT NAME LIMIT BUDGET ARGS...: bench.py or gpu_check.py within L
         echo "== $name: not run, $((LEASE_S - SECONDS)) s left of ${LEASE_S}"
         return
     fi
-    if [ "$script" = tools/bench.py ]; then
-        extra=${BENCH_ARGS:-}
-        if [ -n "${RESUME:-}" ] && [ -f "$RESUME/$name.json" ] && [ ! -f "$OUT/$name.json" ]; then
-            cp "$RESUME/$name.json" "$OUT/$name.json" && echo "== $name: on from $RESUME/$name.json"
-        fi
+    case $script in
+        tools/bench.py) extra=${BENCH_ARGS:-} ;;
+        tools/packing.py) extra=${PACKING_ARGS:-} ;;
+    esac
+    if [ "$script" != tools/gpu_check.py ] && [ -n "${RESUME:-}" ] && [ -f "$RESUME/$name.json" ] \
+            && [ ! -f "$OUT/$name.json" ]; then
+        cp "$RESUME/$name.json" "$OUT/$name.json" && echo "== $name: on from $RESUME/$name.json"
     fi
     echo "== $name: up to ${LIMIT} s, from $(date -u +%T)"
     timeout -s INT -k 10 "$LIMIT" python3 "$script" --json="$OUT/$name.json" --budget="$BUDGET" "$@" $extra
@@ -150,6 +159,7 @@ for s in $STAGES; do
                          --scheme_limit=60 ;;
         long) bench long 100 80 --parts=long --schemes=rope,xl,fire --presets= --scheme_limit=40 ;;
         grads_rest) check grads_rest 300 270 --schemes=all --presets=all --parts=correct,attn_grads --scheme_limit=40 ;;
+        packing) stage tools/packing.py packing $((LEASE_S - SECONDS)) $((LEASE_S - SECONDS - 30)) --limit=150 ;;
         *) echo "unknown stage $s" ;;
     esac
 done
