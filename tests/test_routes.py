@@ -26,6 +26,8 @@ B16 = torch.bfloat16
 ROUTE_TABLE = {
     'alibi': ('qk_lift', 'qk_lift', 'sdpa_bias', 'qk_lift'),
     'cope': ('sdpa_bias', 'flex', 'refused'),
+    'dape': ('flex', 'flex', 'refused'),
+    'dape_v2': ('flex', 'flex', 'refused'),
     'deberta': ('sdpa_bias', 'flex', 'sdpa_bias', 'flex'),
     'fire': ('sdpa_bias', 'dense', 'sdpa_bias', 'dense'),
     'fope': ('sdpa', 'sdpa', 'sdpa', 'sdpa'),
