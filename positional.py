@@ -2152,7 +2152,7 @@ class DAPE(PositionalEncoding):
     """DAPE, data-adaptive positional encoding (Zheng et al., arXiv 2405.14722, NeurIPS 2024), as the authors' code
     computes it (github.com/chuanyang-Zheng/DAPE at bde344a: DAPE.py's AliBi_DAPE, ParallelKerpleLog_DAPE, FIRE_DAPE;
     megatron/model/positional_embeddings.py's AliBi_C, ParallelKerpleLog_C, FIRE_C, Nope_C, the same arithmetic):
-        A_ij = z_ij + b_ij + f([z_ij; b_ij]),   z = q k^T / sqrt(d),   f = Linear(2H, width), LeakyReLU, Linear(width, H)
+        A_ij = z_ij + b_ij + f([z_ij; b_ij]),   z = q k^T / sqrt(d),   f: Linear(2H, width), LeakyReLU, Linear(width, H)
     an MLP over the vector of each query-key pair across the H heads, [its scaled logits; its positional bias], added
     to both, then the causal mask and the softmax. b is the bias DAPE wraps (option bias), 0 for a future key:
       'alibi'   -m_h (i - j), ALiBi's slopes (alibi_slopes), no parameters
@@ -2258,23 +2258,24 @@ class DAPEV2(DAPE):
     made two 1 x k convolutions over each query row's keys, the heads as channels, as the authors' code computes it
     (github.com/chuanyang-Zheng/DAPE at bde344a: megatron/model/positional_embeddings.py's Alibi_DAPEV2,
     Kerple_DAPEV2, FIRE_DAPEV2; the capev2 configs):
-        A = z + b + conv2(LeakyReLU(conv1(tril([z; b])))),   conv1: 2H -> width, conv2: width -> H, 1 x k each,
-    zero-padded by k // 2 at both ends of the keys, with z, b and the options of `dape`, and tril: a key the query
-    cannot see enters as 0 (the future; here a window's or chunk's hidden keys too). Row i's logit at key j reads
-    row i's scores and biases at keys j - 2p .. j + 2p (p = k // 2), never another query's, those past i as zeros:
-    causal. Where the README and paper say "a 1 x 3 convolution", the code has this two-layer network of 1 x 3
-    convolutions (5 keys at k = 3), followed here. Defaults: kernel 3 (their configs), bias 'kerple', width 32.
+        A = z + b + conv2(LeakyReLU(conv1(tril([z; b])))),   conv1: 2H -> width, conv2: width -> H, each 1 x k
+    zero-padded by k // 2 at both ends of the keys, with z, b and the options of `dape`; tril: a key the query cannot
+    see enters as 0 (the future's; here a window's or chunk's hidden keys too). Row i's logit at key j reads row i's
+    scores and biases at keys j - 2p .. j + 2p (p = k // 2), never another query's row, those past i as zeros: causal.
+    The README's and paper's "1 x 3 convolution" is, in the code, this two-layer network of 1 x 3 convolutions (5 keys
+    at k = 3): the code is followed. Defaults: kernel 3 (their configs), bias 'kerple', width 32.
     One departure, so that decoding equals a full forward: the code's second convolution zero-pads past a forward's
-    last key, which only the last p rows read, so there a query's logits depend on whether its forward ends at it;
-    here every row gets what the code gives a row with text after it (hidden units past its own key from tril's
-    zeros). That equals the authors' forward over T + p tokens in its first T rows, and theirs over T tokens in all
-    but the last p (tested). Hidden units before the text's first token are 0, the code's padding; before a cache's
-    or chunk's first key, whose earlier tokens are hidden, they come from zeros as at any hidden key. Their decoding
-    step (one query) tril's a 1 x Tk map down to its first key; not followed. bias='none' takes the H logit maps
-    alone (their Nope_C_FFN and DAPEV2 declare 2H input channels but are handed H, and cannot run).
-    Where it runs: as `dape` (whole logits to att.logits; without gradients query chunks, rows being independent:
-    O(T) memory), each chunk's keys with the zeros past its ends the convolutions read. Options: kernel (odd), and
-    bias, width, init_c, init_L as `dape`."""
+    last key, which only the last p rows read, so a query's logits there depend on whether its forward ends at it;
+    here every row gets what the code gives a row with text after it (its hidden units past its own key from tril's
+    zeros). It equals the authors' forward over T + p tokens in its first T rows, and theirs over T tokens in all but
+    the last p (tested). Hidden units before the text's first token are 0 (the code's padding); before a cache's or
+    chunk's first key, whose earlier tokens are hidden, they come from zeros as at any hidden key. The code's one-query
+    decoding step (tril of a 1 x Tk map keeps its first key alone) is not followed. bias='none' takes the H logit maps
+    alone: the code's Nope_C_FFN and DAPEV2 declare 2H input channels but are handed H, and cannot run.
+    Where it runs: as `dape`, the whole logits to the layer's softmax (att.logits: FlexAttention on CUDA, dense
+    elsewhere); without gradients in query chunks (att.rows), rows being independent, each chunk's keys with the zeros
+    past its ends that the convolutions read, its hidden units [B, width, rows, Tk + 2p] within
+    attention.dense_chunk_bytes: O(T) memory. Options: kernel (odd), and bias, width, init_c, init_L as `dape`."""
 
     def __init__(self, config, bias='kerple', width=32, kernel=3, init_c=0.1, init_L=512.0):
         super().__init__(config, bias, width, init_c, init_L)
