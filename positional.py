@@ -2205,19 +2205,26 @@ class DAPE(PositionalEncoding):
     def mix(self, z, b, params, vis, k0):
         """f([z; b]) [B, H, Tq, Tk] for logits z [B, H, Tq, Tk] and bias b [H, Tq, Tk] (None: 'none'): DAPE's MLP,
         or DAPE v2's convolutions over each row's keys, where vis [Tq, Tk] says which keys each query sees (hidden
-        ones enter as zeros) and k0 is the text's token at key 0."""
-        dtype, H, p = z.dtype, z.size(1), self.kernel // 2
-        w1, w2 = (m.weight.to(dtype).view(m.weight.size(0), -1, 1, self.kernel) for m in (params.mix1, params.mix2))
+        ones enter as zeros) and k0 is the text's token at key 0. Heads last, so each tap is one matmul."""
+        dtype, H, Tk, k = z.dtype, z.size(1), z.size(3), self.kernel
+        p = k // 2
+        w1 = params.mix1.weight.to(dtype).view(self.width, -1, k)  # (width, inputs, taps)
+        w2 = params.mix2.weight.to(dtype).view(H, self.width, k).permute(2, 0, 1).flatten(0, 1)  # (taps x H, width)
         if vis is not None:  # the authors' tril: a key the query cannot see enters the convolution as zeros
             z = z.masked_fill(~vis, 0.0)
             b = b.masked_fill(~vis, 0.0) if b is not None else None
-        pad = (2 * p, 2 * p)  # hidden units p keys past either end, then the output at every key
-        h = F.conv2d(F.pad(z, pad) if p else z, w1[:, :H], params.mix1.bias.to(dtype))  # (B, width, Tq, Tk + 2p)
+
+        def taps(x, w):  # x (..., Tk, c) padded by 2p keys at each end -> (..., Tk + 2p, width): conv1 at every key
+            x = F.pad(x, (0, 0, 2 * p, 2 * p)) if p else x
+            return F.linear(x.unfold(-2, k, 1).flatten(-2), w.flatten(1))
+        h = taps(z.permute(0, 2, 3, 1), w1[:, :H]) + params.mix1.bias.to(dtype)  # (B, Tq, Tk + 2p, width)
         if b is not None:  # the bias's half once for the batch, whose rows share it
-            h = h + F.conv2d((F.pad(b, pad) if p else b)[None], w1[:, H:])
+            h = h + taps(b.permute(1, 2, 0), w1[:, H:])
         if p > k0:  # hidden units before the text's first token are the authors' zero padding
-            h = F.pad(h[..., p - k0:], (p - k0, 0))
-        return F.conv2d(F.leaky_relu(h), w2, params.mix2.bias.to(dtype))
+            h = F.pad(h[:, :, p - k0:], (0, 0, p - k0, 0))
+        g = F.linear(F.leaky_relu(h), w2)  # (B, Tq, Tk + 2p, taps x H): each tap of conv2 at every hidden unit
+        out = sum((g[:, :, t:t + Tk, t * H:(t + 1) * H] for t in range(k)), params.mix2.bias.to(dtype))
+        return out.permute(0, 3, 1, 2)  # (B, H, Tq, Tk)
 
     def logits(self, q, k, ctx, params, a):
         """The layer's logits z + b + f([z; b]) [B, H, Tq, Tk] of queries q over keys k, the rows and keys of

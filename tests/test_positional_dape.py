@@ -175,16 +175,16 @@ def test_query_chunks_and_windows_equal_the_authors_code(name, opts, mask, monke
 
 
 def test_evaluation_chunks_keep_the_hidden_units_within_a_dense_chunk(monkeypatch):
-    """Without gradients every tensor f's convolutions make ([B, width, rows, Tk + 2p] hidden units, the largest)
-    stays within attention.dense_chunk_bytes, at 8x and 16x the training length: O(T) memory beyond q, k, v."""
+    """Without gradients every tensor f's layers make ([B, rows, Tk + 2p, width] hidden units, the largest) stays
+    within attention.dense_chunk_bytes, at 8x and 16x the training length: O(T) memory beyond q, k, v."""
     sizes = []
-    real = F.conv2d
+    real = F.linear
 
     def spy(*args, **kw):
         out = real(*args, **kw)
         sizes.append(out.numel() * out.element_size())
         return out
-    monkeypatch.setattr(P.F, 'conv2d', spy)
+    monkeypatch.setattr(P.F, 'linear', spy)
     for name in ('dape', 'dape_v2'):
         m = tiny_model(name, pos_options={'bias': 'fire'}).eval()
         for T in (8 * 16, 16 * 16):
