@@ -2210,20 +2210,24 @@ class DAPE(PositionalEncoding):
         p = k // 2
         w1 = params.mix1.weight.to(dtype).view(self.width, -1, k)  # (width, inputs, taps)
         w2 = params.mix2.weight.to(dtype).view(H, self.width, k).permute(2, 0, 1).flatten(0, 1)  # (taps x H, width)
+        b1, b2 = params.mix1.bias.to(dtype), params.mix2.bias.to(dtype)
         if vis is not None:  # the authors' tril: a key the query cannot see enters the convolution as zeros
             z = z.masked_fill(~vis, 0.0)
             b = b.masked_fill(~vis, 0.0) if b is not None else None
 
-        def taps(x, w):  # x (..., Tk, c) padded by 2p keys at each end -> (..., Tk + 2p, width): conv1 at every key
-            x = F.pad(x, (0, 0, 2 * p, 2 * p)) if p else x
-            return F.linear(x.unfold(-2, k, 1).flatten(-2), w.flatten(1))
-        h = taps(z.permute(0, 2, 3, 1), w1[:, :H]) + params.mix1.bias.to(dtype)  # (B, Tq, Tk + 2p, width)
+        def taps(x, w, bias=None):  # conv1 of x (..., Tk, inputs) at each key and p past each end (..., Tk + 2p, width)
+            if p:  # each tap's inputs side by side: p + p keys of zeros at each end, then windows of k keys
+                x = F.pad(x, (0, 0, 2 * p, 2 * p)).unfold(-2, k, 1).flatten(-2)
+            return F.linear(x, w.flatten(1), bias)
+        h = taps(z.permute(0, 2, 3, 1), w1[:, :H], b1)  # (B, Tq, Tk + 2p, width)
         if b is not None:  # the bias's half once for the batch, whose rows share it
             h = h + taps(b.permute(1, 2, 0), w1[:, H:])
         if p > k0:  # hidden units before the text's first token are the authors' zero padding
             h = F.pad(h[:, :, p - k0:], (0, 0, p - k0, 0))
+        if not p:  # DAPE's MLP
+            return F.linear(F.leaky_relu(h), w2, b2).permute(0, 3, 1, 2)
         g = F.linear(F.leaky_relu(h), w2)  # (B, Tq, Tk + 2p, taps x H): each tap of conv2 at every hidden unit
-        out = sum((g[:, :, t:t + Tk, t * H:(t + 1) * H] for t in range(k)), params.mix2.bias.to(dtype))
+        out = sum((g[:, :, t:t + Tk, t * H:(t + 1) * H] for t in range(k)), b2)
         return out.permute(0, 3, 1, 2)  # (B, H, Tq, Tk)
 
     def logits(self, q, k, ctx, params, a):
