@@ -2163,7 +2163,8 @@ class DAPE(PositionalEncoding):
                 plain FIRE, as `fire`, has ReLU)
       'none'    no bias, f over the logits alone, H -> width -> H (the authors' Nope_C: DAPE on NoPE)
     i and j are the query's and the key's positions. Per layer: f, and KERPLE's or FIRE's parameters; f has
-    nn.Linear's default init (as the authors' nn.Sequential), LeakyReLU PyTorch's slope 0.01. Defaults: bias
+    nn.Linear's default init (as the authors' nn.Sequential), LeakyReLU PyTorch's slope 0.01; f's output bias adds
+    one number to every logit of a head's row, which softmax cancels (a zero gradient, as in their code). Defaults: bias
     'kerple' (our choice of the authors' three), width 32 (their configs' mlp_width, also FIRE's MLP width as in
     their code), init_c 0.1, init_L 512 (DAPE.py's FIRE_DAPE; their Megatron layer passes noise_seq_length // 2, 64
     in their DAPE-FIRE config at training length 512). The paper's text was not available here, its abstract only:
@@ -2171,10 +2172,10 @@ class DAPE(PositionalEncoding):
     Where it runs: f mixes the heads of a pair, which no FlexAttention score_mod (one head's logit) or bias form can
     carry, so `attention` builds the logits whole and hands them to the layer's softmax (att.logits: FlexAttention on
     CUDA, the dense path elsewhere; windows, chunks, sink logits and dropout as on any layer). With gradients the
-    whole [B, H, T, T] logits and f's [B, width, T, T] hidden units; without (evaluation), f being per pair, query
+    whole [B, H, T, T] logits and f's [B, T, T, width] hidden units; without (evaluation), f being per pair, query
     chunks (att.rows), each chunk's hidden units within attention.dense_chunk_bytes: O(T) memory beyond the keys and
     values. The KV cache keeps keys and values only (the bias is of positions). Options: bias, width, init_c, init_L."""
-    kernel = 1  # keys each logit's f reads on either side: 0 (DAPE's f is per pair)
+    kernel = 1  # the width of f over keys: DAPE's f is per pair
     biases = ('alibi', 'kerple', 'fire', 'none')
 
     def __init__(self, config, bias='kerple', width=32, init_c=0.1, init_L=512.0):
@@ -2285,7 +2286,7 @@ class DAPEV2(DAPE):
     alone: the code's Nope_C_FFN and DAPEV2 declare 2H input channels but are handed H, and cannot run.
     Where it runs: as `dape`, the whole logits to the layer's softmax (att.logits: FlexAttention on CUDA, dense
     elsewhere); without gradients in query chunks (att.rows), rows being independent, each chunk's keys with the zeros
-    past its ends that the convolutions read, its hidden units [B, width, rows, Tk + 2p] within
+    past its ends that the convolutions read, its hidden units [B, rows, Tk + 2p, width] within
     attention.dense_chunk_bytes: O(T) memory. Options: kernel (odd), and bias, width, init_c, init_L as `dape`."""
 
     def __init__(self, config, bias='kerple', width=32, kernel=3, init_c=0.1, init_L=512.0):
