@@ -110,8 +110,8 @@ IDS = [f"{n}-{kind}" + ''.join(f"-{a}={b}" for a, b in o.items()) for n, kind, o
 def test_output_and_every_gradient_equal_the_authors_code_in_float64(name, kind, opts, q0):
     """The layer's attention output, and the gradients of a weighted sum of it for q, k, v and every parameter of
     the layer, equal the authors' arithmetic within 1e-12 (relative to the largest entry; the output layer's bias,
-    which softmax cancels, has a zero gradient in both). DAPE v2's reference runs
-    over p = kernel // 2 tokens more, whose keys its first T rows see as the future (the edge: next test)."""
+    which softmax cancels, has a zero gradient in both). DAPE v2's reference runs over p = kernel // 2 tokens more,
+    whose keys its first T rows see as the future (the edge: next test)."""
     pe, layer = drawn(name, kind, **opts)
     T, p = 11, pe.kernel // 2
     q, k, v = qkv(T + p)
@@ -190,7 +190,7 @@ def test_evaluation_chunks_keep_the_hidden_units_within_a_dense_chunk(monkeypatc
     for name in ('dape', 'dape_v2'):
         m = tiny_model(name, pos_options={'bias': 'fire'}).eval()
         for T in (8 * 16, 16 * 16):
-            monkeypatch.setattr(A, 'DENSE_CHUNK_BYTES', 4 * 32 * T * 8)  # 8 rows of [B=1, width, rows, T] float32
+            monkeypatch.setattr(A, 'DENSE_CHUNK_BYTES', 4 * 32 * T * 8)  # 8 rows of [B=1, rows, T, width] float32
             sizes.clear()
             with torch.no_grad():
                 m(torch.randint(0, 37, (1, T)))
