@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import layers
-from attention import CAUSAL, Attender, Bias, key_distance_table, query_distance_table, wide
+from attention import CAUSAL, Attender, Bias, dense_chunk_bytes, key_distance_table, query_distance_table, wide
 from kernels import causal_conv, cumsum_tokens, path_scores, wall_scores
 from rope_scaling import EXTENSION_TYPES, LENGTH_DEPENDENT_SCALING, resolve_rope_scaling, rope_frequencies
 
@@ -2317,6 +2317,172 @@ class Wall(PositionalEncoding):
         return att.logits(A, v)
 
 
+class _DapeLayer(nn.Module):
+    def __init__(self, n_head, bias, width, kernel, init_c, init_L):
+        super().__init__()
+        if bias == 'kerple':
+            self.p = nn.Parameter(torch.rand(n_head) * 2)  # KERPLE's init: p ~ U(0, 2), a ~ U(0, 1)
+            self.a = nn.Parameter(torch.rand(n_head))
+        if bias == 'fire':
+            self.fc1, self.fc2 = nn.Linear(1, width), nn.Linear(width, n_head)
+            self.c = nn.Parameter(torch.tensor(float(init_c)))  # log-transform sharpness
+            self.L_mult = nn.Parameter(torch.tensor(1.0))  # learned threshold = |L_mult * init_L|
+            self.register_buffer('init_L', torch.tensor(float(init_L)), persistent=False)
+        inputs = n_head if bias == 'none' else 2 * n_head  # [logits; bias] per head
+        if kernel == 1:  # DAPE: an MLP over each pair's heads (nn.Linear's init, as the authors')
+            self.mix1, self.mix2 = nn.Linear(inputs, width), nn.Linear(width, n_head)
+        else:  # DAPE v2: 1 x kernel convolutions over each query row's keys (nn.Conv2d's init, as the authors')
+            self.mix1, self.mix2 = nn.Conv2d(inputs, width, (1, kernel)), nn.Conv2d(width, n_head, (1, kernel))
+
+
+@register('dape')
+class DAPE(PositionalEncoding):
+    """DAPE, data-adaptive positional encoding (Zheng et al., arXiv 2405.14722, NeurIPS 2024), as the authors' code
+    computes it (github.com/chuanyang-Zheng/DAPE at bde344a: DAPE.py's AliBi_DAPE, ParallelKerpleLog_DAPE, FIRE_DAPE;
+    megatron/model/positional_embeddings.py's AliBi_C, ParallelKerpleLog_C, FIRE_C, Nope_C, the same arithmetic):
+        A_ij = z_ij + b_ij + f([z_ij; b_ij]),   z = q k^T / sqrt(d),   f: Linear(2H, width), LeakyReLU, Linear(width, H)
+    an MLP over the vector of each query-key pair across the H heads, [its scaled logits; its positional bias], added
+    to both, then the causal mask and the softmax. b is the bias DAPE wraps (option bias), 0 for a future key:
+      'alibi'   -m_h (i - j), ALiBi's slopes (alibi_slopes), no parameters
+      'kerple'  -p_h log(1 + a_h (i - j)), KERPLE's log kernel, p ~ U(0, 2), a ~ U(0, 1) per head and layer, clamped
+                in place to >= 0.01 before each use (the authors' code)
+      'fire'    FIRE's MLP(psi(i - j) / (psi(max(i, |m L0|)) + 1e-6)), psi(x) = log(|c x| + 1), 1 -> width -> H,
+                c (init_c), m (init 1), L0 (init_L): with LeakyReLU, as the authors' FIRE_DAPE and FIRE_C (their
+                plain FIRE, as `fire`, has ReLU)
+      'none'    no bias, f over the logits alone, H -> width -> H (the authors' Nope_C: DAPE on NoPE)
+    i and j are the query's and the key's positions. Per layer: f, and KERPLE's or FIRE's parameters; f has
+    nn.Linear's default init (as the authors' nn.Sequential), LeakyReLU PyTorch's slope 0.01; f's output bias adds
+    one number to every logit of a head's row, which softmax cancels (a zero gradient, as in their code). Defaults: bias
+    'kerple' (our choice of the authors' three), width 32 (their configs' mlp_width, also FIRE's MLP width as in
+    their code), init_c 0.1, init_L 512 (DAPE.py's FIRE_DAPE; their Megatron layer passes noise_seq_length // 2, 64
+    in their DAPE-FIRE config at training length 512). The paper's text was not available here, its abstract only:
+    the formula and defaults are the code's.
+    Where it runs: f mixes the heads of a pair, which no FlexAttention score_mod (one head's logit) or bias form can
+    carry, so `attention` builds the logits whole and hands them to the layer's softmax (att.logits: FlexAttention on
+    CUDA, the dense path elsewhere; windows, chunks, sink logits and dropout as on any layer). With gradients the
+    whole [B, H, T, T] logits and f's [B, T, T, width] hidden units; without (evaluation), f being per pair, query
+    chunks (att.rows), each chunk's hidden units within attention.dense_chunk_bytes: O(T) memory beyond the keys and
+    values. The KV cache keeps keys and values only (the bias is of positions). Options: bias, width, init_c, init_L."""
+    kernel = 1  # the width of f over keys: DAPE's f is per pair
+    biases = ('alibi', 'kerple', 'fire', 'none')
+
+    def __init__(self, config, bias='kerple', width=32, init_c=0.1, init_L=512.0):
+        super().__init__(config)
+        self.bias = check_choice(self.name, 'bias', bias, self.biases)
+        self.width = check_whole(self.name, 'width', width, what=' (hidden units of the MLP over the heads)')
+        self.init_c = check_number(self.name, 'init_c', init_c, what=" (FIRE's log-transform sharpness c)")
+        self.init_L = check_number(self.name, 'init_L', init_L, what=" (FIRE's threshold L0)")
+        if bias == 'alibi':
+            self.register_buffer('slopes', alibi_slopes(config.n_head), persistent=False)
+
+    def new_layer(self):
+        return _DapeLayer(self.n_head, self.bias, self.width, self.kernel, self.init_c, self.init_L)
+
+    def position_bias(self, params, qp, kp, dtype):
+        """The wrapped bias [H, Tq, Tk] at query positions qp [Tq] and key positions kp [Tk] (0 for a future key)."""
+        r = (qp[:, None] - kp[None, :]).clamp(min=0).to(dtype)  # (Tq, Tk) distances
+        if self.bias == 'alibi':
+            return -self.slopes.to(dtype)[:, None, None] * r
+        if self.bias == 'kerple':
+            return -params.p.to(dtype)[:, None, None] * torch.log1p(params.a.to(dtype)[:, None, None] * r)
+        c, thr = params.c.to(dtype), (params.L_mult * params.init_L).abs().to(dtype)
+        x = torch.log(torch.abs(c * r) + 1) / (torch.log(torch.abs(c * torch.maximum(qp.to(dtype), thr)) + 1) +
+                                               1e-6)[:, None]
+        hidden = F.leaky_relu(x[..., None] * params.fc1.weight[:, 0].to(dtype) + params.fc1.bias.to(dtype))
+        return (hidden @ params.fc2.weight.to(dtype).t() + params.fc2.bias.to(dtype)).permute(2, 0, 1)
+
+    def mix(self, z, b, params, vis, k0):
+        """f([z; b]) [B, H, Tq, Tk] for logits z [B, H, Tq, Tk] and bias b [H, Tq, Tk] (None: 'none'): DAPE's MLP,
+        or DAPE v2's convolutions over each row's keys, where vis [Tq, Tk] says which keys each query sees (hidden
+        ones enter as zeros) and k0 is the text's token at key 0. Heads last, so each tap is one matmul."""
+        dtype, H, Tk, k = z.dtype, z.size(1), z.size(3), self.kernel
+        p = k // 2
+        w1 = params.mix1.weight.to(dtype).view(self.width, -1, k)  # (width, inputs, taps)
+        w2 = params.mix2.weight.to(dtype).view(H, self.width, k).permute(2, 0, 1).flatten(0, 1)  # (taps x H, width)
+        b1, b2 = params.mix1.bias.to(dtype), params.mix2.bias.to(dtype)
+        if vis is not None:  # the authors' tril: a key the query cannot see enters the convolution as zeros
+            z = z.masked_fill(~vis, 0.0)
+            b = b.masked_fill(~vis, 0.0) if b is not None else None
+
+        def taps(x, w, bias=None):  # conv1 of x (..., Tk, inputs) at each key and p past each end (..., Tk + 2p, width)
+            if p:  # each tap's inputs side by side: p + p keys of zeros at each end, then windows of k keys
+                x = F.pad(x, (0, 0, 2 * p, 2 * p)).unfold(-2, k, 1).flatten(-2)
+            return F.linear(x, w.flatten(1), bias)
+        h = taps(z.permute(0, 2, 3, 1), w1[:, :H], b1)  # (B, Tq, Tk + 2p, width)
+        if b is not None:  # the bias's half once for the batch, whose rows share it
+            h = h + taps(b.permute(1, 2, 0), w1[:, H:])
+        if p > k0:  # hidden units before the text's first token are the authors' zero padding
+            h = F.pad(h[:, :, p - k0:], (0, 0, p - k0, 0))
+        if not p:  # DAPE's MLP
+            return F.linear(F.leaky_relu(h), w2, b2).permute(0, 3, 1, 2)
+        g = F.linear(F.leaky_relu(h), w2)  # (B, Tq, Tk + 2p, taps x H): each tap of conv2 at every hidden unit
+        out = sum((g[:, :, t:t + Tk, t * H:(t + 1) * H] for t in range(k)), b2)
+        return out.permute(0, 3, 1, 2)  # (B, H, Tq, Tk)
+
+    def logits(self, q, k, ctx, params, a):
+        """The layer's logits z + b + f([z; b]) [B, H, Tq, Tk] of queries q over keys k, the rows and keys of
+        att.rows's chunk `a`; without gradients a few rows at a time, so f's hidden units stay within a dense
+        chunk's bytes."""
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        B, H, Tq, d = q.shape
+        Tk, p = k.size(2), self.kernel // 2
+        qp, kp = ctx.q_pos[a.row0:a.row0 + Tq], ctx.k_pos[a.key0:a.key0 + Tk]
+        vis = a.visibility(Tq, Tk, q.device) if p else None
+        kt = k.to(dtype).transpose(-2, -1)
+        n = Tq if torch.is_grad_enabled() else \
+            max(1, dense_chunk_bytes(q.device.type) // (B * self.width * (Tk + 2 * p) * kt.element_size()))
+        parts = []
+        for s in range(0, Tq, n):
+            z = q[:, :, s:s + n].to(dtype) @ kt / math.sqrt(d)  # (B, H, rows, Tk)
+            b = self.position_bias(params, qp[s:s + n], kp, dtype) if self.bias != 'none' else None
+            f = self.mix(z, b, params, vis[s:s + n] if p else None, a.mask.k0)
+            parts.append(z + f if b is None else z + b + f)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+
+    def attention(self, q, k, v, x, ctx, params, cache, att):
+        if self.bias == 'kerple':
+            with torch.no_grad():  # clamp the parameters themselves, so gradients still flow at the boundary
+                params.p.clamp_(min=1e-2)
+                params.a.clamp_(min=1e-2)
+
+        def run(q, k, v, a):
+            with torch.autocast(q.device.type, enabled=False):  # the logits stay float32
+                A = self.logits(q, k, ctx, params, a)
+            return a.logits(A, v)
+        return att.rows(run, q, k, v)
+
+
+@register('dape_v2')
+class DAPEV2(DAPE):
+    """DAPE v2, CDAPE (Zheng et al., arXiv 2410.04798): DAPE with the attention scores as feature maps, its MLP
+    made two 1 x k convolutions over each query row's keys, the heads as channels, as the authors' code computes it
+    (github.com/chuanyang-Zheng/DAPE at bde344a: megatron/model/positional_embeddings.py's Alibi_DAPEV2,
+    Kerple_DAPEV2, FIRE_DAPEV2; the capev2 configs):
+        A = z + b + conv2(LeakyReLU(conv1(tril([z; b])))),   conv1: 2H -> width, conv2: width -> H, each 1 x k
+    zero-padded by k // 2 at both ends of the keys, with z, b and the options of `dape`; tril: a key the query cannot
+    see enters as 0 (the future's; here a window's or chunk's hidden keys too). Row i's logit at key j reads row i's
+    scores and biases at keys j - 2p .. j + 2p (p = k // 2), never another query's row, those past i as zeros: causal.
+    The README's and paper's "1 x 3 convolution" is, in the code, this two-layer network of 1 x 3 convolutions (5 keys
+    at k = 3): the code is followed. Defaults: kernel 3 (their configs), bias 'kerple', width 32.
+    One departure, so that decoding equals a full forward: the code's second convolution zero-pads past a forward's
+    last key, which only the last p rows read, so a query's logits there depend on whether its forward ends at it;
+    here every row gets what the code gives a row with text after it (its hidden units past its own key from tril's
+    zeros). It equals the authors' forward over T + p tokens in its first T rows, and theirs over T tokens in all but
+    the last p (tested). Hidden units before the text's first token are 0 (the code's padding); before a cache's or
+    chunk's first key, whose earlier tokens are hidden, they come from zeros as at any hidden key. The code's one-query
+    decoding step (tril of a 1 x Tk map keeps its first key alone) is not followed. bias='none' takes the H logit maps
+    alone: the code's Nope_C_FFN and DAPEV2 declare 2H input channels but are handed H, and cannot run.
+    Where it runs: as `dape`, the whole logits to the layer's softmax (att.logits: FlexAttention on CUDA, dense
+    elsewhere); without gradients in query chunks (att.rows), rows being independent, each chunk's keys with the zeros
+    past its ends that the convolutions read, its hidden units [B, rows, Tk + 2p, width] within
+    attention.dense_chunk_bytes: O(T) memory. Options: kernel (odd), and bias, width, init_c, init_L as `dape`."""
+
+    def __init__(self, config, bias='kerple', width=32, kernel=3, init_c=0.1, init_L=512.0):
+        super().__init__(config, bias, width, init_c, init_L)
+        what = " (the convolutions' width over keys, padded by kernel // 2 at each end)"
+        self.kernel = check_whole(self.name, 'kernel', kernel, what=what)
+        if self.kernel % 2 == 0:
+            raise ValueError(f"{self.name} kernel must be an odd integer >= 1{what}, got {kernel!r}")
 # --- a positional stream carried beside the residual stream and updated by every layer (`stream`)
 
 

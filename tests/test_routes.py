@@ -28,6 +28,8 @@ ROUTE_TABLE = {
     'cable': ('sdpa_bias', 'qk_lift', 'sdpa_bias', 'qk_lift'),
     'carope': ('sdpa', 'sdpa', 'sdpa', 'sdpa'),
     'cope': ('sdpa_bias', 'flex', 'refused'),
+    'dape': ('flex', 'flex', 'refused'),
+    'dape_v2': ('flex', 'flex', 'refused'),
     'deberta': ('sdpa_bias', 'flex', 'sdpa_bias', 'flex'),
     'fire': ('sdpa_bias', 'dense', 'sdpa_bias', 'dense'),
     'fope': ('sdpa', 'sdpa', 'sdpa', 'sdpa'),
