@@ -750,7 +750,7 @@ def test_inference_time_extensions_score_each_pair_at_its_mapped_distance(ext):
         return float(w) if ext['type'] == 'rerope' else w + (r - w) / ext['k']
     attn = m.transformer.h[0].attn
     seen = {}
-    attn.register_forward_hook(lambda mod, inp, out: seen.update(y=out))
+    attn.register_forward_hook(lambda mod, inp, out: seen.update(y=out[0]))  # (the block asks for (y, ctx))
     with torch.no_grad():
         h = m.transformer.h[0].ln_1(m.transformer.wte(x))
         q, k, v = attn.c_attn(h).split(32, dim=2)
