@@ -5,7 +5,9 @@ What a person reads: a progress bar on a terminal, one line per finished stage i
   with progress(total=40, desc='sliding @4L', unit='batch') as bar:
       for ...: bar.update()
   exit_on_ctrl_c('eval.py')        # at the top of a script's main
+  end_on_closed_pipe()             # a script whose output is read through a pipe (sample.py | head)
 """
+import os
 import signal
 import sys
 import time
@@ -60,3 +62,17 @@ def exit_on_ctrl_c(script, hint=''):
         sys.stderr.flush()
         raise SystemExit(f"{script}: interrupted by Ctrl-C" + (f"; {hint}" if hint else ''))
     signal.signal(signal.SIGINT, handler)
+
+
+def end_on_closed_pipe():
+    """When the reader of stdout goes (`sample.py | head`), the next print raises BrokenPipeError: end quietly
+    instead, as Unix tools do. stdout then points at /dev/null, so the interpreter's last flush cannot raise
+    again; any other exception keeps its traceback."""
+    shown = sys.excepthook
+
+    def hook(kind, value, tb):
+        if issubclass(kind, BrokenPipeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return
+        shown(kind, value, tb)
+    sys.excepthook = hook

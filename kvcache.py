@@ -5,8 +5,6 @@ StreamingLLM's sink tokens and recent window. model.GPT.new_cache builds one fro
 """
 import torch
 
-import attention
-
 
 class KVCache:
     """Per-layer keys and values, their positions and the length so far (tokens seen).

@@ -45,6 +45,7 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 KEY = "The pass key is {}. "
 QUESTION = "What is the pass key? The pass key is "
 N_DIGITS = 5
+MIN_LEN = len(KEY.format('0' * N_DIGITS)) + len(QUESTION) + N_DIGITS - 1  # the shortest prompt: no filler at all
 
 
 def _cycle(text, n, end):
@@ -221,6 +222,13 @@ if __name__ == '__main__':
     torch.manual_seed(o.seed)
     base_ckpt = checkpoint.read_checkpoint(base)
     L = base_ckpt['model_args']['block_size']
+    try:
+        encode = get_codec(base_ckpt, o.data_dir)  # another vocabulary or a BPE run: refused before any work
+    except ValueError as e:
+        sys.exit(str(e))
+    if min(o.train_len or L, L) < MIN_LEN:
+        sys.exit(f"passkey.py: the prompt needs at least {MIN_LEN} tokens, but block_size is {L} and train_len "
+                 f"{o.train_len or L}; train with --block_size>={MIN_LEN} or pass --train_len>={MIN_LEN}")
     # what the fine-tune depends on: reuse passkey_ckpt.pt only if it was made from this ckpt.pt with these settings
     recipe = {'iters': o.iters, 'lr': o.lr, 'batch_size': o.batch_size, 'train_len': o.train_len or L, 'seed': o.seed,
               'base_iter': base_ckpt.get('iter_num'), 'base_mtime': os.path.getmtime(base)}
@@ -231,10 +239,6 @@ if __name__ == '__main__':
         if old is not None and not o.retrain:
             print(f"{tuned} was fine-tuned from another ckpt.pt or with other settings: fine-tuning again")
         model, ckpt = checkpoint.load_model(base, rt.device)
-        try:
-            encode = get_codec(ckpt, o.data_dir)
-        except ValueError as e:
-            sys.exit(str(e))
         print(f"fine-tuning {model.config.pos_encoding} from {base} on passkey prompts of length "
               f"{o.train_len or L}, {o.iters} iters")
         hist = finetune(model, encode, o.train_len or L, o.iters, o.lr, o.batch_size, o.seed, rt.device,
@@ -244,7 +248,6 @@ if __name__ == '__main__':
         checkpoint.atomic_save(ckpt, tuned)  # a kill mid-save must not leave a broken passkey_ckpt.pt to be reused
     model, ckpt = checkpoint.load_model(tuned, rt.device, **({'rope_scaling': o.rope_scaling}
                                                              if 'rope_scaling' in o.explicit else {}))
-    encode = get_codec(ckpt, o.data_dir)
     res = evaluate(model, encode, L, tuple(o.mults), tuple(o.depths), o.trials, batch_tokens=o.batch_tokens,
                    device=rt.device, progress=True, ctx=rt.autocast)
     res = {'scheme': model.config.pos_encoding, 'rope_scaling': model.config.rope_scaling,

@@ -11,7 +11,7 @@ import sys
 import kernels
 import layers
 import positional
-from configurator import read_config_file
+from configurator import read_config_file, unknown_names
 from model import GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -87,5 +87,5 @@ def scheme_names(schemes):
     names = sorted(positional.REGISTRY) if schemes == 'all' else [s.strip() for s in schemes.split(',') if s.strip()]
     bad = [n for n in names if n not in positional.REGISTRY]
     if bad:
-        sys.exit(f"unknown scheme(s) {bad}; valid: {', '.join(sorted(positional.REGISTRY))} (or 'all')")
+        sys.exit(unknown_names('scheme(s)', bad, positional.REGISTRY, "valid (or 'all')"))
     return names

@@ -17,7 +17,7 @@ import torch
 import checkpoint
 import runtime
 from configurator import configure
-from console import exit_on_ctrl_c, progress
+from console import end_on_closed_pipe, exit_on_ctrl_c, progress
 
 
 def generate(model, x, max_new_tokens, desc, **kw):
@@ -67,6 +67,7 @@ if start.startswith('FILE:'):
 if not start:
     sys.exit("--start is empty: give at least one character of prompt (the default is a newline)")
 exit_on_ctrl_c('sample.py')
+end_on_closed_pipe()
 rt = runtime.setup(device, dtype)
 torch.manual_seed(seed)
 # run-time choices as given on the command line (--rope_scaling=None turns a fine-tuned model's off)

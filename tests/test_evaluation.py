@@ -687,4 +687,5 @@ def test_a_stopped_final_suite_never_replaces_a_complete_one(tmp_path, capsys):
     assert json.loads(before)['complete'] is True
     E.final_suite(m, str(again), head, data, 16, (1, 2), 512, stop=lambda: 'SIGINT')
     assert (again / 'eval.json').read_bytes() == before
-    assert f"{again}/eval.json keeps the complete evaluation it had, and this one is not saved" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"{again}/eval.json keeps the complete evaluation it had, and this one is not saved" in said

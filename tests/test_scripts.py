@@ -33,8 +33,9 @@ def test_configure_types_rules_and_files(tmp_path):
 
 
 def test_an_unknown_name_gets_its_closest_valid_ones(tmp_path):
-    """A misspelt scheme (model config, sweep.py --schemes) is met as a misspelt key is: the closest valid names
-    first, by the one difflib rule, then every valid one; a name close to none gets the list alone."""
+    """A misspelt scheme (model config, sweep.py --schemes, the tools' --schemes) is met as a misspelt key is: the
+    closest valid names first, by the one difflib rule, then every valid one; a name close to none gets the list
+    alone."""
     from model import GPT, GPTConfig
     every = ', '.join(SCHEMES)
     with pytest.raises(ValueError) as e:
@@ -48,6 +49,10 @@ def test_an_unknown_name_gets_its_closest_valid_ones(tmp_path):
         f"unknown scheme(s) 'alibii', 'kerple'; did you mean alibi for 'alibii'; kerple_log, kerple_power, rope for "
         f"'kerple'? registered: {every}"), r.stderr[-2000:]
     assert not os.path.exists(tmp_path / 'sw')
+    import presets  # tools/bench.py's and tools/gpu_check.py's --schemes
+    with pytest.raises(SystemExit) as e:
+        presets.scheme_names('rope,ropee')
+    assert str(e.value) == f"unknown scheme(s) 'ropee'; did you mean rope, mrope, ropepp? valid (or 'all'): {every}"
 
 
 def test_config_file_errors_name_the_file_and_line(tmp_path):
@@ -315,3 +320,19 @@ def test_token_losses_in_small_chunks_equal_one_chunk():
         one = m.token_losses(x, y)
         many = m.token_losses(x, y, chunk_bytes=4 * 300 * 5)  # 5 positions per chunk
     assert torch.allclose(one, many, atol=1e-6)
+
+
+def test_sample_into_a_pipe_closed_early_ends_quietly(trained):
+    """`python sample.py ... | head -1`: when the reader of its output goes, sample.py ends without a
+    BrokenPipeError traceback, as Unix tools do."""
+    import subprocess
+    import sys
+    from conftest import RUN_ENV
+    p = subprocess.Popen([sys.executable, 'sample.py', f'--out_dir={trained}', '--num_samples=20',
+                          '--max_new_tokens=40'], cwd=ROOT, env=RUN_ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith('scheme ')  # its first line, then the reader stops reading (as head does)
+    p.stdout.close()
+    err = p.stderr.read()
+    p.wait(timeout=120)
+    assert 'Traceback' not in err and 'BrokenPipe' not in err, err[-2000:]

@@ -545,6 +545,24 @@ def test_explicit_data_dir_that_does_not_fit_is_refused(trained, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+def test_passkey_on_a_block_shorter_than_its_prompt_is_one_line(trained, tmp_path):
+    """passkey.py on a run whose block_size cannot hold the prompt (the key sentence and the question, 65 tokens)
+    stops in one line naming both fixes, before any fine-tune."""
+    import passkey
+    out = copy_run(trained, tmp_path)
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    L = ck['model_args']['block_size']
+    assert L < 65
+    chars = sorted(set(passkey.FILLER + passkey.KEY + passkey.QUESTION + '0123456789'))
+    ck['meta'] = {**ck['meta'], 'stoi': {c: i for i, c in enumerate(chars)}}  # a vocabulary the prompt fits
+    torch.save(ck, os.path.join(out, 'ckpt.pt'))
+    r = fork_run(['passkey.py', f'--out_dir={out}', '--iters=1', '--trials=1'])
+    assert r.returncode != 0 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip() == (f"passkey.py: the prompt needs at least 65 tokens, but block_size is {L} and "
+                                f"train_len {L}; train with --block_size>=65 or pass --train_len>=65")
+    assert not os.path.exists(os.path.join(out, 'passkey_ckpt.pt'))
+
+
 def test_eval_split_shorter_than_a_window_is_one_line(trained, tmp_path):
     meta = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)['meta']
     short = corpus_with_meta(str(tmp_path / 'short'), np.arange(5000) % 16, np.arange(20) % 16)
