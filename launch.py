@@ -419,14 +419,21 @@ class SlurmRun:
 
 
 def slurm_ready():
-    """submitit, or exit with one line naming what to install."""
-    if shutil.which('sbatch') is None:
+    """submitit, or exit with one line naming what to install, or that no SLURM controller answers: the queue
+    must be readable before anything is submitted, since it is what keeps a run from being submitted twice."""
+    if shutil.which('sbatch') is None or shutil.which('squeue') is None:
         sys.exit("sweep: --launcher=slurm needs SLURM's sbatch, squeue and sacct on PATH: run it on a SLURM login "
                  "node (on Debian or Ubuntu: apt-get install slurm-client)")
     try:
         import submitit
     except ImportError:
         sys.exit("sweep: --launcher=slurm needs submitit: pip install submitit (or pip install -r requirements.txt)")
+    r = subprocess.run(['squeue', '-h', '-o', '%i'], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        said = [line.strip().removeprefix('squeue: ') for line in r.stderr.splitlines() if line.strip()]
+        sys.exit(f"sweep: no SLURM controller answers here (squeue: {said[-1] if said else f'exit {r.returncode}'}):"
+                 f" run the sweep on the cluster's login node, or set SLURM_CONF to its slurm.conf (this machine's "
+                 f"test cluster: bash tools/slurm_cluster.sh start)")
     return submitit
 
 

@@ -255,6 +255,9 @@ def slots_for(sweep, train_args, one_thread):
         print(f"sweep: GPU(s) {', '.join(gpus[len(gpus) - len(gpus) % per_run:])} left idle: {len(gpus)} GPUs do not "
               f"split into runs of {per_run}", flush=True)
     workers = sweep['workers'] or (2 if sweep['tasks'] else 1)
+    if not gpus and (sweep['gpu'] or sweep['runs_per_gpu'] > 1) and device != 'cpu' and ids != '':
+        print("sweep: no GPU here: the runs train on the CPU"
+              + (", --runs_per_gpu unused" if sweep['runs_per_gpu'] > 1 else ''), flush=True)
     return launch.local_slots(workers, one_thread, gpus, sweep['runs_per_gpu'], per_run)
 
 

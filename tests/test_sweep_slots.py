@@ -44,6 +44,20 @@ def test_slots_split_the_gpus_and_cores_as_asked():
     assert [x['env'] for x in launch.local_slots(workers=1, one_thread=True)] == [{'OMP_NUM_THREADS': '1'}]
 
 
+def test_gpu_sweep_without_a_gpu_says_where_its_runs_train(monkeypatch, capsys):
+    """--gpu (or --runs_per_gpu) where no GPU is visible: one line that the runs train on the CPU, and CPU slots;
+    with a GPU, none."""
+    import sweep
+    opts = dict(launcher='local', gpu_ids=None, runs_per_gpu=4, gpus_per_run=None, workers=0, tasks='', gpu=True)
+    monkeypatch.setattr(launch, 'visible_gpus', lambda: [])
+    slots = sweep.slots_for(opts, {}, one_thread=False)
+    assert [x['label'] for x in slots] == ['cpu'] and capsys.readouterr().out == \
+        "sweep: no GPU here: the runs train on the CPU, --runs_per_gpu unused\n"
+    monkeypatch.setattr(launch, 'visible_gpus', lambda: ['0'])
+    assert [x['label'] for x in sweep.slots_for(opts, {}, one_thread=False)] == ['cuda:0'] * 4
+    assert capsys.readouterr().out == ''
+
+
 def test_launch_reads_results_as_the_report_does(tmp_path):
     """launch.read_result (no torch in a SLURM job's own process) gives report.read_result's answer on every kind of
     file: missing, truncated, not an object, stopped half way, whole."""
@@ -79,22 +93,33 @@ def test_a_config_file_sets_the_sweeps_own_keys(tmp_path):
     assert r.returncode != 0 and '--gpus_per_run=3 but 2 GPU(s) here (0, 1)' in r.stderr, r.stderr
 
 
-def test_slurm_launcher_without_sbatch_or_submitit_names_what_to_install(tmp_path):
-    """One line, before anything is locked or trained: sbatch missing, then (a fake sbatch on PATH) submitit."""
+def test_slurm_launcher_without_sbatch_submitit_or_controller_says_what_to_do(tmp_path):
+    """One line, before anything is locked or trained: sbatch missing; then (a fake sbatch and squeue on PATH)
+    submitit missing; then (submitit there, or a stand-in) a squeue that cannot reach a controller, in its words."""
     env = dict(ENV, PATH=str(tmp_path))
     args = [sys.executable, 'sweep.py', '--launcher=slurm', f'--out={tmp_path / "out"}']
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode != 0 and r.stderr.strip().splitlines() == [
         "sweep: --launcher=slurm needs SLURM's sbatch, squeue and sacct on PATH: run it on a SLURM login node (on "
         "Debian or Ubuntu: apt-get install slurm-client)"], r.stderr
-    (tmp_path / 'sbatch').write_text('#!/bin/sh\nexit 1\n')
-    (tmp_path / 'sbatch').chmod(0o755)
-    (tmp_path / 'submitit').mkdir()
-    (tmp_path / 'submitit' / '__init__.py').write_text("raise ImportError('no submitit here')\n")
+    for tool in ('sbatch', 'squeue'):
+        (tmp_path / tool).write_text('#!/bin/sh\necho "squeue: error: Unable to contact slurm controller" >&2\n'
+                                     'exit 1\n')
+        (tmp_path / tool).chmod(0o755)
+    (tmp_path / 'no' / 'submitit').mkdir(parents=True)
+    (tmp_path / 'no' / 'submitit' / '__init__.py').write_text("raise ImportError('no submitit here')\n")
     r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env=dict(env, PYTHONPATH=str(tmp_path)))
+                       env=dict(env, PYTHONPATH=str(tmp_path / 'no')))
     assert r.returncode != 0 and r.stderr.strip().splitlines() == [
         "sweep: --launcher=slurm needs submitit: pip install submitit (or pip install -r requirements.txt)"], r.stderr
+    (tmp_path / 'yes' / 'submitit').mkdir(parents=True)
+    (tmp_path / 'yes' / 'submitit' / '__init__.py').write_text('')
+    r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=dict(env, PYTHONPATH=str(tmp_path / 'yes')))
+    assert r.returncode != 0 and r.stderr.strip().splitlines() == [
+        "sweep: no SLURM controller answers here (squeue: error: Unable to contact slurm controller): run "
+        "the sweep on the cluster's login node, or set SLURM_CONF to its slurm.conf (this machine's test cluster: "
+        "bash tools/slurm_cluster.sh start)"], r.stderr
     assert not os.path.exists(tmp_path / 'out')
 
 
