@@ -89,6 +89,20 @@ def read_json(path):
         return None, f"truncated or corrupt JSON ({len(raw)} bytes; {e})"
 
 
+def read_result(path):
+    """A result JSON (eval*.json, passkey*.json, sweep_args.json) -> (dict, None) when whole, (None, None) when
+    missing, (None, why) when damaged (read_json: truncated or corrupt, a link, not a file), not a JSON object, or
+    an evaluation that was stopped half way (complete: false). Never mixed into a report."""
+    res, why = read_json(path)
+    if why or res is None:
+        return None, why
+    if not isinstance(res, dict):
+        return None, f"not a JSON object (a {type(res).__name__})"
+    if res.get('complete') is False:
+        return None, "incomplete (complete: false; its evaluation was stopped half way)"
+    return res, None
+
+
 def open_append(path):
     """A text file opened for appending, refusing a link (a line log such as metrics.jsonl)."""
     return os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), 'a')

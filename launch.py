@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from files import atomic_json, open_append, open_no_follow, read_json
+from files import atomic_json, open_append, open_no_follow, read_json, read_result
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith('linux') else None
@@ -43,20 +43,6 @@ def step(cmd, result, what, iters=None, train=False):
     eval.json). A train step is resumed from the run's ckpt.pt where there is one, runs on every rank of a run over
     several GPUs, and the run's other steps need it done."""
     return dict(cmd=cmd, result=result, what=what, iters=iters, train=train)
-
-
-def read_result(path):
-    """A result JSON -> (dict, None) when whole, (None, None) when missing, (None, why) when damaged or stopped half
-    way: report.read_result's answer without importing torch, so that a SLURM job that only runs a run's children
-    starts in a second (tests/test_sweep_slots.py holds the two to the same answers)."""
-    res, why = read_json(path)
-    if why or res is None:
-        return None, why
-    if not isinstance(res, dict):
-        return None, f"not a JSON object (a {type(res).__name__})"
-    if res.get('complete') is False:
-        return None, "incomplete (complete: false; its evaluation was stopped half way)"
-    return res, None
 
 
 def result(path):

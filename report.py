@@ -1,7 +1,7 @@
 """
 The comparison report: read the eval/passkey JSONs of several out_dirs and write a report folder with markdown
 tables and PNG plots (make_report), the task suite's report (make_task_report), one leaderboard over sweeps'
-reports (sweeps_leaderboard), and result files read defensively (read_result). compare.py and sweep.py run it.
+reports (sweeps_leaderboard), its result files read defensively (files.read_result). compare.py and sweep.py run it.
 
 Reads, in each out_dir, every eval*.json (eval.py / the end of train.py; one per rope_scaling variant; eval.py
 --quick's eval_quick.json as its own '+quick' row) and passkey*.json (passkey.py). Writes to report_dir:
@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from evaluation import bin_curve, scaling_tag
-from files import atomic_json, atomic_write, read_json
+from files import atomic_json, atomic_write, read_json, read_result
 from stats import paired_interval, rank, summarize
 
 
@@ -625,21 +625,6 @@ def make_task_report(dirs, report_dir, notes='', baseline='rope'):
                 os.path.join(report_dir, 'tasks.json'))
     atomic_json({'baseline': baseline, 'interval': 'paired t, 95%', **agg}, os.path.join(report_dir, 'aggregate.json'))
     return atomic_text('\n'.join(parts), os.path.join(report_dir, 'report.md'))
-
-
-def read_result(path):
-    """A result JSON (eval*.json, passkey*.json, sweep_args.json) -> (dict, None) when whole,
-    (None, None) when missing, (None, why) when damaged (files.read_json: truncated or corrupt,
-    a link, not a file), not a JSON object, or an evaluation that was stopped half way
-    (complete: false). Never mixed into a report."""
-    res, why = read_json(path)
-    if why or res is None:
-        return None, why
-    if not isinstance(res, dict):
-        return None, f"not a JSON object (a {type(res).__name__})"
-    if res.get('complete') is False:
-        return None, "incomplete (complete: false; its evaluation was stopped half way)"
-    return res, None
 
 
 def usable(path):
