@@ -284,10 +284,9 @@ def flex_with_grad_on_cpu(monkeypatch):
     torch._dynamo.reset()
 
 
-def assert_trains_and_pe_params_learn(m):
-    """30 AdamW steps on a fixed batch lower the loss by 30%, and every parameter the scheme owns
-    (names under .pe or pe_layer) then receives a nonzero gradient -> those (name, param) pairs."""
-    opt = m.configure_optimizers(0.0, 3e-3, (0.9, 0.99), 'cpu')
+def assert_trains(m, weight_decay=0.0):
+    """30 AdamW steps on a fixed batch lower the loss by 30% -> (the optimizer, the batch)."""
+    opt = m.configure_optimizers(weight_decay, 3e-3, (0.9, 0.99), 'cpu')
     x = torch.randint(0, 37, (8, 17), generator=torch.Generator().manual_seed(0))
     losses = []
     for _ in range(30):
@@ -297,6 +296,13 @@ def assert_trains_and_pe_params_learn(m):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
+    return opt, x
+
+
+def assert_trains_and_pe_params_learn(m):
+    """assert_trains, and every parameter the scheme owns (names under .pe or pe_layer) then receives a nonzero
+    gradient -> those (name, param) pairs."""
+    opt, x = assert_trains(m)
     _, loss = m(x[:, :-1], x[:, 1:])
     opt.zero_grad()
     loss.backward()

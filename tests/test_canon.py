@@ -16,8 +16,8 @@ import torch.nn.functional as F
 import checkpoint
 import kernels
 import kvcache
-from conftest import (SCHEMES, assert_causal, assert_flex_equals_dense, assert_kv_cache_matches_full_forward, ROOT,
-                      tiny_config, tiny_model)
+from conftest import (SCHEMES, assert_causal, assert_flex_equals_dense, assert_kv_cache_matches_full_forward,
+                      assert_trains, ROOT, tiny_config, tiny_model)
 from model import GPT, changeable
 
 F64 = torch.float64
@@ -301,16 +301,7 @@ def test_causal_past_block_size_and_generation_with_and_without_cache(scheme):
 def test_training_lowers_the_loss_and_every_canon_weight_learns(scheme):
     m = tiny_model(scheme, canon_set='ABCD')
     before = {n: p.detach().clone() for n, p in m.named_parameters() if 'canon' in n}
-    opt = m.configure_optimizers(0.1, 3e-3, (0.9, 0.99), 'cpu')
-    x = torch.randint(0, 37, (8, 17), generator=torch.Generator().manual_seed(0))
-    losses = []
-    for _ in range(30):
-        _, loss = m(x[:, :-1], x[:, 1:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.7 * losses[0]
+    opt, _ = assert_trains(m, weight_decay=0.1)
     assert len(before) == 8 and all(not torch.equal(p, before[n]) for n, p in m.named_parameters() if n in before)
     decayed = {id(p) for p in opt.param_groups[0]['params']}  # decayed, as the authors' AdamW decays every weight
     assert all(id(p) in decayed for n, p in m.named_parameters() if n in before)
